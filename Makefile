@@ -1,0 +1,70 @@
+# The two commands of the README: `make demo` and `make test`. Each bootstraps what it needs
+# (a virtual environment with torch 2.13 and UCX, GoogleTest from Debian) and is quick when
+# nothing changed.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ENV_STAMP := $(VENV)/.torch_ddl_env
+EXT_STAMP := build/.extension
+CORE_SRCS := $(shell find csrc/core -name '*.cc')
+CORE_HDRS := $(shell find csrc/core -name '*.h')
+TORCH_SRCS := $(wildcard csrc/torch/*.cpp csrc/torch/*.hpp)
+TEST_SRCS := $(wildcard tests/cpp/*.cc)
+CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
+OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
+NPROC := $(shell nproc)
+
+.PHONY: all env build test test-cpp test-python demo bench format clean
+
+all: build
+
+env: $(ENV_STAMP)
+$(ENV_STAMP):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel
+	$(PY) -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja pytest scikit-learn
+	touch $@
+
+build: $(EXT_STAMP)
+$(EXT_STAMP): $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) setup.py pyproject.toml tools/find_ucx.py
+	MAX_JOBS=$(NPROC) $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@mkdir -p build && touch $@
+
+/usr/include/gtest/gtest.h:
+	@if [ "$$(id -u)" != 0 ]; then echo "GoogleTest is missing: run 'sudo apt-get install libgtest-dev'" >&2; exit 1; fi
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev >/dev/null
+
+build/cpp/core_tests: $(ENV_STAMP) /usr/include/gtest/gtest.h $(CORE_SRCS) $(CORE_HDRS) $(TEST_SRCS) $(wildcard tests/cpp/*.h)
+	$(MAKE) --no-print-directory -j$(NPROC) link-tests \
+	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)
+
+.PHONY: link-tests
+link-tests: $(OBJS)
+	$(CXX) -o build/cpp/core_tests $(OBJS) -pthread -L$(UCX_LIB) -Wl,-rpath,$(UCX_LIB) \
+	  -lucp -luct -lucs -lgtest -lgtest_main
+
+build/cpp/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -I$(UCX_INC) -c $< -o $@
+
+-include $(OBJS:.o=.d)
+
+test-cpp: build/cpp/core_tests
+	build/cpp/core_tests --gtest_brief=1
+
+test-python: build
+	$(PY) -m pytest tests/python -q -x -p no:cacheprovider
+
+test: test-cpp test-python
+
+demo: build
+	$(VENV)/bin/torchrun --nproc_per_node=2 --master_port=$${DEMO_PORT:-29517} examples/train_digits.py --backend ddl --epochs 8
+
+bench: build
+	$(PY) benchmarks/allreduce_bench.py --world-size 2
+
+format:
+	clang-format -i $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) $(TEST_SRCS) $(wildcard tests/cpp/*.h)
+
+clean:
+	rm -rf build torch_ddl/_C*.so *.egg-info

@@ -1,0 +1,37 @@
+// Every algorithm, one per file, as a coroutine over an Op. Buffers are type-erased: a pointer,
+// an element count and a DataType. Each algorithm is called by every rank of the group with
+// arguments that agree (the communicator checks what it can before anything is sent).
+#pragma once
+
+#include <cstddef>
+
+#include "../engine/op.h"
+#include "../engine/task.h"
+#include "../types.h"
+
+namespace ddl {
+
+struct PipelineSettings {
+  size_t segmentBytes = 256 << 10;
+  size_t depth = 4;
+  int rings = 1;
+};
+
+// allreduce_ring.cc: data split across `rings` rings; each runs reduce-scatter then allgather.
+Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                   PipelineSettings settings);
+
+// allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first.
+Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
+
+// broadcast_tree.cc: segmented binomial tree rooted at `root`.
+Task broadcastTree(Op& op, void* data, size_t bytes, int root, PipelineSettings settings);
+
+// allgather_ring.cc: `out` holds size() blocks of `bytes`; block rank() is filled from `in`
+// (unless `in` already points at it), the others arrive around the ring.
+Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings);
+
+// barrier_dissemination.cc: ceil(log2(P)) rounds of empty messages.
+Task barrierDissemination(Op& op);
+
+}  // namespace ddl

@@ -1,0 +1,62 @@
+// Recursive-doubling allreduce, the latency algorithm for small messages.
+//
+// P2 is the largest power of two <= P and E = P - P2 the ranks "extra" to it.
+// 1. Fold: among ranks [0, 2E), each even rank sends its buffer to the odd rank above it, which
+//    reduces it in and stands for both. Virtual ranks: odd r < 2E is r/2, r >= 2E is r - E.
+// 2. Exchange: for mask = 1, 2, ..., P2/2 every virtual rank swaps its whole buffer with virtual
+//    rank (v ^ mask) and reduces. Both partners compute a (op) b from the same two operands, so
+//    every rank ends with bitwise the same result.
+// 3. Unfold: each odd rank below 2E sends the result back to the even rank it stood for.
+// log2(P2) + 2 message rounds; each moves the whole buffer.
+#include <vector>
+
+#include "../engine/tag.h"
+#include "../reduce/reduce.h"
+#include "algorithms.h"
+
+namespace ddl {
+
+Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
+                                ReduceOp reduce) {
+  const int n = op.size();
+  const int rank = op.rank();
+  if (n == 1 || count == 0) co_return;
+  const size_t bytes = count * elementSize(type);
+  std::vector<char> incoming(bytes);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
+  constexpr uint32_t kFold = 0, kUnfold = 1, kExchange = 2;
+
+  int virtualRank = rank - extra;
+  if (rank < 2 * extra) {
+    if (rank % 2 == 0) {
+      co_await op.all(op.send(rank + 1, tag::slot(0, kFold), data, bytes));
+      virtualRank = -1;
+    } else {
+      co_await op.all(op.recv(rank - 1, tag::slot(0, kFold), incoming.data(), bytes));
+      reduceInto(type, reduce, data, incoming.data(), count);
+      virtualRank = rank / 2;
+    }
+  }
+  if (virtualRank >= 0) {
+    uint32_t round = 0;
+    for (int mask = 1; mask < p2; mask <<= 1, ++round) {
+      int virtualPeer = virtualRank ^ mask;
+      int peer = virtualPeer < extra ? virtualPeer * 2 + 1 : virtualPeer + extra;
+      Request* s = op.send(peer, tag::slot(0, kExchange + round), data, bytes);
+      Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming.data(), bytes);
+      co_await op.all(s, r);
+      reduceInto(type, reduce, data, incoming.data(), count);
+    }
+  }
+  if (rank < 2 * extra) {
+    if (rank % 2 == 1) {
+      co_await op.all(op.send(rank - 1, tag::slot(0, kUnfold), data, bytes));
+    } else {
+      co_await op.all(op.recv(rank + 1, tag::slot(0, kUnfold), data, bytes));
+    }
+  }
+}
+
+}  // namespace ddl

@@ -1,0 +1,59 @@
+// Communicator: a group's view of the engine (its ranks, tag space and sequence numbers) and the
+// entry point of every collective. Each call checks its arguments, picks an algorithm, and
+// submits an Op; it returns at once with the Work. Nothing is sent when a check fails.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "../algorithms/algorithms.h"
+#include "engine.h"
+#include "store.h"
+#include "work.h"
+
+namespace ddl {
+
+struct CallOptions {
+  std::chrono::milliseconds timeout{-1};  // negative: the group's timeout
+  std::function<void()> onComplete;       // runs on the progress thread when the work finishes
+};
+
+class Communicator {
+ public:
+  // Collective over `size` processes: exchanges worker addresses through `store` and connects.
+  static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
+                                              int size, std::chrono::milliseconds timeout);
+
+  int rank() const { return group_->rank; }
+  int size() const { return group_->size; }
+  uint32_t id() const { return group_->id; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // Operations started on this group so far.
+  uint64_t sequenceNumber() const { return sequence_.load(); }
+
+  std::shared_ptr<Work> allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                                  CallOptions options = {});
+  std::shared_ptr<Work> broadcast(void* data, size_t count, DataType type, int root,
+                                  CallOptions options = {});
+  // `out` holds size() * count elements; `in` may point at block rank() of it.
+  std::shared_ptr<Work> allgather(const void* in, void* out, size_t count, DataType type,
+                                  CallOptions options = {});
+  std::shared_ptr<Work> barrier(CallOptions options = {});
+
+ private:
+  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout)
+      : group_(std::move(group)), timeout_(timeout) {}
+  std::shared_ptr<Work> start(const char* name, CallOptions& options,
+                              const std::function<Task(Op&)>& body);
+  std::string where(const char* name) const;
+
+  std::shared_ptr<const Group> group_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> sequence_{0};
+};
+
+}  // namespace ddl

@@ -1,0 +1,85 @@
+#include "config.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "../types.h"
+
+namespace ddl {
+namespace {
+
+const std::vector<ConfigEntry> kTable = {
+    {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
+     "allreduce algorithm: auto, ring or recursive_doubling"},
+    {"TORCH_DDL_SMALL_BYTES", "65536",
+     "auto: allreduce of at most this many bytes uses recursive doubling, larger the ring"},
+    {"TORCH_DDL_SEGMENT_BYTES", "262144",
+     "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast"},
+    {"TORCH_DDL_PIPELINE_DEPTH", "4", "receives in flight per ring step"},
+    {"TORCH_DDL_RINGS", "1",
+     "rings a large allreduce is split across; odd rings run the opposite direction"},
+    {"TORCH_DDL_SPIN_US", "50",
+     "microseconds the progress thread and a waiting caller poll before they sleep"},
+};
+
+size_t parseSize(const ConfigEntry& entry, size_t minimum) {
+  std::string text = configValue(entry);
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || text[0] == '-' || value < minimum) {
+    throw Error(std::string("ddl: ") + entry.name + "=" + text + " is not an integer >= " +
+                std::to_string(minimum));
+  }
+  return static_cast<size_t>(value);
+}
+
+Config read() {
+  Config c;
+  std::string algo = configValue(kTable[0]);
+  if (algo == "auto") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kAuto;
+  } else if (algo == "ring") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kRing;
+  } else if (algo == "recursive_doubling") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
+  } else {
+    throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
+                " is not one of auto, ring, recursive_doubling");
+  }
+  c.smallBytes = parseSize(kTable[1], 0);
+  c.segmentBytes = parseSize(kTable[2], 1);
+  c.pipelineDepth = parseSize(kTable[3], 1);
+  c.rings = parseSize(kTable[4], 1);
+  if (c.rings > 15) throw Error("ddl: TORCH_DDL_RINGS must be at most 15");
+  c.spinMicros = static_cast<long>(parseSize(kTable[5], 0));
+  return c;
+}
+
+// Published once and replaced (never freed) by reloadConfig, so readers take no lock.
+std::mutex gMutex;
+std::atomic<const Config*> gConfig{nullptr};
+
+}  // namespace
+
+const std::vector<ConfigEntry>& configTable() { return kTable; }
+
+std::string configValue(const ConfigEntry& entry) {
+  const char* value = std::getenv(entry.name);
+  return value != nullptr ? value : entry.defaultValue;
+}
+
+const Config& config() {
+  const Config* current = gConfig.load(std::memory_order_acquire);
+  if (current != nullptr) return *current;
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (gConfig.load() == nullptr) gConfig.store(new Config(read()));
+  return *gConfig.load();
+}
+
+void reloadConfig() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  gConfig.store(new Config(read()));
+}
+
+}  // namespace ddl

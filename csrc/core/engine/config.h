@@ -1,0 +1,36 @@
+// Every TORCH_DDL_* environment variable, in one table: name, default, one-line description.
+// The values are read once per process, on first use; a malformed value is an error that names
+// the variable. `python -m torch_ddl.info` prints the table.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ddl {
+
+enum class AllreduceAlgorithm { kAuto, kRing, kRecursiveDoubling };
+
+struct Config {
+  AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;
+  size_t smallBytes = 0;        // allreduce at most this large uses recursive doubling (auto)
+  size_t segmentBytes = 0;      // pipeline segment of ring and tree algorithms
+  size_t pipelineDepth = 0;     // receives in flight per ring step
+  size_t rings = 0;             // rings a large allreduce is split across
+  long spinMicros = 0;          // busy-poll time before the progress thread or a waiter sleeps
+};
+
+struct ConfigEntry {
+  const char* name;
+  const char* defaultValue;
+  const char* description;
+};
+
+const std::vector<ConfigEntry>& configTable();
+// The value in effect (the environment's, else the default).
+std::string configValue(const ConfigEntry& entry);
+const Config& config();
+// Re-reads the environment (tests change it between cases).
+void reloadConfig();
+
+}  // namespace ddl

@@ -1,0 +1,240 @@
+#include "engine.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <future>
+
+#include "../types.h"
+#include "config.h"
+
+namespace ddl {
+
+using Clock = std::chrono::steady_clock;
+
+Engine::Engine(std::unique_ptr<Transport> transport)
+    : transport_(std::move(transport)),
+      address_(transport_->localAddress()),
+      transportName_(transport_->name()),
+      devices_(transport_->devices()),
+      eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (eventFd_ < 0) throw Error("ddl: eventfd failed");
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  stop();
+  transport_.reset();  // before orphans_: a transport may still report on them while closing
+  close(eventFd_);
+}
+
+void Engine::stop() {
+  if (!thread_.joinable()) return;
+  stopping_.store(true);
+  wake();
+  thread_.join();
+}
+
+void Engine::wake() {
+  if (sleeping_.load()) {
+    uint64_t one = 1;
+    (void)!write(eventFd_, &one, sizeof(one));
+  }
+}
+
+void Engine::submit(std::unique_ptr<Op> op) {
+  if (stopping_.load()) {
+    op->work->finish("ddl: " + op->name() + " submitted after the engine was shut down");
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    submitted_.push_back(std::move(op));
+  }
+  wake();
+}
+
+void Engine::call(const std::function<void()>& fn) {
+  if (std::this_thread::get_id() == thread_.get_id()) return fn();
+  std::promise<void> done;
+  auto wrapped = [&] {
+    try {
+      fn();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    if (stopping_.load()) throw Error("ddl: the engine was shut down");
+    calls_.push_back(wrapped);
+  }
+  wake();
+  done.get_future().get();
+}
+
+std::vector<PeerId> Engine::connect(const std::vector<std::string>& addresses) {
+  std::vector<PeerId> peers(addresses.size(), -1);
+  call([&] {
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      if (!addresses[i].empty()) peers[i] = transport_->connect(addresses[i]);
+    }
+  });
+  return peers;
+}
+
+bool Engine::drainSubmissions() {
+  std::vector<std::unique_ptr<Op>> ops;
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    if (submitted_.empty() && calls_.empty()) return false;
+    ops.swap(submitted_);
+    calls.swap(calls_);
+  }
+  for (auto& fn : calls) fn();
+  for (auto& op : ops) {
+    active_.push_back(std::move(op));
+    activeCount_.fetch_add(1);
+    auto it = std::prev(active_.end());
+    resume(**it);
+    if ((*it)->task.done() || !(*it)->failure().empty()) finishOp(it, "");
+  }
+  return true;
+}
+
+void Engine::resume(Op& op) {
+  op.seen_ = op.completions_;
+  std::coroutine_handle<> point = op.resumePoint_ ? op.resumePoint_ : op.task.handle();
+  op.resumePoint_ = {};
+  op.waiting_ = nullptr;
+  point.resume();
+}
+
+bool Engine::stepOps() {
+  bool any = false;
+  for (auto it = active_.begin(); it != active_.end();) {
+    Op& op = **it;
+    auto current = it++;
+    if (!op.failure().empty()) {
+      finishOp(current, "");
+      any = true;
+      continue;
+    }
+    if (op.completions_ == op.checked_ || op.waiting_ == nullptr) continue;
+    op.checked_ = op.completions_;
+    if (!op.waiting_->predicate_()) continue;
+    resume(op);
+    any = true;
+    if (op.task.done() || !op.failure().empty()) finishOp(current, "");
+  }
+  return any;
+}
+
+void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error) {
+  std::unique_ptr<Op> op = std::move(*it);
+  active_.erase(it);
+  activeCount_.fetch_sub(1);
+  std::string where = op->name() + " on " + op->group().name + " (rank " +
+                      std::to_string(op->rank()) + " of " + std::to_string(op->size()) +
+                      ", op #" + std::to_string(op->sequence()) + ")";
+  if (error.empty() && !op->failure().empty()) error = op->failure();
+  if (error.empty() && op->task.done()) {
+    try {
+      op->task.rethrow();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  for (auto& req : op->takePending()) {
+    Request* raw = req.get();
+    orphans_.push_back(std::move(req));
+    transport_->cancel(raw);
+  }
+  std::shared_ptr<Work> work = op->work;
+  op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
+  work->finish(error.empty() ? "" : "ddl: " + where + " " + error);
+}
+
+void Engine::checkDeadlines() {
+  auto now = Clock::now();
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    Op& op = **current;
+    if (now < op.deadline()) continue;
+    std::string why = "timed out after " + std::to_string(op.timeout().count()) + " ms: " +
+                      op.pendingPeers();
+    finishOp(current, why);
+  }
+  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
+                                [](const std::unique_ptr<Request>& r) { return r->done; }),
+                 orphans_.end());
+}
+
+void Engine::sleep() {
+  sleeping_.store(true);
+  bool pending;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    pending = !submitted_.empty() || !calls_.empty() || stopping_.load();
+  }
+  if (!pending && transport_->arm()) {
+    int timeoutMs = -1;
+    if (!active_.empty()) {
+      auto nearest = Clock::now() + std::chrono::hours(1);
+      for (auto& op : active_) nearest = std::min(nearest, op->deadline());
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(nearest - Clock::now());
+      timeoutMs = static_cast<int>(std::clamp<long>(wait.count() + 1, 0, 1000));
+    } else if (!orphans_.empty()) {
+      timeoutMs = 1000;
+    }
+    pollfd fds[2] = {{eventFd_, POLLIN, 0}, {transport_->wakeFd(), POLLIN, 0}};
+    int nfds = fds[1].fd >= 0 ? 2 : 1;
+    if (nfds == 1 && timeoutMs < 0) timeoutMs = 1;
+    poll(fds, nfds, timeoutMs);
+  }
+  sleeping_.store(false);
+  uint64_t counter;
+  (void)!read(eventFd_, &counter, sizeof(counter));
+}
+
+void Engine::run() {
+  auto lastActivity = Clock::now();
+  auto lastDeadlineCheck = lastActivity;
+  while (true) {
+    bool busy = transport_->progress();
+    busy |= drainSubmissions();
+    busy |= stepOps();
+    auto now = Clock::now();
+    if (now - lastDeadlineCheck > std::chrono::milliseconds(1)) {
+      checkDeadlines();
+      lastDeadlineCheck = now;
+    }
+    if (stopping_.load()) break;
+    if (busy) {
+      lastActivity = now;
+      continue;
+    }
+    if (now - lastActivity < std::chrono::microseconds(config().spinMicros)) {
+      sched_yield();
+      continue;
+    }
+    sleep();
+    lastActivity = Clock::now();
+  }
+  while (!active_.empty()) finishOp(active_.begin(), "aborted: the engine was shut down");
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    for (auto& op : submitted_) op->work->finish("ddl: the engine was shut down");
+    submitted_.clear();
+    calls.swap(calls_);
+  }
+  for (auto& fn : calls) fn();
+}
+
+}  // namespace ddl

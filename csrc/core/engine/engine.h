@@ -1,0 +1,83 @@
+// Engine: one per process (and one per simulated rank in the unit tests). It owns the transport
+// and the progress thread, the only thread that touches the transport. Callers submit operations
+// from any thread and get a Work at once; the progress thread starts them, resumes their
+// coroutines as their messages complete, enforces deadlines and finishes their Work.
+//
+// Idle policy: after the last activity the thread polls for TORCH_DDL_SPIN_US, then arms the
+// transport and sleeps in poll(2) on the transport's wake-up fd and its own eventfd (written by
+// submit), waking at the nearest op deadline. An idle engine costs no CPU.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../transport/transport.h"
+#include "op.h"
+
+namespace ddl {
+
+class Engine {
+ public:
+  explicit Engine(std::unique_ptr<Transport> transport);
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();  // stops the progress thread; ops still in flight fail
+
+  // The process engine over UCX, created on first use.
+  static Engine& process();
+  // Stops the process engine if it was started (called at interpreter exit).
+  static void shutdownProcess();
+
+  std::string localAddress() const { return address_; }
+  // Connects to every address (deduplicated by the transport). Blocks until done.
+  std::vector<PeerId> connect(const std::vector<std::string>& addresses);
+
+  // Thread-safe. The op's task must be set; its Work finishes when the op ends.
+  void submit(std::unique_ptr<Op> op);
+  // Runs fn on the progress thread and waits for it; rethrows what it throws.
+  void call(const std::function<void()>& fn);
+
+  // Progress thread only.
+  Transport& transport() { return *transport_; }
+  std::string transportName() const { return transportName_; }
+  std::vector<std::string> transportDevices() const { return devices_; }
+  // Diagnostics: ops in flight, requests orphaned by failed ops and not yet completed.
+  size_t activeOps() const { return activeCount_.load(); }
+
+ private:
+  void run();
+  bool drainSubmissions();
+  bool stepOps();
+  void checkDeadlines();
+  void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error);
+  void resume(Op& op);
+  void sleep();
+  void wake();
+  void stop();
+
+  std::unique_ptr<Transport> transport_;
+  std::string address_;
+  std::string transportName_;
+  std::vector<std::string> devices_;
+  int eventFd_ = -1;
+
+  std::mutex submitMutex_;
+  std::vector<std::unique_ptr<Op>> submitted_;
+  std::vector<std::function<void()>> calls_;
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<size_t> activeCount_{0};
+
+  // Progress thread only.
+  std::list<std::unique_ptr<Op>> active_;
+  std::vector<std::unique_ptr<Request>> orphans_;
+  std::thread thread_;
+};
+
+}  // namespace ddl

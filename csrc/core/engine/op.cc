@@ -1,0 +1,110 @@
+#include "op.h"
+
+#include <set>
+
+#include "engine.h"
+#include "tag.h"
+
+namespace ddl {
+
+Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
+       std::chrono::milliseconds timeout, std::shared_ptr<Work> work)
+    : work(std::move(work)),
+      group_(std::move(group)),
+      sequence_(sequence),
+      name_(std::move(name)),
+      timeout_(timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout) {}
+
+Op::~Op() {
+  task = Task();  // the coroutine frame first: its locals may point at this op's requests
+}
+
+Request* Op::newRequest(int peer, bool isSend) {
+  requests_.push_back(std::make_unique<Request>());
+  Request* req = requests_.back().get();
+  req->peer = peer;
+  req->isSend = isSend;
+  req->owner = this;
+  req->observer = &Op::observe;
+  return req;
+}
+
+void Op::observe(Request* req) {
+  Op* op = static_cast<Op*>(req->owner);
+  if (op == nullptr) return;
+  ++op->completions_;
+  if (req->failed && op->failure_.empty()) {
+    op->failure_ = std::string(req->isSend ? "send to" : "receive from") + " rank " +
+                   std::to_string(req->peer) + " failed: " + req->error;
+  }
+}
+
+Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
+  Request* req = newRequest(peer, true);
+  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
+  group_->engine->transport().send(group_->peers.at(peer), t, data, bytes, req);
+  return req;
+}
+
+Request* Op::recv(int peer, uint64_t slot, void* data, size_t bytes) {
+  Request* req = newRequest(peer, false);
+  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(peer));
+  group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
+  return req;
+}
+
+void Op::Until::await_suspend(std::coroutine_handle<> handle) {
+  op_->waiting_ = this;
+  op_->resumePoint_ = handle;
+  op_->checked_ = op_->completions_;
+}
+
+Op::Until Op::all(std::vector<Request*> requests) {
+  return until([requests = std::move(requests)] {
+    for (Request* r : requests) {
+      if (!r->done) return false;
+    }
+    return true;
+  });
+}
+
+Op::Until Op::next() {
+  return until([this] { return completions_ != seen_; });
+}
+
+std::string Op::pendingPeers() const {
+  std::set<int> recvFrom, sendTo;
+  for (const auto& r : requests_) {
+    if (r->done) continue;
+    (r->isSend ? sendTo : recvFrom).insert(r->peer);
+  }
+  auto list = [](const std::set<int>& ranks) {
+    std::string s;
+    for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    return s;
+  };
+  std::string text;
+  if (!recvFrom.empty()) {
+    text += "no data arrived from rank" + std::string(recvFrom.size() > 1 ? "s " : " ") +
+            list(recvFrom);
+  }
+  if (!sendTo.empty()) {
+    text += (text.empty() ? "" : "; ") + std::string("rank") +
+            (sendTo.size() > 1 ? "s " : " ") + list(sendTo) + " did not take the data sent to it";
+  }
+  return text.empty() ? "no message outstanding" : text;
+}
+
+std::vector<std::unique_ptr<Request>> Op::takePending() {
+  std::vector<std::unique_ptr<Request>> pending;
+  for (auto& r : requests_) {
+    if (!r->done) {
+      r->owner = nullptr;
+      pending.push_back(std::move(r));
+    }
+  }
+  return pending;
+}
+
+}  // namespace ddl

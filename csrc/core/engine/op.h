@@ -1,0 +1,104 @@
+// Op: one operation in flight, as an algorithm sees it. It posts sends and receives to group
+// ranks (the tag is built here from group, sequence, slot and source), and suspends the
+// algorithm's coroutine until a condition on its requests holds. The engine resumes it; a failed
+// request or the deadline ends the operation with an error that names the peers it waited on.
+#pragma once
+
+#include <chrono>
+#include <coroutine>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../transport/transport.h"
+#include "task.h"
+#include "work.h"
+
+namespace ddl {
+
+class Engine;
+
+// A communicator's membership as the engine needs it: shared by the communicator and its ops, so
+// an op outlives a group destroyed while it is in flight.
+struct Group {
+  Engine* engine = nullptr;
+  int rank = 0;
+  int size = 1;
+  uint32_t id = 0;
+  std::vector<PeerId> peers;  // by group rank; peers[rank] is unused
+  std::string name;           // for messages, e.g. "group 3"
+};
+
+class Op {
+ public:
+  Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
+     std::chrono::milliseconds timeout, std::shared_ptr<Work> work);
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  ~Op();
+
+  int rank() const { return group_->rank; }
+  int size() const { return group_->size; }
+  const Group& group() const { return *group_; }
+
+  Request* send(int peer, uint64_t slot, const void* data, size_t bytes);
+  Request* recv(int peer, uint64_t slot, void* data, size_t bytes);
+
+  class Until {
+   public:
+    Until(Op* op, std::function<bool()> predicate) : op_(op), predicate_(std::move(predicate)) {}
+    bool await_ready() { return predicate_(); }
+    void await_suspend(std::coroutine_handle<> handle);
+    void await_resume() { op_->seen_ = op_->completions_; }
+
+   private:
+    friend class Engine;
+    Op* op_;
+    std::function<bool()> predicate_;
+  };
+  // Suspends until predicate() holds; it is evaluated when one of this op's requests completes.
+  Until until(std::function<bool()> predicate) { return Until(this, std::move(predicate)); }
+  Until all(std::vector<Request*> requests);
+  // all(a, b, ...): no braced list inside co_await (GCC 12 miscompiles those in coroutines).
+  template <typename... Requests>
+  Until all(Request* first, Requests*... rest) {
+    return all(std::vector<Request*>{first, rest...});
+  }
+  // Suspends until any request completes that had not when the coroutine last resumed.
+  Until next();
+
+  // Engine side.
+  Task task;
+  std::shared_ptr<Work> work;
+  const std::string& name() const { return name_; }
+  uint32_t sequence() const { return sequence_; }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // A request failed: the first failure's description, empty while all is well.
+  const std::string& failure() const { return failure_; }
+  // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
+  std::string pendingPeers() const;
+  // Hands requests that are still posted to the caller (the engine orphans and cancels them).
+  std::vector<std::unique_ptr<Request>> takePending();
+
+ private:
+  friend class Engine;
+  static void observe(Request* req);
+  Request* newRequest(int peer, bool isSend);
+
+  std::shared_ptr<const Group> group_;
+  uint32_t sequence_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::vector<std::unique_ptr<Request>> requests_;
+  uint64_t completions_ = 0;
+  uint64_t seen_ = 0;     // completions_ when the coroutine last resumed
+  uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate
+  Until* waiting_ = nullptr;
+  std::coroutine_handle<> resumePoint_;
+  std::string failure_;
+};
+
+}  // namespace ddl

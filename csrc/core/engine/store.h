@@ -1,0 +1,20 @@
+// The key-value store a group is created with (the c10d Store in the torch glue, a map in tests).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddl {
+
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // Keys are private to the group being created.
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key exists (or the store's own timeout passes, which throws).
+  virtual std::string get(const std::string& key) = 0;
+  // A number no other group of this job has been given: a counter shared by all groups.
+  virtual uint64_t nextGroupNumber() = 0;
+};
+
+}  // namespace ddl

@@ -1,0 +1,57 @@
+// The 64-bit tag layout shared by every message. Named widths keep concurrent groups, operations,
+// rings and steps apart: two messages can only match when all four fields agree.
+//
+//   63          52 51             36 35                  16 15            0
+//   | group (12)  | sequence (16)   | slot (20)            | source (16)   |
+//
+// group:    the communicator's id, agreed through the store when the group is created.
+// sequence: the operation's number within its group, taken in program order.
+// slot:     which message of the operation: sub-phase (4 bits: ring, colour, phase) and step (16).
+//           Messages of one slot between one pair are matched in send order (FIFO), so segments
+//           of a pipelined step share a slot.
+// source:   the sender's rank in the group; a receive from any source masks it out.
+#pragma once
+
+#include <cstdint>
+
+namespace ddl::tag {
+
+inline constexpr int kSourceBits = 16;
+inline constexpr int kSlotBits = 20;
+inline constexpr int kSequenceBits = 16;
+inline constexpr int kGroupBits = 12;
+static_assert(kSourceBits + kSlotBits + kSequenceBits + kGroupBits == 64);
+
+inline constexpr int kSourceShift = 0;
+inline constexpr int kSlotShift = kSourceShift + kSourceBits;
+inline constexpr int kSequenceShift = kSlotShift + kSlotBits;
+inline constexpr int kGroupShift = kSequenceShift + kSequenceBits;
+
+inline constexpr int kStepBits = 16;
+inline constexpr int kPhaseBits = kSlotBits - kStepBits;
+
+inline constexpr uint64_t field(uint64_t value, int bits, int shift) {
+  return (value & ((uint64_t{1} << bits) - 1)) << shift;
+}
+
+inline constexpr uint64_t slot(uint32_t phase, uint32_t step) {
+  return field(phase, kPhaseBits, kStepBits) | field(step, kStepBits, 0);
+}
+
+inline constexpr uint64_t make(uint32_t group, uint32_t sequence, uint64_t slotValue,
+                               uint32_t source) {
+  return field(group, kGroupBits, kGroupShift) | field(sequence, kSequenceBits, kSequenceShift) |
+         field(slotValue, kSlotBits, kSlotShift) | field(source, kSourceBits, kSourceShift);
+}
+
+inline constexpr uint64_t kMatchAll = ~uint64_t{0};
+inline constexpr uint64_t kAnySource = ~field(~uint64_t{0}, kSourceBits, kSourceShift);
+
+inline constexpr uint32_t source(uint64_t t) {
+  return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));
+}
+
+inline constexpr uint32_t kMaxRanks = uint32_t{1} << kSourceBits;
+inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
+
+}  // namespace ddl::tag

@@ -1,0 +1,40 @@
+#include "work.h"
+
+#include <sched.h>
+
+#include "config.h"
+
+namespace ddl {
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  if (done()) return true;
+  const auto start = Clock::now();
+  const auto spin = std::chrono::microseconds(config().spinMicros);
+  while (Clock::now() - start < spin) {
+    if (done()) return true;
+    sched_yield();
+  }
+  sleepers_.fetch_add(1);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout.count() < 0) {
+    cv_.wait(lock, [&] { return done(); });
+  } else {
+    cv_.wait_until(lock, start + timeout, [&] { return done(); });
+  }
+  sleepers_.fetch_sub(1);
+  return done();
+}
+
+void Work::finish(std::string error) {
+  bool failed = !error.empty();
+  error_ = std::move(error);
+  state_.store(failed ? kFailed : kSucceeded);
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cv_.notify_all();
+  }
+  if (hook_) hook_();
+}
+
+}  // namespace ddl

@@ -1,0 +1,45 @@
+// Work: the completion handle of one operation, shared by the caller and the engine. The caller
+// waits (spinning briefly, then sleeping); the engine finishes it exactly once from the progress
+// thread and then runs the completion hook the caller installed before submitting.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace ddl {
+
+class Work {
+ public:
+  explicit Work(std::string description) : description_(std::move(description)) {}
+
+  bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
+  bool failed() const { return state_.load(std::memory_order_acquire) == kFailed; }
+  // Valid once done().
+  const std::string& error() const { return error_; }
+  const std::string& description() const { return description_; }
+
+  // Blocks until done or until `timeout` passes (negative: no limit). Returns done().
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+  // Runs on the progress thread right after the work finishes. Install before submitting.
+  void setCompletionHook(std::function<void()> hook) { hook_ = std::move(hook); }
+
+  // Engine side.
+  void finish(std::string error);
+
+ private:
+  enum : int { kPending = 0, kSucceeded = 1, kFailed = 2 };
+  std::string description_;
+  std::atomic<int> state_{kPending};
+  std::atomic<int> sleepers_{0};
+  std::string error_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> hook_;
+};
+
+}  // namespace ddl

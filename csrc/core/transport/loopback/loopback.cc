@@ -1,0 +1,131 @@
+#include "loopback.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "../../types.h"
+
+namespace ddl {
+
+std::unique_ptr<LoopbackTransport> LoopbackFabric::join() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto transport = std::make_unique<LoopbackTransport>(this, static_cast<int>(members_.size()));
+  members_.push_back(transport.get());
+  return transport;
+}
+
+LoopbackTransport* LoopbackFabric::find(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (LoopbackTransport* member : members_) {
+    if (member != nullptr && member->localAddress() == address) return member;
+  }
+  return nullptr;
+}
+
+LoopbackTransport::LoopbackTransport(LoopbackFabric* fabric, int index)
+    : fabric_(fabric), index_(index), eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+LoopbackTransport::~LoopbackTransport() {
+  std::lock_guard<std::mutex> lock(fabric_->mutex_);
+  fabric_->members_[index_] = nullptr;
+  close(eventFd_);
+}
+
+std::string LoopbackTransport::localAddress() { return "loopback:" + std::to_string(index_); }
+
+PeerId LoopbackTransport::connect(const std::string& address) {
+  auto it = peerIds_.find(address);
+  if (it != peerIds_.end()) return it->second;
+  LoopbackTransport* peer = fabric_->find(address);
+  if (peer == nullptr) throw Error("ddl: no loopback transport at address " + address);
+  PeerId id = static_cast<PeerId>(peers_.size());
+  peers_.push_back(peer);
+  peerIds_.emplace(address, id);
+  return id;
+}
+
+void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes,
+                             Request* req) {
+  Message message{tag, std::vector<char>(bytes)};
+  if (bytes > 0) std::memcpy(message.bytes.data(), data, bytes);
+  peers_.at(peer)->deliver(std::move(message));
+  req->complete();
+}
+
+void LoopbackTransport::deliver(Message message) {
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    inbox_.push_back(std::move(message));
+  }
+  uint64_t one = 1;
+  (void)!write(eventFd_, &one, sizeof(one));
+}
+
+void LoopbackTransport::match(PostedRecv& recv, Message& message) {
+  size_t n = message.bytes.size();
+  recv.req->senderTag = message.tag;
+  recv.req->receivedBytes = std::min(n, recv.capacity);
+  if (n > recv.capacity) {
+    recv.req->fail("message truncated: " + std::to_string(n) + " bytes arrived for a " +
+                   std::to_string(recv.capacity) + "-byte receive");
+    return;
+  }
+  if (n > 0) std::memcpy(recv.data, message.bytes.data(), n);
+  recv.req->complete();
+}
+
+void LoopbackTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
+  PostedRecv recv{tag, mask, data, bytes, req};
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if ((it->tag & mask) == (tag & mask)) {
+      Message message = std::move(*it);
+      unexpected_.erase(it);
+      match(recv, message);
+      return;
+    }
+  }
+  posted_.push_back(recv);
+}
+
+void LoopbackTransport::cancel(Request* req) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (it->req == req) {
+      posted_.erase(it);
+      req->fail("cancelled");
+      return;
+    }
+  }
+}
+
+bool LoopbackTransport::progress() {
+  uint64_t counter;
+  (void)!read(eventFd_, &counter, sizeof(counter));
+  std::deque<Message> arrived;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex_);
+    arrived.swap(inbox_);
+  }
+  for (Message& message : arrived) {
+    auto it = std::find_if(posted_.begin(), posted_.end(), [&](const PostedRecv& r) {
+      return (message.tag & r.mask) == (r.tag & r.mask);
+    });
+    if (it == posted_.end()) {
+      unexpected_.push_back(std::move(message));
+    } else {
+      PostedRecv recv = *it;
+      posted_.erase(it);
+      match(recv, message);
+    }
+  }
+  return !arrived.empty();
+}
+
+bool LoopbackTransport::arm() {
+  std::lock_guard<std::mutex> lock(inboxMutex_);
+  return inbox_.empty();
+}
+
+}  // namespace ddl

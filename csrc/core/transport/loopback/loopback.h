@@ -1,0 +1,75 @@
+// In-process transport for unit tests: every rank is a thread of one process, a send copies the
+// bytes into the receiver's inbox at once. Matching follows the same rules as UCX tag matching:
+// a new receive takes the oldest matching unexpected message, a new message the oldest matching
+// receive, and messages from one sender arrive in send order.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../transport.h"
+
+namespace ddl {
+
+class LoopbackTransport;
+
+// The shared "wire": the transports of one test, indexed by address.
+class LoopbackFabric {
+ public:
+  std::unique_ptr<LoopbackTransport> join();
+  LoopbackTransport* find(const std::string& address);
+
+ private:
+  friend class LoopbackTransport;
+  std::mutex mutex_;
+  std::vector<LoopbackTransport*> members_;
+};
+
+class LoopbackTransport : public Transport {
+ public:
+  LoopbackTransport(LoopbackFabric* fabric, int index);
+  ~LoopbackTransport() override;
+
+  std::string localAddress() override;
+  PeerId connect(const std::string& address) override;
+  void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override;
+  void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
+  void cancel(Request* req) override;
+  bool progress() override;
+  bool arm() override;
+  int wakeFd() override { return eventFd_; }
+  std::string name() const override { return "loopback"; }
+
+ private:
+  struct Message {
+    uint64_t tag;
+    std::vector<char> bytes;
+  };
+  struct PostedRecv {
+    uint64_t tag;
+    uint64_t mask;
+    void* data;
+    size_t capacity;
+    Request* req;
+  };
+
+  void deliver(Message message);  // called by other ranks' threads
+  void match(PostedRecv& recv, Message& message);
+
+  LoopbackFabric* fabric_;
+  int index_;
+  int eventFd_;
+  std::mutex inboxMutex_;
+  std::deque<Message> inbox_;
+  // Touched by the owning progress thread only.
+  std::deque<Message> unexpected_;
+  std::deque<PostedRecv> posted_;
+  std::map<std::string, PeerId> peerIds_;
+  std::vector<LoopbackTransport*> peers_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,71 @@
+// The transport interface every algorithm is written against: post a tagged send, post a tagged
+// receive, drive progress. Tags carry the source rank (see engine/tag.h), so receives need no peer
+// handle and "any source" is a mask. Every method except wakeFd() is called from the engine's
+// progress thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddl {
+
+struct Request;
+
+// Called by a transport when a request finishes (done == true, status set).
+using RequestObserver = void (*)(Request*);
+
+// One posted send or receive. Owned by the engine; the transport only fills in the result.
+struct Request {
+  bool done = false;
+  bool failed = false;
+  std::string error;          // set when failed
+  size_t receivedBytes = 0;   // receives: bytes that arrived
+  uint64_t senderTag = 0;     // receives: the full tag of the message matched
+  int peer = -1;              // group rank of the other side (for error messages)
+  bool isSend = false;
+  void* owner = nullptr;      // the engine's operation waiting on it (nullptr once orphaned)
+  RequestObserver observer = nullptr;
+  void* transportData = nullptr;
+
+  void complete() {
+    done = true;
+    if (observer != nullptr) observer(this);
+  }
+  void fail(std::string message) {
+    failed = true;
+    error = std::move(message);
+    complete();
+  }
+};
+
+using PeerId = int;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Opaque bytes that another process passes to connect() to reach this one.
+  virtual std::string localAddress() = 0;
+  // Endpoints are keyed by address: connecting twice to one address returns the same PeerId.
+  virtual PeerId connect(const std::string& address) = 0;
+
+  virtual void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) = 0;
+  virtual void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) = 0;
+  // Stops a posted request; it then completes (failed) through the observer, now or later.
+  virtual void cancel(Request* req) = 0;
+
+  // Drives communication; returns true when something happened.
+  virtual bool progress() = 0;
+  // Prepares to sleep on wakeFd(). False means events are pending: call progress() again.
+  virtual bool arm() = 0;
+  // A file descriptor that becomes readable when progress() has work (-1: always poll).
+  virtual int wakeFd() = 0;
+
+  virtual std::string name() const = 0;
+  // "transport/device" pairs the transport can use, for diagnostics.
+  virtual std::vector<std::string> devices() const { return {}; }
+};
+
+}  // namespace ddl

@@ -1,0 +1,214 @@
+#include "ucx_transport.h"
+
+#include <uct/api/uct.h>
+
+#include <chrono>
+#include <set>
+
+#include "../../types.h"
+
+namespace ddl {
+namespace {
+
+void check(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) {
+    throw Error(std::string("ddl: UCX ") + what + " failed: " + ucs_status_string(status));
+  }
+}
+
+void onSend(void* ucxRequest, ucs_status_t status, void* user) {
+  auto* req = static_cast<Request*>(user);
+  req->transportData = nullptr;
+  ucp_request_free(ucxRequest);
+  if (status == UCS_OK) {
+    req->complete();
+  } else {
+    req->fail(ucs_status_string(status));
+  }
+}
+
+void finishRecv(Request* req, ucs_status_t status, const ucp_tag_recv_info_t* info) {
+  if (info != nullptr) {
+    req->receivedBytes = info->length;
+    req->senderTag = info->sender_tag;
+  }
+  if (status == UCS_OK) {
+    req->complete();
+  } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    req->fail("message truncated: more bytes arrived than the receive expected");
+  } else {
+    req->fail(ucs_status_string(status));
+  }
+}
+
+void onRecv(void* ucxRequest, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* req = static_cast<Request*>(user);
+  req->transportData = nullptr;
+  ucp_request_free(ucxRequest);
+  finishRecv(req, status, info);
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport() {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.name = "torch_ddl";
+  ucs_status_t status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check(status, "ucp_init");
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Created here, then driven by the progress thread alone: one thread at a time.
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  check(ucp_worker_create(context_, &wparams, &worker_), "ucp_worker_create");
+
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  check(ucp_worker_get_address(worker_, &address, &length), "ucp_worker_get_address");
+  address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker_, address);
+  check(ucp_worker_get_efd(worker_, &wakeFd_), "ucp_worker_get_efd");
+}
+
+UcxTransport::~UcxTransport() {
+  std::vector<ucs_status_ptr_t> closing;
+  for (Endpoint* e : endpoints_) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t s = ucp_ep_close_nbx(e->ep, &p);
+    if (s != nullptr && !UCS_PTR_IS_ERR(s)) closing.push_back(s);
+  }
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (ucs_status_ptr_t s : closing) {
+    while (ucp_request_check_status(s) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < until) {
+      ucp_worker_progress(worker_);
+    }
+    if (ucp_request_check_status(s) != UCS_INPROGRESS) ucp_request_free(s);
+  }
+  for (Endpoint* e : endpoints_) delete e;
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  static_cast<Endpoint*>(arg)->failure = status;
+}
+
+PeerId UcxTransport::connect(const std::string& address) {
+  auto it = ids_.find(address);
+  if (it != ids_.end()) return it->second;
+  auto* e = new Endpoint();
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::onEndpointError;
+  params.err_handler.arg = e;
+  ucs_status_t status = ucp_ep_create(worker_, &params, &e->ep);
+  if (status != UCS_OK) {
+    delete e;
+    check(status, "ucp_ep_create");
+  }
+  PeerId id = static_cast<PeerId>(endpoints_.size());
+  endpoints_.push_back(e);
+  ids_.emplace(address, id);
+  return id;
+}
+
+void UcxTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) {
+  Endpoint* e = endpoints_.at(peer);
+  if (e->failure != UCS_OK) {
+    req->fail(std::string("peer unreachable: ") + ucs_status_string(e->failure));
+    return;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.cb.send = &onSend;
+  p.user_data = req;
+  p.datatype = ucp_dt_make_contig(1);
+  ucs_status_ptr_t s = ucp_tag_send_nbx(e->ep, data, bytes, tag, &p);
+  if (s == nullptr) {
+    req->complete();
+  } else if (UCS_PTR_IS_ERR(s)) {
+    req->fail(ucs_status_string(UCS_PTR_STATUS(s)));
+  } else {
+    req->transportData = s;
+  }
+}
+
+void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
+  ucp_tag_recv_info_t info{};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
+  p.cb.recv = &onRecv;
+  p.user_data = req;
+  p.datatype = ucp_dt_make_contig(1);
+  p.recv_info.tag_info = &info;
+  ucs_status_ptr_t s = ucp_tag_recv_nbx(worker_, data, bytes, tag, mask, &p);
+  if (s == nullptr) {
+    finishRecv(req, UCS_OK, &info);
+  } else if (UCS_PTR_IS_ERR(s)) {
+    finishRecv(req, UCS_PTR_STATUS(s), nullptr);
+  } else {
+    req->transportData = s;
+  }
+}
+
+void UcxTransport::cancel(Request* req) {
+  if (req->transportData != nullptr) ucp_request_cancel(worker_, req->transportData);
+}
+
+bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }
+
+bool UcxTransport::arm() { return ucp_worker_arm(worker_) == UCS_OK; }
+
+std::string UcxTransport::name() const { return "ucx " + version(); }
+
+std::string UcxTransport::version() { return ucp_get_version_string(); }
+
+std::vector<std::string> UcxTransport::devices() const {
+  std::set<std::string> found;
+  uct_component_h* components = nullptr;
+  unsigned numComponents = 0;
+  if (uct_query_components(&components, &numComponents) != UCS_OK) return {};
+  for (unsigned c = 0; c < numComponents; ++c) {
+    uct_component_attr_t attr{};
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    std::vector<uct_md_resource_desc_t> mds(attr.md_resource_count);
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    attr.md_resources = mds.data();
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    for (const auto& mdDesc : mds) {
+      uct_md_config_t* mdConfig = nullptr;
+      if (uct_md_config_read(components[c], nullptr, nullptr, &mdConfig) != UCS_OK) continue;
+      uct_md_h md = nullptr;
+      ucs_status_t st = uct_md_open(components[c], mdDesc.md_name, mdConfig, &md);
+      uct_config_release(mdConfig);
+      if (st != UCS_OK) continue;
+      uct_tl_resource_desc_t* tls = nullptr;
+      unsigned numTls = 0;
+      if (uct_md_query_tl_resources(md, &tls, &numTls) == UCS_OK) {
+        for (unsigned t = 0; t < numTls; ++t) {
+          found.insert(std::string(tls[t].tl_name) + "/" + tls[t].dev_name);
+        }
+        uct_release_tl_resource_list(tls);
+      }
+      uct_md_close(md);
+    }
+  }
+  uct_release_component_list(components);
+  return {found.begin(), found.end()};
+}
+
+}  // namespace ddl

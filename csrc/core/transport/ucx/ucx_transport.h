@@ -1,0 +1,50 @@
+// UCX UCP transport: one context and one worker per process, tag-matching API with non-blocking
+// *_nbx calls. UCX picks shared memory / CMA between processes of a host and TCP (or InfiniBand
+// where built in) between hosts. Endpoints use peer error handling, so a dead peer fails the
+// requests posted to it instead of taking the process down.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../transport.h"
+
+namespace ddl {
+
+class UcxTransport : public Transport {
+ public:
+  UcxTransport();
+  ~UcxTransport() override;
+
+  std::string localAddress() override { return address_; }
+  PeerId connect(const std::string& address) override;
+  void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override;
+  void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
+  void cancel(Request* req) override;
+  bool progress() override;
+  bool arm() override;
+  int wakeFd() override { return wakeFd_; }
+  std::string name() const override;
+  std::vector<std::string> devices() const override;
+
+  static std::string version();
+
+ private:
+  struct Endpoint {
+    ucp_ep_h ep = nullptr;
+    ucs_status_t failure = UCS_OK;  // set by the error handler when the peer is gone
+  };
+  static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  int wakeFd_ = -1;
+  std::map<std::string, PeerId> ids_;
+  std::vector<Endpoint*> endpoints_;
+};
+
+}  // namespace ddl

@@ -1,0 +1,41 @@
+// Type-erased buffer description shared by every layer of the core: element types, reduce ops,
+// and the error type that carries a user-facing message up to the torch glue.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ddl {
+
+enum class DataType : uint8_t {
+  kFloat32,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt8,
+  kUInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kBool,
+};
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
+
+size_t elementSize(DataType type);
+const char* dataTypeName(DataType type);
+const char* reduceOpName(ReduceOp op);
+bool isFloatingPoint(DataType type);
+
+// Empty string when `op` is defined on `type`; otherwise the reason it is not.
+std::string checkReduceOp(DataType type, ReduceOp op);
+
+// Every error the core reports to a user: bad input, timeouts, transport failures.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace ddl

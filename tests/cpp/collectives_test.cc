@@ -1,0 +1,222 @@
+// Collectives over the loopback transport, one thread per rank: world sizes 1-12, counts 0, 1,
+// primes and large, every dtype and op, each allreduce algorithm, and a tiny segment size that
+// forces the many-segment pipeline path.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "harness.h"
+#include "values.h"
+
+namespace ddl::test {
+namespace {
+
+std::string describe(const char* what, int size, int rank, DataType t, ReduceOp op, size_t count,
+                     size_t i, double got, double want) {
+  std::ostringstream s;
+  s << what << " size=" << size << " rank=" << rank << " dtype=" << dataTypeName(t)
+    << " op=" << reduceOpName(op) << " count=" << count << " element " << i << ": got " << got
+    << ", want " << want;
+  return s.str();
+}
+
+void allreduceCase(Communicator& comm, DataType t, ReduceOp op, size_t count) {
+  std::vector<char> buf(count * elementSize(t) + 1);
+  for (size_t i = 0; i < count; ++i) storeValue(t, buf.data(), i, inputValue(t, op, comm.rank(), i));
+  check(comm.allreduce(buf.data(), count, t, op));
+  for (size_t i = 0; i < count; ++i) {
+    double want = expectedValue(t, op, comm.size(), i);
+    double got = loadValue(t, buf.data(), i);
+    if (std::fabs(got - want) > tolerance(t, op, want)) {
+      throw Error(describe("allreduce", comm.size(), comm.rank(), t, op, count, i, got, want));
+    }
+  }
+}
+
+void allreduceSweep(int size, const std::vector<size_t>& counts, bool everyType) {
+  runRanks(size, [&](Communicator& comm) {
+    for (DataType t : kAllTypes) {
+      if (!everyType && t != DataType::kFloat32 && t != DataType::kInt64 &&
+          t != DataType::kBFloat16) {
+        continue;
+      }
+      for (ReduceOp op : kAllOps) {
+        if (!checkReduceOp(t, op).empty()) continue;
+        for (size_t count : counts) allreduceCase(comm, t, op, count);
+      }
+    }
+  });
+}
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, AllreduceRecursiveDoubling) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "recursive_doubling"}});
+  allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true);
+}
+
+TEST_P(WorldSize, AllreduceRing) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"}});
+  allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true);
+}
+
+TEST_P(WorldSize, AllreduceRingTinySegments) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"},
+                 {"TORCH_DDL_SEGMENT_BYTES", "8"},
+                 {"TORCH_DDL_PIPELINE_DEPTH", "2"}});
+  allreduceSweep(GetParam(), {1, 13, 257}, false);
+}
+
+TEST_P(WorldSize, AllreduceMultiRingLarge) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"},
+                 {"TORCH_DDL_RINGS", "3"},
+                 {"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  allreduceSweep(GetParam(), {65537, 300007}, false);
+}
+
+TEST_P(WorldSize, AllreduceAutoLarge) { allreduceSweep(GetParam(), {16411, 1 << 20}, false); }
+
+TEST_P(WorldSize, Broadcast) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "64"}});
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1021}, size_t{100003}}) {
+      for (int root = 0; root < size; ++root) {
+        std::vector<int32_t> buf(count, -1);
+        if (comm.rank() == root) {
+          for (size_t i = 0; i < count; ++i) buf[i] = static_cast<int32_t>(i * 31 + root);
+        }
+        check(comm.broadcast(buf.data(), count, DataType::kInt32, root));
+        for (size_t i = 0; i < count; ++i) {
+          if (buf[i] != static_cast<int32_t>(i * 31 + root)) {
+            throw Error("broadcast mismatch size=" + std::to_string(size) + " root=" +
+                        std::to_string(root) + " count=" + std::to_string(count));
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(WorldSize, Allgather) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "16"}});
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{1021}}) {
+      std::vector<int16_t> in(count), out(count * size, -7);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<int16_t>(comm.rank() * 1000 + i);
+      check(comm.allgather(in.data(), out.data(), count, DataType::kInt16));
+      for (int r = 0; r < size; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          if (out[r * count + i] != static_cast<int16_t>(r * 1000 + i)) {
+            throw Error("allgather mismatch size=" + std::to_string(size) + " block " +
+                        std::to_string(r) + " count=" + std::to_string(count));
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(WorldSize, BarrierAndManyOpsInFlight) {
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    check(comm.barrier());
+    // Ten allreduces posted before any is waited on: sequence numbers keep them apart.
+    std::vector<std::vector<int64_t>> bufs(10, std::vector<int64_t>(3001));
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      for (auto& v : bufs[k]) v = comm.rank() + static_cast<int64_t>(k);
+      works.push_back(comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kInt64,
+                                     ReduceOp::kSum));
+    }
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      check(works[k]);
+      int64_t want = static_cast<int64_t>(size) * (size - 1) / 2 + size * static_cast<int64_t>(k);
+      for (auto v : bufs[k]) ASSERT_EQ(v, want);
+    }
+    check(comm.barrier());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, WorldSize, ::testing::Range(1, 13),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "P" + std::to_string(info.param);
+                         });
+
+TEST(Collectives, TimeoutNamesTheMissingRank) {
+  std::string message;
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        if (comm.rank() == 2) return;  // never joins
+        std::vector<float> buf(10, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        work->wait();
+        EXPECT_TRUE(work->failed());
+        // Rank 1 waits on rank 2 directly (rank 0 waits on rank 1, which waits on rank 2).
+        if (comm.rank() == 1) message = work->error();
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_NE(message.find("timed out after 300 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("allreduce on group"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
+}
+
+TEST(Collectives, BadInputIsRejectedBeforeSending) {
+  runRanks(2, [&](Communicator& comm) {
+    std::vector<float> buf(4);
+    try {
+      (void)comm.allreduce(buf.data(), 4, DataType::kFloat32, ReduceOp::kBand);
+      FAIL() << "BAND on float32 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("BAND"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)comm.broadcast(buf.data(), 4, DataType::kFloat32, 5), Error);
+    EXPECT_EQ(comm.sequenceNumber(), 0u);  // nothing was started
+    check(comm.barrier());
+  });
+}
+
+TEST(Collectives, GroupsDoNotMixMessages) {
+  // Two communicators over the same engines, with ops interleaved in opposite orders.
+  const int size = 3;
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));
+  auto counter = std::make_shared<std::atomic<uint64_t>>(0);
+  MemoryStore storeA(counter), storeB(counter);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(size);
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto a = Communicator::create(*engines[r], storeA, r, size, std::chrono::seconds(20));
+        auto b = Communicator::create(*engines[r], storeB, r, size, std::chrono::seconds(20));
+        EXPECT_NE(a->id(), b->id());
+        std::vector<int32_t> x(1000, r), y(1000, 10 * r);
+        std::shared_ptr<Work> wa, wb;
+        if (r % 2 == 0) {
+          wa = a->allreduce(x.data(), x.size(), DataType::kInt32, ReduceOp::kSum);
+          wb = b->allreduce(y.data(), y.size(), DataType::kInt32, ReduceOp::kSum);
+        } else {
+          wb = b->allreduce(y.data(), y.size(), DataType::kInt32, ReduceOp::kSum);
+          wa = a->allreduce(x.data(), x.size(), DataType::kInt32, ReduceOp::kSum);
+        }
+        check(wa);
+        check(wb);
+        for (int v : x) EXPECT_EQ(v, 3);
+        for (int v : y) EXPECT_EQ(v, 30);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace ddl::test

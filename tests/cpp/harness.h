@@ -1,0 +1,113 @@
+// Thread-per-rank harness: every rank gets its own Engine (and progress thread) over a shared
+// in-process transport, and a Communicator created through an in-memory store, as processes do.
+#pragma once
+
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../csrc/core/engine/communicator.h"
+#include "../../csrc/core/engine/config.h"
+#include "../../csrc/core/transport/loopback/loopback.h"
+
+namespace ddl::test {
+
+class MemoryStore : public KeyValueStore {
+ public:
+  // Stores of one job share the group counter, as the c10d stores of one job share a root store.
+  explicit MemoryStore(std::shared_ptr<std::atomic<uint64_t>> counter =
+                           std::make_shared<std::atomic<uint64_t>>(0))
+      : counter_(std::move(counter)) {}
+  void set(const std::string& key, const std::string& value) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    values_[key] = value;
+    cv_.notify_all();
+  }
+  std::string get(const std::string& key) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return values_.count(key) > 0; })) {
+      throw Error("store: timed out waiting for " + key);
+    }
+    return values_[key];
+  }
+  uint64_t nextGroupNumber() override { return (*counter_)++; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;
+  std::shared_ptr<std::atomic<uint64_t>> counter_;
+};
+
+// Sets environment variables for one scope and re-reads the configuration.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<std::string, std::string>> values) {
+    for (auto& [k, v] : values) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+    reloadConfig();
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) {
+      if (v) {
+        setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        unsetenv(k.c_str());
+      }
+    }
+    reloadConfig();
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+using RankBody = std::function<void(Communicator& comm)>;
+using TransportFactory = std::function<std::unique_ptr<Transport>()>;
+
+// Runs body on `size` rank threads, each with its own engine over a transport from `factory`
+// (default: the loopback); rethrows the first failure.
+inline void runRanks(int size, const RankBody& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                     TransportFactory factory = nullptr) {
+  LoopbackFabric fabric;
+  if (!factory) factory = [&] { return fabric.join(); };
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(factory()));
+  MemoryStore store;
+  std::vector<std::exception_ptr> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = Communicator::create(*engines[r], store, r, size, timeout);
+        body(*comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Waits and turns a failed Work into an exception.
+inline void check(const std::shared_ptr<Work>& work) {
+  work->wait();
+  if (work->failed()) throw Error(work->error());
+}
+
+}  // namespace ddl::test

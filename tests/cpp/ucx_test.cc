@@ -1,0 +1,64 @@
+// The same engine over the real UCX transport: each rank thread owns a UCX context and worker,
+// as separate processes would, and messages cross UCX's shared-memory and loopback transports.
+#include <gtest/gtest.h>
+
+#include "../../csrc/core/transport/ucx/ucx_transport.h"
+#include "harness.h"
+#include "values.h"
+
+namespace ddl::test {
+namespace {
+
+std::unique_ptr<Transport> makeUcx() { return std::make_unique<UcxTransport>(); }
+
+TEST(Ucx, AllreduceSmallAndLarge) {
+  for (int size : {1, 2, 3, 4}) {
+    runRanks(
+        size,
+        [&](Communicator& comm) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{1021}, size_t{1} << 20}) {
+            std::vector<float> buf(count);
+            for (size_t i = 0; i < count; ++i) {
+              buf[i] = static_cast<float>(inputValue(DataType::kFloat32, ReduceOp::kSum,
+                                                     comm.rank(), i));
+            }
+            check(comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum));
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(buf[i], expectedValue(DataType::kFloat32, ReduceOp::kSum, size, i));
+            }
+          }
+          std::vector<int64_t> all(3 * size);
+          int64_t mine[3] = {comm.rank(), comm.rank() * 2, comm.rank() * 3};
+          check(comm.allgather(mine, all.data(), 3, DataType::kInt64));
+          for (int r = 0; r < size; ++r) ASSERT_EQ(all[3 * r + 2], 3 * r);
+          check(comm.barrier());
+        },
+        std::chrono::seconds(60), makeUcx);
+  }
+}
+
+TEST(Ucx, TimeoutNamesTheMissingRank) {
+  std::string message;
+  runRanks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) return;
+        std::vector<float> buf(1 << 16, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        work->wait();
+        message = work->error();
+      },
+      std::chrono::milliseconds(200), makeUcx);
+  EXPECT_NE(message.find("timed out after 200 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+}
+
+TEST(Ucx, DevicesAreListed) {
+  UcxTransport t;
+  auto devices = t.devices();
+  EXPECT_FALSE(devices.empty());
+  EXPECT_NE(UcxTransport::version(), "");
+}
+
+}  // namespace
+}  // namespace ddl::test

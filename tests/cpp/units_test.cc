@@ -1,0 +1,126 @@
+// Pure pieces of the core: reduction kernels, ring plans, tag layout, configuration.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "../../csrc/core/engine/config.h"
+#include "../../csrc/core/engine/tag.h"
+#include "../../csrc/core/reduce/reduce.h"
+#include "../../csrc/core/topology/ring_plan.h"
+#include "harness.h"
+#include "values.h"
+
+namespace ddl::test {
+namespace {
+
+TEST(Reduce, EveryKernelMatchesScalarArithmetic) {
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!checkReduceOp(t, op).empty()) continue;
+      for (size_t count : {size_t{0}, size_t{1}, size_t{31}, size_t{1009}}) {
+        std::vector<char> a(count * elementSize(t) + 1), b(a.size());
+        for (size_t i = 0; i < count; ++i) {
+          storeValue(t, a.data(), i, inputValue(t, op, 0, i));
+          storeValue(t, b.data(), i, inputValue(t, op, 1, i));
+        }
+        reduceInto(t, op, a.data(), b.data(), count);
+        for (size_t i = 0; i < count; ++i) {
+          double want = expectedValue(t, op == ReduceOp::kAvg ? ReduceOp::kSum : op, 2, i);
+          ASSERT_EQ(loadValue(t, a.data(), i), want)
+              << dataTypeName(t) << " " << reduceOpName(op) << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Reduce, BFloat16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between two bfloat16 values: ties go to the even mantissa (1.0).
+  std::vector<char> a(2), b(2);
+  storeValue(DataType::kBFloat16, a.data(), 0, 1.0);
+  storeValue(DataType::kBFloat16, b.data(), 0, 1.0 / 256);
+  reduceInto(DataType::kBFloat16, ReduceOp::kSum, a.data(), b.data(), 1);
+  EXPECT_EQ(loadValue(DataType::kBFloat16, a.data(), 0), 1.0);
+  // 1 + 3*2^-8 rounds up to 1 + 2^-6.
+  storeValue(DataType::kBFloat16, b.data(), 0, 3.0 / 256);
+  reduceInto(DataType::kBFloat16, ReduceOp::kSum, a.data(), b.data(), 1);
+  EXPECT_EQ(loadValue(DataType::kBFloat16, a.data(), 0), 1.0 + 1.0 / 64);
+}
+
+TEST(Reduce, AverageOfIntegersTruncatesTowardZero) {
+  int32_t v[3] = {7, -7, 8};
+  finishAverage(DataType::kInt32, v, 3, 2);
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], -3);
+  EXPECT_EQ(v[2], 4);
+}
+
+TEST(ReduceOps, MeaninglessPairsAreNamed) {
+  EXPECT_NE(checkReduceOp(DataType::kFloat32, ReduceOp::kBand).find("BAND"), std::string::npos);
+  EXPECT_NE(checkReduceOp(DataType::kBool, ReduceOp::kAvg).find("bool"), std::string::npos);
+  EXPECT_EQ(checkReduceOp(DataType::kBool, ReduceOp::kBxor), "");
+  EXPECT_EQ(checkReduceOp(DataType::kInt8, ReduceOp::kAvg), "");
+}
+
+TEST(RingPlan, RingsArePermutationsThatClose) {
+  for (int size = 1; size <= 12; ++size) {
+    for (const RingPlan& ring : alternatingRings(size, 4)) {
+      ASSERT_EQ(ring.length(), size);
+      std::vector<int> seen(size, 0);
+      for (int p = 0; p < size; ++p) ++seen[ring.order[(p + 1) % size]];
+      for (int s : seen) EXPECT_EQ(s, 1);
+    }
+  }
+  EXPECT_THROW(checkRing(RingPlan{{0, 1, 1}}, 3, true), Error);
+  EXPECT_THROW(checkRing(RingPlan{{0, 3}}, 3, false), Error);
+  EXPECT_THROW(checkRing(RingPlan{{0, 2}}, 3, true), Error);
+  EXPECT_NO_THROW(checkRing(RingPlan{{2, 0}}, 3, false));
+}
+
+TEST(RingPlan, SplitEvenCoversEverythingOnce) {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000003}}) {
+    for (size_t parts : {size_t{1}, size_t{3}, size_t{12}}) {
+      auto ranges = splitEven(count, parts);
+      size_t next = 0, lo = count, hi = 0;
+      for (const Range& r : ranges) {
+        EXPECT_EQ(r.offset, next);
+        next += r.length;
+        lo = std::min(lo, r.length);
+        hi = std::max(hi, r.length);
+      }
+      EXPECT_EQ(next, count);
+      EXPECT_LE(hi - lo, 1u);
+    }
+  }
+}
+
+TEST(Tag, FieldsDoNotOverlap) {
+  uint64_t t = tag::make(4095, 65535, tag::slot(15, 65535), 65535);
+  EXPECT_EQ(t, ~uint64_t{0});
+  EXPECT_EQ(tag::make(1, 0, 0, 0), uint64_t{1} << 52);
+  EXPECT_EQ(tag::source(tag::make(3, 4, 5, 77)), 77u);
+  EXPECT_EQ(tag::make(3, 4, 5, 77) & tag::kAnySource, tag::make(3, 4, 5, 0));
+  // Wider values wrap within their field instead of spilling into the next one.
+  EXPECT_EQ(tag::make(4096, 0, 0, 0), 0u);
+}
+
+TEST(Config, MalformedValuesNameTheVariable) {
+  ScopedEnv ok({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  EXPECT_EQ(config().segmentBytes, 4096u);
+  setenv("TORCH_DDL_PIPELINE_DEPTH", "lots", 1);
+  try {
+    reloadConfig();
+    FAIL() << "accepted a malformed value";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCH_DDL_PIPELINE_DEPTH=lots"), std::string::npos);
+  }
+  unsetenv("TORCH_DDL_PIPELINE_DEPTH");
+  reloadConfig();
+  for (const ConfigEntry& e : configTable()) {
+    EXPECT_EQ(std::string(e.name).rfind("TORCH_DDL_", 0), 0u);
+    EXPECT_GT(std::strlen(e.description), 10u);
+  }
+}
+
+}  // namespace
+}  // namespace ddl::test
