@@ -75,8 +75,7 @@ std::string Communicator::where(const char* name) const {
 std::shared_ptr<Work> Communicator::start(const char* name, CallOptions& options,
                                           const std::function<Task(Op&)>& body) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
-  auto work = std::make_shared<Work>(name);
-  if (options.onComplete) work->setCompletionHook(std::move(options.onComplete));
+  std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   uint32_t sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
   op->task = body(*op);

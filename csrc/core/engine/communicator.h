@@ -18,7 +18,8 @@ namespace ddl {
 
 struct CallOptions {
   std::chrono::milliseconds timeout{-1};  // negative: the group's timeout
-  std::function<void()> onComplete;       // runs on the progress thread when the work finishes
+  // The Work to finish; a caller that installs a completion hook creates it. Default: a new one.
+  std::shared_ptr<Work> work;
 };
 
 class Communicator {

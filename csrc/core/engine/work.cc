@@ -34,7 +34,11 @@ void Work::finish(std::string error) {
     std::lock_guard<std::mutex> lock(mutex_);
     cv_.notify_all();
   }
-  if (hook_) hook_();
+  if (hook_) {
+    std::function<void()> hook = std::move(hook_);
+    hook_ = nullptr;  // runs once, and drops what it captured (often the caller's own handle)
+    hook();
+  }
 }
 
 }  // namespace ddl

@@ -2,7 +2,10 @@
 
 #include <uct/api/uct.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 #include <set>
 
 #include "../../types.h"
@@ -70,7 +73,11 @@ UcxTransport::UcxTransport() {
   ucp_address_t* address = nullptr;
   size_t length = 0;
   check(ucp_worker_get_address(worker_, &address, &length), "ucp_worker_get_address");
-  address_.assign(reinterpret_cast<const char*>(address), length);
+  std::string key = hostKey();
+  uint16_t keyLength = static_cast<uint16_t>(key.size());
+  address_.assign(reinterpret_cast<const char*>(&keyLength), sizeof(keyLength));
+  address_ += key;
+  address_.append(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(worker_, address);
   check(ucp_worker_get_efd(worker_, &wakeFd_), "ucp_worker_get_efd");
 }
@@ -97,6 +104,14 @@ UcxTransport::~UcxTransport() {
   ucp_cleanup(context_);
 }
 
+std::string UcxTransport::hostKey() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char ns[128] = {};
+  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  return std::string(host) + "/" + (n > 0 ? std::string(ns, n) : std::string("?"));
+}
+
 void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   static_cast<Endpoint*>(arg)->failure = status;
 }
@@ -104,12 +119,20 @@ void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
 PeerId UcxTransport::connect(const std::string& address) {
   auto it = ids_.find(address);
   if (it != ids_.end()) return it->second;
+  uint16_t keyLength = 0;
+  if (address.size() < sizeof(keyLength)) throw Error("ddl: malformed UCX peer address");
+  std::memcpy(&keyLength, address.data(), sizeof(keyLength));
+  if (address.size() < sizeof(keyLength) + keyLength) {
+    throw Error("ddl: malformed UCX peer address");
+  }
+  bool sameHost = address.compare(sizeof(keyLength), keyLength, hostKey()) == 0;
   auto* e = new Endpoint();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.address =
+      reinterpret_cast<const ucp_address_t*>(address.data() + sizeof(keyLength) + keyLength);
+  params.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxTransport::onEndpointError;
   params.err_handler.arg = e;
   ucs_status_t status = ucp_ep_create(worker_, &params, &e->ep);

@@ -1,7 +1,11 @@
 // UCX UCP transport: one context and one worker per process, tag-matching API with non-blocking
 // *_nbx calls. UCX picks shared memory / CMA between processes of a host and TCP (or InfiniBand
-// where built in) between hosts. Endpoints use peer error handling, so a dead peer fails the
-// requests posted to it instead of taking the process down.
+// where built in) between hosts.
+//
+// Addresses carry a host key (hostname and network namespace) before the worker address.
+// Endpoints to other hosts use UCX peer error handling, so a dead peer fails the requests posted
+// to it. Same-host endpoints do not: UCX offers no shared-memory transport under that mode and
+// would fall back to TCP over loopback; a dead local peer is reported by the op deadline.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -38,6 +42,7 @@ class UcxTransport : public Transport {
     ucs_status_t failure = UCS_OK;  // set by the error handler when the peer is gone
   };
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static std::string hostKey();
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

@@ -1,0 +1,358 @@
+#include "process_group_ddl.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "compat.hpp"
+
+namespace ddl {
+namespace {
+
+// Finalizes works whose Future someone holds, off the progress thread: Future callbacks (DDP's
+// comm hooks among them) run here, never on the thread that drives the network.
+class CompletionThread {
+ public:
+  static CompletionThread& instance() {
+    static auto* thread = new CompletionThread();  // never destroyed: may outlive interpreter exit
+    return *thread;
+  }
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  CompletionThread() {
+    std::thread([this] {
+      while (true) {
+        std::function<void()> fn;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          cv_.wait(lock, [&] { return !queue_.empty(); });
+          fn = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        fn();
+      }
+    }).detach();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+class StoreAdapter : public KeyValueStore {
+ public:
+  explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    std::vector<uint8_t> value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+  uint64_t nextGroupNumber() override {
+    return static_cast<uint64_t>(
+        torch_compat::rootStore(store_)->add("torch_ddl/group_counter", 1) - 1);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+[[noreturn]] void badInput(const char* where, const std::string& what) {
+  C10_THROW_ERROR(ValueError, std::string("ddl: ") + where + ": " + what);
+}
+
+DataType toDataType(at::ScalarType type, const char* where) {
+  switch (type) {
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kChar:
+      return DataType::kInt8;
+    case at::kByte:
+      return DataType::kUInt8;
+    case at::kShort:
+      return DataType::kInt16;
+    case at::kInt:
+      return DataType::kInt32;
+    case at::kLong:
+      return DataType::kInt64;
+    case at::kBool:
+      return DataType::kBool;
+    default:
+      badInput(where, std::string("dtype ") + c10::toString(type) + " is not supported");
+  }
+}
+
+ReduceOp toReduceOp(const c10d::ReduceOp& op, const char* where) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return ReduceOp::kBxor;
+    default:
+      badInput(where, "this reduce op is not supported");
+  }
+}
+
+DataType checkTensor(const at::Tensor& t, const char* where) {
+  if (!t.defined()) badInput(where, "the tensor is undefined");
+  if (t.layout() != c10::kStrided) {
+    badInput(where, "sparse and other non-strided tensors are not supported (use .to_dense())");
+  }
+  if (!t.device().is_cpu()) {
+    badInput(where, "the tensor is on " + t.device().str() + "; ddl handles CPU tensors");
+  }
+  return toDataType(t.scalar_type(), where);
+}
+
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* where) {
+  if (tensors.size() != 1) {
+    badInput(where, "expects exactly one tensor per call, got " + std::to_string(tensors.size()));
+  }
+  return tensors[0];
+}
+
+// `t` itself when contiguous; otherwise a contiguous copy that the work writes back to `t`.
+at::Tensor contiguousFor(const at::Tensor& t, WorkDDL& work, bool writeBack) {
+  if (t.is_contiguous()) return t;
+  at::Tensor copy = t.contiguous();
+  if (writeBack) work.copyAfter(t, copy);
+  work.keepAlive(copy);
+  return copy;
+}
+
+size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+}  // namespace
+
+WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(torch_compat::tensorListFuture()) {}
+
+WorkDDL::~WorkDDL() = default;
+
+std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
+  core_ = std::make_shared<ddl::Work>(name);
+  auto self = c10::intrusive_ptr<WorkDDL>::reclaim_copy(this);
+  // The hook holds `self` until it runs (once, on the progress thread).
+  core_->setCompletionHook([self] {
+    if (self->futureRequested_.load()) {
+      CompletionThread::instance().post([self] { self->finalize(); });
+    }
+  });
+  return core_;
+}
+
+void WorkDDL::finalize() {
+  int expected = 0;
+  if (!finalizeState_.compare_exchange_strong(expected, 1)) {
+    while (finalizeState_.load() != 2) finalizeState_.wait(1);
+    return;
+  }
+  std::exception_ptr error;
+  if (core_->failed()) {
+    error = torch_compat::backendError(core_->error());
+  } else {
+    try {
+      at::NoGradGuard noGrad;
+      for (auto& [destination, source] : copies_) destination.copy_(source);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  copies_.clear();
+  keep_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finalizeState_.store(2);
+  finalizeState_.notify_all();
+}
+
+bool WorkDDL::isCompleted() {
+  if (!core_->done()) return false;
+  finalize();
+  return true;
+}
+
+bool WorkDDL::isSuccess() const { return core_->done() && !core_->failed(); }
+
+std::exception_ptr WorkDDL::exception() const {
+  if (core_->done() && core_->failed()) return torch_compat::backendError(core_->error());
+  return nullptr;
+}
+
+std::vector<at::Tensor> WorkDDL::result() { return outputs_; }
+
+bool WorkDDL::wait(std::chrono::milliseconds timeout) {
+  bool unlimited = timeout == kNoTimeout || timeout.count() < 0;
+  if (!core_->wait(unlimited ? std::chrono::milliseconds(-1) : timeout)) {
+    C10_THROW_ERROR(DistBackendError, "ddl: wait() gave up after " +
+                                          std::to_string(timeout.count()) + " ms on " +
+                                          core_->description() + ", which is still running");
+  }
+  finalize();
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
+  futureRequested_.store(true);
+  if (core_->done()) finalize();
+  return future_;
+}
+
+ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                 int size, std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size) {
+  StoreAdapter adapter(store);
+  try {
+    comm_ = Communicator::create(Engine::process(), adapter, rank, size, timeout);
+  } catch (const ddl::Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
+
+CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
+                                         std::chrono::milliseconds timeout) {
+  return CallOptions{timeout, work.coreWork(name)};
+}
+
+// Runs `submit` with the work's CallOptions; a core validation error becomes a ValueError and
+// finishes the core work (which releases the work's self-reference).
+template <typename Submit>
+c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
+                                      Submit&& submit) {
+  try {
+    submit(options);
+  } catch (const ddl::Error& e) {
+    options.work->finish(e.what());
+    C10_THROW_ERROR(ValueError, e.what());
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  const char* where = "all_reduce";
+  at::Tensor& tensor = single(tensors, where);
+  DataType type = checkTensor(tensor, where);
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
+  at::Tensor buffer = contiguousFor(tensor, *work, true);
+  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+    comm_->allreduce(buffer.data_ptr(), count(buffer), type, op, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  const char* where = "broadcast";
+  at::Tensor& tensor = single(tensors, where);
+  DataType type = checkTensor(tensor, where);
+  if (opts.rootRank < 0 || opts.rootRank >= size_) {
+    badInput(where, "src rank " + std::to_string(opts.rootRank) + " is not in a group of size " +
+                        std::to_string(size_));
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BROADCAST, tensors);
+  at::Tensor buffer = contiguousFor(tensor, *work, rank_ != opts.rootRank);
+  return launch(work, callOptions(*work, "broadcast", opts.timeout), [&](CallOptions& o) {
+    comm_->broadcast(buffer.data_ptr(), count(buffer), type, static_cast<int>(opts.rootRank), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* where = "all_gather";
+  at::Tensor& input = single(inputs, where);
+  DataType type = checkTensor(input, where);
+  if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+    badInput(where, "needs a list of " + std::to_string(size_) + " output tensors, got " +
+                        std::to_string(outputs.empty() ? 0 : outputs[0].size()));
+  }
+  for (const at::Tensor& out : outputs[0]) {
+    if (checkTensor(out, where) != type || out.numel() != input.numel()) {
+      badInput(where, "every output tensor must have the input's dtype (" +
+                          std::string(c10::toString(input.scalar_type())) + ") and numel (" +
+                          std::to_string(input.numel()) + ")");
+    }
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLGATHER, outputs[0]);
+  at::Tensor in = contiguousFor(input, *work, false);
+  at::Tensor gathered = at::empty({size_, input.numel()}, input.options());
+  work->keepAlive(in);
+  work->keepAlive(gathered);
+  for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
+  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+    comm_->allgather(in.data_ptr(), gathered.data_ptr(), count(in), type, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  const char* where = "all_gather_into_tensor";
+  DataType type = checkTensor(input, where);
+  if (checkTensor(output, where) != type) {
+    badInput(where, "output dtype " + std::string(c10::toString(output.scalar_type())) +
+                        " differs from input dtype " + c10::toString(input.scalar_type()));
+  }
+  if (output.numel() != input.numel() * size_) {
+    badInput(where, "output has " + std::to_string(output.numel()) + " elements; it needs " +
+                        std::to_string(size_) + " x " + std::to_string(input.numel()));
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::_ALLGATHER_BASE,
+                                           std::vector<at::Tensor>{output});
+  at::Tensor in = contiguousFor(input, *work, false);
+  at::Tensor out = contiguousFor(output, *work, true);
+  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+    comm_->allgather(in.data_ptr(), out.data_ptr(), count(in), type, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptions& opts) {
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
+  return launch(work, callOptions(*work, "barrier", opts.timeout),
+                [&](CallOptions& o) { comm_->barrier(o); });
+}
+
+}  // namespace ddl

@@ -1,0 +1,85 @@
+// The c10d::Backend of torch_ddl. Each collective validates its tensors, maps dtype and reduce
+// op, hands type-erased buffers to the core communicator and returns a WorkDDL at once. The only
+// torch-aware code of the project is in this folder.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../core/engine/communicator.h"
+
+namespace ddl {
+
+// A c10d Work over a core Work. Results that need a copy after the transfer (non-contiguous
+// outputs, list-form outputs) are finalized exactly once: by the first of wait(),
+// isCompleted(), getFuture() on a finished op, or the completion thread when a Future is pending.
+class WorkDDL : public c10d::Work {
+ public:
+  WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  ~WorkDDL() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Setup, before start().
+  void copyAfter(at::Tensor destination, at::Tensor source) {
+    copies_.emplace_back(std::move(destination), std::move(source));
+  }
+  void keepAlive(at::Tensor tensor) { keep_.push_back(std::move(tensor)); }
+  // The core Work this one finishes with; its completion hook is installed here.
+  std::shared_ptr<ddl::Work> coreWork(const char* name);
+
+ private:
+  void finalize();
+
+  std::vector<at::Tensor> outputs_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies_;
+  std::vector<at::Tensor> keep_;
+  std::shared_ptr<ddl::Work> core_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> futureRequested_{false};
+  std::atomic<int> finalizeState_{0};  // 0 not started, 1 running, 2 done
+};
+
+class ProcessGroupDDL : public c10d::Backend {
+ public:
+  ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout);
+
+  const std::string getBackendName() const override { return "ddl"; }
+  void setTimeout(std::chrono::milliseconds timeout) override { comm_->setTimeout(timeout); }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
+
+ private:
+  CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);
+
+  std::shared_ptr<Communicator> comm_;
+};
+
+}  // namespace ddl
