@@ -1,0 +1,120 @@
+"""Helpers for the multi-process tests: launch ranks with a deadline, make inputs, compare."""
+
+import os
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INT_TYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+ALL_TYPES = FLOAT_TYPES + INT_TYPES + [torch.bool]
+OPS = {
+    "SUM": dist.ReduceOp.SUM,
+    "AVG": dist.ReduceOp.AVG,
+    "PRODUCT": dist.ReduceOp.PRODUCT,
+    "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX,
+    "BAND": dist.ReduceOp.BAND,
+    "BOR": dist.ReduceOp.BOR,
+    "BXOR": dist.ReduceOp.BXOR,
+}
+SIZES = [0, 1, 7, 1021, 70001]
+
+
+def _entry(rank, fn, world_size, init_method, args):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import torch_ddl  # noqa: F401
+
+    try:
+        dist.init_process_group("ddl", init_method=init_method, rank=rank,
+                                world_size=world_size)
+        fn(rank, world_size, *args)
+        dist.destroy_process_group()
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+def run_ranks(fn, world_size, *args, timeout=240):
+    """Runs fn(rank, world_size, *args) in world_size processes over a 'ddl' default group.
+
+    Fails (with every rank killed) when a rank raises or the deadline passes.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        init_method = f"file://{os.path.join(tmp, 'store')}"
+        ctx = mp.start_processes(_entry, args=(fn, world_size, init_method, args),
+                                 nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks did not finish within {timeout} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+
+
+def make_input(dtype, op, rank, size, n):
+    """Small integers, exact in every dtype, whose reductions over 4 ranks cannot overflow."""
+    g = torch.Generator().manual_seed(1000 * rank + 17 * size + n)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if op == "PRODUCT":
+        return torch.randint(1, 3, (n,), generator=g).to(dtype)
+    low = 0 if dtype == torch.uint8 else -20
+    return torch.randint(low, 21, (n,), generator=g).to(dtype)
+
+
+def valid(dtype, op):
+    if op in ("BAND", "BOR", "BXOR") and dtype.is_floating_point:
+        return False
+    return not (op == "AVG" and dtype == torch.bool)
+
+
+def reference(dtype, op, size, n):
+    """The expected allreduce result, computed locally from every rank's input."""
+    xs = torch.stack([make_input(dtype, op, r, size, n) for r in range(size)])
+    if dtype == torch.bool:
+        xs = xs.to(torch.int64)
+        out = {"SUM": xs.amax(0), "MAX": xs.amax(0), "BOR": xs.amax(0),
+               "PRODUCT": xs.amin(0), "MIN": xs.amin(0), "BAND": xs.amin(0),
+               "BXOR": xs.sum(0) % 2}[op]
+        return out.bool()
+    wide = xs.double() if dtype.is_floating_point else xs.long()
+    if op == "SUM":
+        out = wide.sum(0)
+    elif op == "AVG":
+        out = wide.sum(0) / size if dtype.is_floating_point else torch.div(
+            wide.sum(0), size, rounding_mode="trunc")
+    elif op == "PRODUCT":
+        out = wide.prod(0)
+    elif op == "MIN":
+        out = wide.amin(0)
+    elif op == "MAX":
+        out = wide.amax(0)
+    else:
+        out = wide[0].clone()
+        for x in wide[1:]:
+            out = {"BAND": out & x, "BOR": out | x, "BXOR": out ^ x}[op]
+    return out.to(dtype)
+
+
+def assert_same(got, want, what):
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise AssertionError(f"{what}: got {got.dtype}{tuple(got.shape)}, "
+                             f"want {want.dtype}{tuple(want.shape)}")
+    if got.dtype.is_floating_point:
+        tol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(got.dtype, 1e-6)
+        ok = torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+    else:
+        ok = torch.equal(got, want)
+    if not ok:
+        bad = (got.double() - want.double()).abs().argmax().item() if got.numel() else 0
+        raise AssertionError(f"{what}: mismatch, e.g. element {bad}: got {got.flatten()[bad]}, "
+                             f"want {want.flatten()[bad]}")

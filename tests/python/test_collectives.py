@@ -1,0 +1,137 @@
+"""Every collective x op x dtype over 'ddl' against gloo (or, where gloo lacks the op/dtype,
+a reference computed from every rank's input), at world sizes 1 to 4."""
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddl_testing import (ALL_TYPES, OPS, SIZES, assert_same, make_input, reference, run_ranks,
+                         valid)
+
+
+def _allreduce_all(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+    for op_name, op in OPS.items():
+        for dtype in ALL_TYPES:
+            for n in SIZES:
+                x = make_input(dtype, op_name, rank, size, n)
+                what = f"all_reduce {op_name} {dtype} n={n} P={size}"
+                if not valid(dtype, op_name):
+                    with pytest.raises(ValueError, match=op_name):
+                        dist.all_reduce(x.clone(), op=op)
+                    continue
+                got = x.clone()
+                dist.all_reduce(got, op=op)
+                want = x.clone()
+                try:
+                    dist.all_reduce(want, op=op, group=gloo)
+                except (RuntimeError, ValueError):
+                    want = reference(dtype, op_name, size, n)  # gloo lacks this op/dtype
+                assert_same(got, want, what)
+                assert_same(got, reference(dtype, op_name, size, n), what + " (reference)")
+                checked += 1
+    assert checked > 300
+
+
+def _broadcast_and_gather(rank, size):
+    warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated in 2.13
+    gloo = dist.new_group(backend="gloo")
+    for dtype in ALL_TYPES:
+        for n in SIZES:
+            for root in range(size):
+                x = make_input(dtype, "SUM", rank, size, n)
+                got, want = x.clone(), x.clone()
+                dist.broadcast(got, src=root)
+                try:
+                    dist.broadcast(want, src=root, group=gloo)
+                except RuntimeError:
+                    want = make_input(dtype, "SUM", root, size, n)  # gloo lacks this dtype
+                assert_same(got, want, f"broadcast {dtype} n={n} root={root}")
+                assert_same(got, make_input(dtype, "SUM", root, size, n), "broadcast (reference)")
+            x = make_input(dtype, "SUM", rank, size, n)
+            outs = [torch.full_like(x, 3) for _ in range(size)]
+            dist.all_gather(outs, x)
+            want = [make_input(dtype, "SUM", r, size, n) for r in range(size)]
+            for r in range(size):
+                assert_same(outs[r], want[r], f"all_gather {dtype} n={n} block {r}")
+            flat = torch.empty(size * n, dtype=dtype)
+            dist.all_gather_into_tensor(flat, x)
+            assert_same(flat, torch.cat(want), f"all_gather_into_tensor {dtype} n={n}")
+            stacked = torch.empty(size, n, dtype=dtype)
+            gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+            gather_single(stacked, x)
+            assert_same(stacked, torch.stack(want), f"all_gather_into_tensor 2-D {dtype} n={n}")
+    dist.barrier()
+
+
+def _non_contiguous_and_async(rank, size):
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10) + rank
+    want = sum(torch.arange(60, dtype=torch.float32).reshape(6, 10) + r for r in range(size))
+    t = base.t()  # non-contiguous view
+    assert not t.is_contiguous()
+    dist.all_reduce(t)
+    assert_same(t, want.t(), "all_reduce of a transposed view")
+    strided = (torch.arange(40, dtype=torch.int64) * (rank + 1))[::3]
+    dist.all_reduce(strided, op=dist.ReduceOp.MAX)
+    assert_same(strided, (torch.arange(40, dtype=torch.int64) * size)[::3], "strided MAX")
+    b = torch.full((5, 4), float(rank)).t()
+    dist.broadcast(b, src=size - 1)
+    assert_same(b, torch.full((4, 5), float(size - 1)), "broadcast into a view")
+    outs = [torch.zeros(3, 2).t() for _ in range(size)]
+    dist.all_gather(outs, torch.full((2, 3), float(rank)))
+    for r in range(size):
+        assert_same(outs[r], torch.full((2, 3), float(r)), "all_gather into views")
+
+    # async_op: returns at once, overlaps with compute, completes with the output tensors.
+    x = torch.ones(1 << 18) * (rank + 1)
+    work = dist.all_reduce(x, async_op=True)
+    busy = torch.randn(256, 256) @ torch.randn(256, 256)  # compute while it runs
+    fut = work.get_future()
+    work.wait()
+    assert work.is_completed() and work.is_success()
+    assert busy.shape == (256, 256)
+    value = fut.wait()
+    assert isinstance(value, list) and value[0] is x or torch.equal(value[0], x)
+    assert_same(x, torch.full((1 << 18,), float(size * (size + 1) // 2)), "async all_reduce")
+    chained = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
+    assert_same(chained.wait(), torch.full((4,), 2.0 * size), "future.then")
+    works = [dist.all_reduce(torch.full((1000,), float(i)), async_op=True) for i in range(8)]
+    for i, w in enumerate(works):
+        w.wait()
+        assert_same(w.result()[0], torch.full((1000,), float(i * size)), f"in-flight #{i}")
+    assert dist.barrier(async_op=True).wait()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_all_reduce_matches_gloo(size):
+    run_ranks(_allreduce_all, size)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_broadcast_and_all_gather_match_gloo(size):
+    run_ranks(_broadcast_and_gather, size)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_non_contiguous_and_async(size):
+    run_ranks(_non_contiguous_and_async, size)
+
+
+def _over_2gib(rank, size):
+    n = (1 << 31) + 17  # int8: more bytes than a 32-bit count can hold
+    x = torch.full((n,), rank + 1, dtype=torch.int8)
+    dist.all_reduce(x)
+    want = size * (size + 1) // 2
+    assert x[-1].item() == want and x[(1 << 31) + 3].item() == want and x[0].item() == want
+    assert bool((x == want).all())
+    y = torch.full((n,), rank, dtype=torch.int8)
+    dist.broadcast(y, src=1)
+    assert bool((y == 1).all())
+
+
+def test_messages_over_2_gib_are_not_truncated():
+    run_ranks(_over_2gib, 2, timeout=300)

@@ -1,0 +1,71 @@
+"""DistributedDataParallel over 'ddl' ends where the same run over gloo ends."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddl_testing import run_ranks
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 5)
+        self.unused = nn.Linear(64, 5)  # only reached on odd steps
+
+    def forward(self, x, use_extra=False):
+        h = self.body(x)
+        return self.head(h) + (self.unused(h) if use_extra else 0)
+
+
+def _train(group, hook, find_unused, steps, rank):
+    torch.manual_seed(0)
+    net = Net()
+    # Small buckets: several allreduces per step, overlapping backward.
+    model = DDP(net, process_group=group, bucket_cap_mb=0.01,
+                find_unused_parameters=find_unused)
+    if hook is not None:
+        model.register_comm_hook(group, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        x = torch.randn(16, 20, generator=gen)
+        y = torch.randint(0, 5, (16,), generator=gen)
+        opt.zero_grad()
+        out = model(x, use_extra=(step % 2 == 1) if find_unused else True)
+        nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def _ddp_parity(rank, size, variant):
+    gloo = dist.new_group(backend="gloo")
+    ddl = dist.group.WORLD
+    hook = default_hooks.fp16_compress_hook if variant == "fp16_hook" else None
+    find_unused = variant == "find_unused"
+    steps = 12
+    got = _train(ddl, hook, find_unused, steps, rank)
+    want = _train(gloo, hook, find_unused, steps, rank)
+    tol = 1e-3 if hook is not None else 1e-5
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.allclose(g, w, rtol=tol, atol=tol), (
+            f"{variant} P={size}: parameter {i} differs by {(g - w).abs().max().item()}")
+    # Replicas agree with each other too.
+    first = torch.cat([p.flatten() for p in got])
+    copy = first.clone()
+    dist.broadcast(copy, src=0)
+    assert torch.equal(first, copy), "replicas diverged"
+    # Training moved the parameters.
+    torch.manual_seed(0)
+    initial = torch.cat([p.detach().flatten() for p in Net().parameters()])
+    assert not torch.allclose(first, initial)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("variant", ["plain", "fp16_hook", "find_unused"])
+def test_ddp_matches_gloo(size, variant):
+    run_ranks(_ddp_parity, size, variant)

@@ -1,0 +1,99 @@
+"""Registration, init methods (env:// via torchrun, tcp://, file://), world sizes up to 8,
+the example under torchrun, and the info tool."""
+
+import importlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddl_testing import run_ranks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_import_registers_backend_and_twice_is_harmless():
+    import torch_ddl
+
+    importlib.reload(torch_ddl)
+    importlib.import_module("torch_ddl")
+    assert "ddl" in dist.Backend.backend_list
+    assert dist.Backend("ddl") == "ddl"
+
+
+def _tcp_worker(rank, size, port):
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size, timeout=timedelta(seconds=60))
+    assert dist.get_backend() == "ddl"
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    assert t.item() == size * (size - 1) / 2
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_tcp_init_method():
+    mp.start_processes(_tcp_worker, args=(3, free_port()), nprocs=3, start_method="spawn")
+
+
+def _sum_check(rank, size):
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((1000,), float(size * (size + 1) // 2)))
+    outs = [torch.empty(2) for _ in range(size)]
+    dist.all_gather(outs, torch.tensor([rank, -rank], dtype=torch.float32))
+    assert [o[0].item() for o in outs] == list(range(size))
+    dist.barrier()
+
+
+@pytest.mark.parametrize("size", [5, 8])
+def test_file_init_method_larger_worlds(size):
+    run_ranks(_sum_check, size, timeout=300)
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(extra or {})
+    return env
+
+
+def test_torchrun_example():
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc_per_node=2", f"--master_port={free_port()}",
+           os.path.join(ROOT, "examples", "train_digits.py"), "--backend", "ddl", "--epochs", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "backend ddl" in out.stdout
+    assert "epoch 2/2" in out.stdout and "samples/s" in out.stdout
+
+
+def test_info_tool():
+    out = subprocess.run([sys.executable, "-m", "torch_ddl.info"], capture_output=True,
+                         text=True, timeout=120, env=_env({"TORCH_DDL_RINGS": "2"}))
+    assert out.returncode == 0, out.stderr
+    for needle in ("torch_ddl", "torch", "UCX", "TORCH_DDL_SEGMENT_BYTES", "tcp/", "(set)"):
+        assert needle in out.stdout, needle
+
+
+def test_malformed_setting_fails_at_import_naming_it():
+    code = "import torch_ddl"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=_env({"TORCH_DDL_SEGMENT_BYTES": "big"}))
+    assert out.returncode != 0
+    assert "TORCH_DDL_SEGMENT_BYTES=big" in out.stderr
