@@ -14,7 +14,7 @@ CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 
-.PHONY: all env build test test-cpp test-python demo bench format clean
+.PHONY: all env build test test-cpp test-python demo bench format clean compat
 
 all: build
 
@@ -68,3 +68,7 @@ format:
 
 clean:
 	rm -rf build torch_ddl/_C*.so *.egg-info
+
+# The glue against torch 2.11's headers (the version on GPU machines); downloads ~0.5 GB once.
+compat: $(ENV_STAMP)
+	tools/check_torch_headers.sh 2.11.0

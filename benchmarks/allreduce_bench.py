@@ -23,7 +23,7 @@ def sizes(lo, hi):
     s = lo
     while s <= hi:
         yield s
-        s *= 4 if s < 1 << 20 else 2
+        s *= 4 if s * 4 <= 1 << 20 else 2
 
 
 def parse_size(text):
