@@ -140,6 +140,123 @@ TEST_P(WorldSize, BarrierAndManyOpsInFlight) {
   });
 }
 
+TEST_P(WorldSize, ReduceScatter) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "24"}, {"TORCH_DDL_PIPELINE_DEPTH", "2"}});
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    for (DataType t : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{1021}}) {
+          std::vector<char> buf(size * count * elementSize(t) + 1);
+          for (int b = 0; b < size; ++b) {
+            for (size_t i = 0; i < count; ++i) {
+              storeValue(t, buf.data(), b * count + i,
+                         inputValue(t, op, comm.rank(), b * count + i));
+            }
+          }
+          check(comm.reduceScatter(buf.data(), count, t, op));
+          for (size_t i = 0; i < count; ++i) {
+            size_t at = comm.rank() * count + i;
+            double want = expectedValue(t, op, size, at);
+            double got = loadValue(t, buf.data(), at);
+            if (std::fabs(got - want) > tolerance(t, op, want)) {
+              throw Error(describe("reduce_scatter", size, comm.rank(), t, op, count, i, got, want));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(WorldSize, ReduceGatherScatter) {
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{257}}) {
+      for (int root = 0; root < size; ++root) {
+        std::vector<int32_t> in(count), out(count, -9);
+        for (size_t i = 0; i < count; ++i) in[i] = comm.rank() + static_cast<int32_t>(i);
+        std::vector<int32_t> keep = in;
+        check(comm.reduce(in.data(), out.data(), count, DataType::kInt32, ReduceOp::kSum, root));
+        ASSERT_EQ(in, keep) << "reduce modified its input";
+        if (comm.rank() == root) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[i], size * (size - 1) / 2 + size * static_cast<int32_t>(i));
+          }
+        }
+        std::vector<int32_t> all(count * size, -1);
+        check(comm.gather(in.data(), all.data(), count, DataType::kInt32, root));
+        if (comm.rank() == root) {
+          for (int r = 0; r < size; ++r) {
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], r + int32_t(i));
+          }
+        }
+        std::vector<int32_t> blocks(count * size), mine(count, -1);
+        for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i) * 3 + root;
+        check(comm.scatter(blocks.data(), mine.data(), count, DataType::kInt32, root));
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(mine[i], static_cast<int32_t>(comm.rank() * count + i) * 3 + root);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(WorldSize, AlltoallUnevenAndPointToPoint) {
+  const int size = GetParam();
+  runRanks(size, [&](Communicator& comm) {
+    // Rank r sends (r + p) % 3 bytes to rank p (some blocks empty).
+    const int me = comm.rank();
+    AlltoallLayout layout;
+    size_t sendTotal = 0, recvTotal = 0;
+    for (int p = 0; p < size; ++p) {
+      layout.sendOffsets.push_back(sendTotal);
+      layout.sendBytes.push_back((me + p) % 3);
+      sendTotal += (me + p) % 3;
+      layout.recvOffsets.push_back(recvTotal);
+      layout.recvBytes.push_back((p + me) % 3);
+      recvTotal += (p + me) % 3;
+    }
+    std::vector<uint8_t> in(sendTotal + 1), out(recvTotal + 1, 0xFF);
+    for (int p = 0; p < size; ++p) {
+      for (size_t b = 0; b < layout.sendBytes[p]; ++b) {
+        in[layout.sendOffsets[p] + b] = static_cast<uint8_t>(me * 16 + p + b);
+      }
+    }
+    check(comm.alltoall(in.data(), out.data(), layout));
+    for (int p = 0; p < size; ++p) {
+      for (size_t b = 0; b < layout.recvBytes[p]; ++b) {
+        ASSERT_EQ(out[layout.recvOffsets[p] + b], static_cast<uint8_t>(p * 16 + me + b));
+      }
+    }
+    if (size < 2) return;
+    // A ring of sends with two tags, received in the opposite tag order; then from any source.
+    int next = (me + 1) % size, prev = (me + size - 1) % size;
+    int64_t a = me * 10 + 1, b = me * 10 + 2, ra = -1, rb = -1;
+    auto s1 = comm.send(&a, sizeof(a), next, 7);
+    auto s2 = comm.send(&b, sizeof(b), next, 0x70000);
+    check(comm.recv(&rb, sizeof(rb), prev, 0x70000));
+    check(comm.recv(&ra, sizeof(ra), prev, 7));
+    check(s1);
+    check(s2);
+    ASSERT_EQ(ra, prev * 10 + 1);
+    ASSERT_EQ(rb, prev * 10 + 2);
+    if (me == 0) {
+      for (int k = 1; k < size; ++k) {
+        int64_t v = -1;
+        auto w = comm.recv(&v, sizeof(v), -1, 99);
+        check(w);
+        ASSERT_EQ(v, w->source() * 100);
+      }
+    } else {
+      int64_t v = me * 100;
+      check(comm.send(&v, sizeof(v), 0, 99));
+    }
+    EXPECT_THROW((void)comm.send(&a, sizeof(a), me, 1), Error);
+    check(comm.barrier());
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, WorldSize, ::testing::Range(1, 13),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "P" + std::to_string(info.param);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "../engine/op.h"
 #include "../engine/task.h"
@@ -33,5 +34,28 @@ Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSett
 
 // barrier_dissemination.cc: ceil(log2(P)) rounds of empty messages.
 Task barrierDissemination(Op& op);
+
+// reduce_scatter_ring.cc: `data` holds size() blocks of `count` elements; afterwards block
+// rank() holds the reduction of every rank's block rank() (the other blocks are scratch).
+Task reduceScatterRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       PipelineSettings settings);
+
+// reduce_tree.cc: binomial-tree reduce to `root`. `out` is written at the root only and may
+// alias `in`; `in` is never modified elsewhere.
+Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, ReduceOp reduce,
+                int root);
+
+// gather_scatter_linear.cc: the root exchanges one block of `bytes` with every rank directly.
+// gather: `out` (root only) receives size() blocks, block r from rank r.
+Task gatherLinear(Op& op, const void* in, void* out, size_t bytes, int root);
+// scatter: `in` (root only) holds size() blocks; rank r receives block r into `out`.
+Task scatterLinear(Op& op, const void* in, void* out, size_t bytes, int root);
+
+// alltoall_pairwise.cc: rank r sends bytes [sendOffsets[p], +sendBytes[p]) of `in` to rank p
+// and receives rank p's block into [recvOffsets[p], +recvBytes[p]) of `out`, all at once.
+struct AlltoallLayout {
+  std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
+};
+Task alltoallPairwise(Op& op, const void* in, void* out, AlltoallLayout layout);
 
 }  // namespace ddl

@@ -36,6 +36,39 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
   if (reduce == ReduceOp::kAvg) finishAverage(type, data, count, static_cast<size_t>(op.size()));
 }
 
+// Operation bodies are plain coroutine functions (never capturing lambdas): a coroutine's
+// parameters live in its frame, a lambda's captures would die with the closure.
+Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
+  co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings());
+  if (reduce == ReduceOp::kAvg) {
+    char* mine = static_cast<char*>(data) + op.rank() * count * elementSize(type);
+    finishAverage(type, mine, count, static_cast<size_t>(op.size()));
+  }
+}
+
+Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, ReduceOp reduce,
+                int root) {
+  co_await reduceTree(op, in, out, count, type, reduce, root);
+  if (reduce == ReduceOp::kAvg && op.rank() == root) {
+    finishAverage(type, out, count, static_cast<size_t>(op.size()));
+  }
+}
+
+uint64_t pointToPointSlot(uint32_t userTag) {
+  return tag::slot(tag::kPointToPointPhase, userTag >> tag::kSequenceBits);
+}
+
+Task sendTask(Op& op, const void* data, size_t bytes, int peer, uint32_t userTag) {
+  co_await op.all(op.send(peer, pointToPointSlot(userTag), data, bytes));
+}
+
+Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
+  uint64_t slot = pointToPointSlot(userTag);
+  Request* r = peer >= 0 ? op.recv(peer, slot, data, bytes) : op.recvAny(slot, data, bytes);
+  co_await op.all(r);
+  op.work->setSource(static_cast<int>(tag::source(r->senderTag)));
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
@@ -74,9 +107,14 @@ std::string Communicator::where(const char* name) const {
 
 std::shared_ptr<Work> Communicator::start(const char* name, CallOptions& options,
                                           const std::function<Task(Op&)>& body) {
+  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), name, options, body);
+}
+
+std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const char* name,
+                                            CallOptions& options,
+                                            const std::function<Task(Op&)>& body) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
-  uint32_t sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
   op->task = body(*op);
   group_->engine->submit(std::move(op));
@@ -92,11 +130,15 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
                [=](Op& op) { return allreduceTask(op, data, count, type, reduce); });
 }
 
+void Communicator::checkRoot(const char* name, int root) const {
+  if (root < 0 || root >= size()) {
+    throw Error(where(name) + ": rank " + std::to_string(root) + " is not a rank of it");
+  }
+}
+
 std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType type, int root,
                                               CallOptions options) {
-  if (root < 0 || root >= size()) {
-    throw Error(where("broadcast") + ": root " + std::to_string(root) + " is not a rank of it");
-  }
+  checkRoot("broadcast", root);
   size_t bytes = checkedBytes(where("broadcast"), count, type);
   return start("broadcast", options, [=](Op& op) {
     return broadcastTree(op, data, bytes, root, pipelineSettings());
@@ -113,6 +155,67 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
 
 std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
   return start("barrier", options, [](Op& op) { return barrierDissemination(op); });
+}
+
+std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, DataType type,
+                                                  ReduceOp reduce, CallOptions options) {
+  std::string bad = checkReduceOp(type, reduce);
+  if (!bad.empty()) throw Error(where("reduce_scatter") + ": " + bad);
+  checkedBytes(where("reduce_scatter"), count, type, static_cast<size_t>(size()));
+  return start("reduce_scatter", options,
+               [=](Op& op) { return reduceScatterTask(op, data, count, type, reduce); });
+}
+
+std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType type,
+                                           ReduceOp reduce, int root, CallOptions options) {
+  std::string bad = checkReduceOp(type, reduce);
+  if (!bad.empty()) throw Error(where("reduce") + ": " + bad);
+  checkRoot("reduce", root);
+  checkedBytes(where("reduce"), count, type);
+  return start("reduce", options,
+               [=](Op& op) { return reduceTask(op, in, out, count, type, reduce, root); });
+}
+
+std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType type,
+                                           int root, CallOptions options) {
+  checkRoot("gather", root);
+  size_t bytes = checkedBytes(where("gather"), count, type, static_cast<size_t>(size()));
+  return start("gather", options,
+               [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
+}
+
+std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count,
+                                            DataType type, int root, CallOptions options) {
+  checkRoot("scatter", root);
+  size_t bytes = checkedBytes(where("scatter"), count, type, static_cast<size_t>(size()));
+  return start("scatter", options,
+               [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
+}
+
+std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, AlltoallLayout layout,
+                                             CallOptions options) {
+  const size_t n = static_cast<size_t>(size());
+  if (layout.sendOffsets.size() != n || layout.sendBytes.size() != n ||
+      layout.recvOffsets.size() != n || layout.recvBytes.size() != n) {
+    throw Error(where("all_to_all") + ": the layout must name one block per rank");
+  }
+  return start("all_to_all", options, [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
+}
+
+std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int peer,
+                                         uint32_t userTag, CallOptions options) {
+  checkRoot("send", peer);
+  if (peer == rank()) throw Error(where("send") + ": a rank cannot send to itself");
+  return startAt(userTag, "send", options,
+                 [=](Op& op) { return sendTask(op, data, bytes, peer, userTag); });
+}
+
+std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int peer, uint32_t userTag,
+                                         CallOptions options) {
+  if (peer != -1) checkRoot("recv", peer);
+  if (peer == rank()) throw Error(where("recv") + ": a rank cannot receive from itself");
+  return startAt(userTag, "recv", options,
+                 [=](Op& op) { return recvTask(op, data, bytes, peer, userTag); });
 }
 
 }  // namespace ddl

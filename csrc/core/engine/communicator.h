@@ -44,13 +44,37 @@ class Communicator {
   std::shared_ptr<Work> allgather(const void* in, void* out, size_t count, DataType type,
                                   CallOptions options = {});
   std::shared_ptr<Work> barrier(CallOptions options = {});
+  // `data` holds size() blocks of `count`; block rank() ends reduced, the rest is scratch.
+  std::shared_ptr<Work> reduceScatter(void* data, size_t count, DataType type, ReduceOp op,
+                                      CallOptions options = {});
+  // `out` is used at the root only and may alias `in`.
+  std::shared_ptr<Work> reduce(const void* in, void* out, size_t count, DataType type,
+                               ReduceOp op, int root, CallOptions options = {});
+  // `out` (root only) holds size() blocks of `count`.
+  std::shared_ptr<Work> gather(const void* in, void* out, size_t count, DataType type, int root,
+                               CallOptions options = {});
+  // `in` (root only) holds size() blocks of `count`.
+  std::shared_ptr<Work> scatter(const void* in, void* out, size_t count, DataType type,
+                                int root, CallOptions options = {});
+  // Byte layout per peer; `in` and `out` must not overlap.
+  std::shared_ptr<Work> alltoall(const void* in, void* out, AlltoallLayout layout,
+                                 CallOptions options = {});
+  // Point to point, outside the collective sequence. recv from peer -1 takes any source; the
+  // Work's source() names the sender.
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t userTag,
+                             CallOptions options = {});
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t userTag,
+                             CallOptions options = {});
 
  private:
   Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout)
       : group_(std::move(group)), timeout_(timeout) {}
   std::shared_ptr<Work> start(const char* name, CallOptions& options,
                               const std::function<Task(Op&)>& body);
+  std::shared_ptr<Work> startAt(uint32_t sequence, const char* name, CallOptions& options,
+                                const std::function<Task(Op&)>& body);
   std::string where(const char* name) const;
+  void checkRoot(const char* name, int root) const;
 
   std::shared_ptr<const Group> group_;
   std::chrono::milliseconds timeout_;

@@ -54,6 +54,13 @@ Request* Op::recv(int peer, uint64_t slot, void* data, size_t bytes) {
   return req;
 }
 
+Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {
+  Request* req = newRequest(-1, false);
+  uint64_t t = tag::make(group_->id, sequence_, slot, 0);
+  group_->engine->transport().recv(t, tag::kAnySource, data, bytes, req);
+  return req;
+}
+
 void Op::Until::await_suspend(std::coroutine_handle<> handle) {
   op_->waiting_ = this;
   op_->resumePoint_ = handle;
@@ -75,8 +82,13 @@ Op::Until Op::next() {
 
 std::string Op::pendingPeers() const {
   std::set<int> recvFrom, sendTo;
+  bool fromAnyone = false;
   for (const auto& r : requests_) {
     if (r->done) continue;
+    if (r->peer < 0) {
+      fromAnyone = true;
+      continue;
+    }
     (r->isSend ? sendTo : recvFrom).insert(r->peer);
   }
   auto list = [](const std::set<int>& ranks) {
@@ -89,6 +101,7 @@ std::string Op::pendingPeers() const {
     text += "no data arrived from rank" + std::string(recvFrom.size() > 1 ? "s " : " ") +
             list(recvFrom);
   }
+  if (fromAnyone) text += std::string(text.empty() ? "" : "; ") + "no data arrived from any rank";
   if (!sendTo.empty()) {
     text += (text.empty() ? "" : "; ") + std::string("rank") +
             (sendTo.size() > 1 ? "s " : " ") + list(sendTo) + " did not take the data sent to it";

@@ -44,6 +44,8 @@ class Op {
 
   Request* send(int peer, uint64_t slot, const void* data, size_t bytes);
   Request* recv(int peer, uint64_t slot, void* data, size_t bytes);
+  // From whichever rank sends first; the sender is tag::source(request->senderTag).
+  Request* recvAny(uint64_t slot, void* data, size_t bytes);
 
   class Until {
    public:

@@ -29,6 +29,9 @@ inline constexpr int kGroupShift = kSequenceShift + kSequenceBits;
 
 inline constexpr int kStepBits = 16;
 inline constexpr int kPhaseBits = kSlotBits - kStepBits;
+// Point-to-point messages use the last sub-phase; their user tag (32 bits) fills the sequence
+// field (low half) and the step (high half). Collectives use sub-phases below it.
+inline constexpr uint32_t kPointToPointPhase = (1u << kPhaseBits) - 1;
 
 inline constexpr uint64_t field(uint64_t value, int bits, int shift) {
   return (value & ((uint64_t{1} << bits) - 1)) << shift;

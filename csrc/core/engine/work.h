@@ -21,6 +21,9 @@ class Work {
   // Valid once done().
   const std::string& error() const { return error_; }
   const std::string& description() const { return description_; }
+  // Receives: the rank the data came from (-1 otherwise). Valid once done().
+  int source() const { return source_; }
+  void setSource(int rank) { source_ = rank; }
 
   // Blocks until done or until `timeout` passes (negative: no limit). Returns done().
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
@@ -37,6 +40,7 @@ class Work {
   std::atomic<int> state_{kPending};
   std::atomic<int> sleepers_{0};
   std::string error_;
+  int source_ = -1;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::function<void()> hook_;
