@@ -151,6 +151,38 @@ at::Tensor contiguousFor(const at::Tensor& t, WorkDDL& work, bool writeBack) {
 
 size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
 
+void checkRank(const char* where, const char* what, int64_t rank, int size) {
+  if (rank < 0 || rank >= size) {
+    badInput(where, std::string(what) + " " + std::to_string(rank) +
+                        " is not a rank of a group of size " + std::to_string(size));
+  }
+}
+
+// Checks that every tensor of `list` matches `like` in dtype and element count.
+void checkList(const char* where, const std::vector<at::Tensor>& list, const at::Tensor& like,
+               int64_t numel, size_t expected) {
+  if (list.size() != expected) {
+    badInput(where, "needs a list of " + std::to_string(expected) + " tensors, got " +
+                        std::to_string(list.size()));
+  }
+  DataType type = checkTensor(like, where);
+  for (const at::Tensor& t : list) {
+    if (checkTensor(t, where) != type || t.numel() != numel) {
+      badInput(where, "every tensor of the list must have dtype " +
+                          std::string(c10::toString(like.scalar_type())) + " and " +
+                          std::to_string(numel) + " elements");
+    }
+  }
+}
+
+// One contiguous 1-D tensor holding the tensors of `list` back to back.
+at::Tensor concatenate(const std::vector<at::Tensor>& list, const at::Tensor& like) {
+  if (list.empty()) return at::empty({0}, like.options());
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : list) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
 }  // namespace
 
 WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
@@ -238,6 +270,8 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
   if (core_->done()) finalize();
   return future_;
 }
+
+int WorkDDL::sourceRank() const { return core_ ? core_->source() : -1; }
 
 ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                  int size, std::chrono::milliseconds timeout)
@@ -353,6 +387,277 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptio
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
   return launch(work, callOptions(*work, "barrier", opts.timeout),
                 [&](CallOptions& o) { comm_->barrier(o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const char* where = "reduce";
+  at::Tensor& tensor = single(tensors, where);
+  DataType type = checkTensor(tensor, where);
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  checkRank(where, "dst", opts.rootRank, size_);
+  const bool root = rank_ == opts.rootRank;
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE, tensors);
+  at::Tensor buffer = contiguousFor(tensor, *work, root);
+  return launch(work, callOptions(*work, "reduce", opts.timeout), [&](CallOptions& o) {
+    comm_->reduce(buffer.data_ptr(), root ? buffer.data_ptr() : nullptr, count(buffer), type, op,
+                  static_cast<int>(opts.rootRank), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const char* where = "gather";
+  at::Tensor& input = single(inputs, where);
+  DataType type = checkTensor(input, where);
+  checkRank(where, "dst", opts.rootRank, size_);
+  const bool root = rank_ == opts.rootRank;
+  if (root) {
+    if (outputs.size() != 1) badInput(where, "the destination needs one list of outputs");
+    checkList(where, outputs[0], input, input.numel(), size_);
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    badInput(where, "only the destination rank passes an output list");
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::GATHER,
+                                           root ? outputs[0] : std::vector<at::Tensor>{});
+  at::Tensor in = contiguousFor(input, *work, false);
+  at::Tensor gathered;
+  if (root) {
+    gathered = at::empty({size_, input.numel()}, input.options());
+    work->keepAlive(gathered);
+    for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
+  }
+  return launch(work, callOptions(*work, "gather", opts.timeout), [&](CallOptions& o) {
+    comm_->gather(in.data_ptr(), root ? gathered.data_ptr() : nullptr, count(in), type,
+                  static_cast<int>(opts.rootRank), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const char* where = "scatter";
+  at::Tensor& output = single(outputs, where);
+  DataType type = checkTensor(output, where);
+  checkRank(where, "src", opts.rootRank, size_);
+  const bool root = rank_ == opts.rootRank;
+  if (root) {
+    if (inputs.size() != 1) badInput(where, "the source needs one list of inputs");
+    checkList(where, inputs[0], output, output.numel(), size_);
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    badInput(where, "only the source rank passes an input list");
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::SCATTER, outputs);
+  at::Tensor staged = root ? concatenate(inputs[0], output) : at::Tensor();
+  if (root) work->keepAlive(staged);
+  at::Tensor out = contiguousFor(output, *work, true);
+  return launch(work, callOptions(*work, "scatter", opts.timeout), [&](CallOptions& o) {
+    comm_->scatter(root ? staged.data_ptr() : nullptr, out.data_ptr(), count(out), type,
+                   static_cast<int>(opts.rootRank), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* where = "reduce_scatter";
+  at::Tensor& output = single(outputs, where);
+  DataType type = checkTensor(output, where);
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  if (inputs.size() != 1) badInput(where, "needs one list of inputs");
+  checkList(where, inputs[0], output, output.numel(), size_);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+  at::Tensor staged = concatenate(inputs[0], output);
+  work->keepAlive(staged);
+  const int64_t n = output.numel();
+  work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
+  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+    comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* where = "reduce_scatter_tensor";
+  DataType type = checkTensor(output, where);
+  if (checkTensor(input, where) != type) {
+    badInput(where, "input dtype " + std::string(c10::toString(input.scalar_type())) +
+                        " differs from output dtype " + c10::toString(output.scalar_type()));
+  }
+  if (input.numel() != output.numel() * size_) {
+    badInput(where, "input has " + std::to_string(input.numel()) + " elements; it needs " +
+                        std::to_string(size_) + " x " + std::to_string(output.numel()));
+  }
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
+                                           std::vector<at::Tensor>{output});
+  at::Tensor staged = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
+  work->keepAlive(staged);
+  const int64_t n = output.numel();
+  work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
+  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+    comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
+  });
+}
+
+namespace {
+
+// Byte layout of an all-to-all whose blocks are given in elements.
+AlltoallLayout layoutOf(const std::vector<int64_t>& sendElements,
+                        const std::vector<int64_t>& recvElements, size_t elementBytes) {
+  AlltoallLayout layout;
+  size_t sendAt = 0, recvAt = 0;
+  for (size_t p = 0; p < sendElements.size(); ++p) {
+    layout.sendOffsets.push_back(sendAt);
+    layout.sendBytes.push_back(static_cast<size_t>(sendElements[p]) * elementBytes);
+    sendAt += layout.sendBytes.back();
+    layout.recvOffsets.push_back(recvAt);
+    layout.recvBytes.push_back(static_cast<size_t>(recvElements[p]) * elementBytes);
+    recvAt += layout.recvBytes.back();
+  }
+  return layout;
+}
+
+// Rows per rank: the given split sizes, or an even split of dimension 0.
+std::vector<int64_t> splitsOf(const char* where, const char* what, const at::Tensor& t,
+                              const std::vector<int64_t>& splits, int size) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      badInput(where, std::string(what) + " has " + std::to_string(rows) +
+                          " rows, which do not split evenly over " + std::to_string(size) +
+                          " ranks; pass split sizes");
+    }
+    return std::vector<int64_t>(size, rows / size);
+  }
+  if (splits.size() != static_cast<size_t>(size)) {
+    badInput(where, std::string(what) + " split sizes name " + std::to_string(splits.size()) +
+                        " ranks, not " + std::to_string(size));
+  }
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    if (s < 0) badInput(where, std::string(what) + " split sizes must not be negative");
+    total += s;
+  }
+  if (total != rows) {
+    badInput(where, std::string(what) + " split sizes add up to " + std::to_string(total) +
+                        ", but the tensor has " + std::to_string(rows) + " rows");
+  }
+  return splits;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+  const char* where = "all_to_all_single";
+  DataType type = checkTensor(input, where);
+  if (checkTensor(output, where) != type) {
+    badInput(where, "input dtype " + std::string(c10::toString(input.scalar_type())) +
+                        " differs from output dtype " + c10::toString(output.scalar_type()));
+  }
+  std::vector<int64_t> sendRows = splitsOf(where, "input", input, inputSplitSizes, size_);
+  std::vector<int64_t> recvRows = splitsOf(where, "output", output, outputSplitSizes, size_);
+  const int64_t inRow = input.dim() == 0 || input.size(0) == 0 ? 0 : input.numel() / input.size(0);
+  const int64_t outRow =
+      output.dim() == 0 || output.size(0) == 0 ? 0 : output.numel() / output.size(0);
+  for (auto& r : sendRows) r *= inRow;
+  for (auto& r : recvRows) r *= outRow;
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLTOALL_BASE,
+                                           std::vector<at::Tensor>{output});
+  at::Tensor in = contiguousFor(input, *work, false);
+  at::Tensor out = contiguousFor(output, *work, true);
+  if (in.numel() > 0 && in.data_ptr() == out.data_ptr()) {
+    in = in.clone();
+    work->keepAlive(in);
+  }
+  AlltoallLayout layout = layoutOf(sendRows, recvRows, elementSize(type));
+  return launch(work, callOptions(*work, "all_to_all", opts.timeout), [&](CallOptions& o) {
+    comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  const char* where = "all_to_all";
+  if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != inputs.size()) {
+    badInput(where, "needs " + std::to_string(size_) + " input and output tensors, got " +
+                        std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  }
+  DataType type = checkTensor(inputs[0], where);
+  std::vector<int64_t> sendElements, recvElements;
+  for (int p = 0; p < size_; ++p) {
+    if (checkTensor(inputs[p], where) != type || checkTensor(outputs[p], where) != type) {
+      badInput(where, "every tensor must have dtype " +
+                          std::string(c10::toString(inputs[0].scalar_type())));
+    }
+    sendElements.push_back(inputs[p].numel());
+    recvElements.push_back(outputs[p].numel());
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLTOALL, outputs);
+  at::Tensor in = concatenate(inputs, inputs[0]);
+  int64_t total = 0;
+  for (int64_t e : recvElements) total += e;
+  at::Tensor out = at::empty({total}, inputs[0].options());
+  work->keepAlive(in);
+  work->keepAlive(out);
+  int64_t offset = 0;
+  for (int p = 0; p < size_; ++p) {
+    work->copyAfter(outputs[p], out.narrow(0, offset, recvElements[p]).view_as(outputs[p]));
+    offset += recvElements[p];
+  }
+  AlltoallLayout layout = layoutOf(sendElements, recvElements, elementSize(type));
+  return launch(work, callOptions(*work, "all_to_all", opts.timeout), [&](CallOptions& o) {
+    comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors,
+                                                     int dstRank, int tag) {
+  const char* where = "send";
+  at::Tensor& tensor = single(tensors, where);
+  DataType type = checkTensor(tensor, where);
+  checkRank(where, "dst", dstRank, size_);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::SEND, tensors);
+  at::Tensor buffer = contiguousFor(tensor, *work, false);
+  work->keepAlive(buffer);
+  return launch(work, callOptions(*work, "send", c10d::kUnsetTimeout), [&](CallOptions& o) {
+    comm_->send(buffer.data_ptr(), count(buffer) * elementSize(type), dstRank,
+                static_cast<uint32_t>(tag), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::receive(std::vector<at::Tensor>& tensors,
+                                                        int srcRank, int tag, c10d::OpType type,
+                                                        const char* where) {
+  at::Tensor& tensor = single(tensors, where);
+  DataType dtype = checkTensor(tensor, where);
+  if (srcRank != -1) checkRank(where, "src", srcRank, size_);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, type, tensors);
+  at::Tensor buffer = contiguousFor(tensor, *work, true);
+  return launch(work, callOptions(*work, "recv", c10d::kUnsetTimeout), [&](CallOptions& o) {
+    comm_->recv(buffer.data_ptr(), count(buffer) * elementSize(dtype), srcRank,
+                static_cast<uint32_t>(tag), o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors,
+                                                     int srcRank, int tag) {
+  return receive(tensors, srcRank, tag, c10d::OpType::RECV, "recv");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  return receive(tensors, -1, tag, c10d::OpType::RECVANYSOURCE, "recv");
 }
 
 }  // namespace ddl
