@@ -5,6 +5,8 @@
 """
 
 import atexit
+import functools
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,32 @@ def _create_backend(dist_backend_opts, backend_options=None):
         dist_backend_opts.timeout,
     )
 
+
+def _allow_monitored_barrier():
+    """torch's monitored_barrier refuses every backend but gloo before reaching the backend;
+    let it through for 'ddl' groups (whose backend implements monitoredBarrier)."""
+    c10d = dist.distributed_c10d
+    original = c10d.monitored_barrier
+    if getattr(original, "_torch_ddl", False):
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        if c10d._rank_not_in_group(group) or dist.get_backend(group) != "ddl":
+            return original(group, timeout, wait_all_ranks)
+        if timeout is None:
+            timeout = c10d._get_default_timeout(dist.get_backend(group))
+        elif isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        group_to_use = c10d._get_default_group() if group is None else group
+        return group_to_use.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._torch_ddl = True
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
+
+
+_allow_monitored_barrier()
 
 if "ddl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("ddl", _create_backend, extended_api=True, devices=["cpu"])

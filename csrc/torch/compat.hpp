@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/version.h>
 
 #include <exception>
@@ -36,6 +37,12 @@ inline c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store>
 // A Future that completes with a list of tensors (what DDP's comm hooks expect).
 inline c10::intrusive_ptr<c10::ivalue::Future> tensorListFuture() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+// PREMUL_SUM's factor (a number or a one-element tensor). The supplement type was renamed
+// PreMulSumSupplement after 2.11; the old name stays as an alias, so use it.
+inline const c10d::NCCLPreMulSumSupplement* premulSupplement(const c10d::ReduceOp& op) {
+  return dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
 }
 
 }  // namespace ddl::torch_compat

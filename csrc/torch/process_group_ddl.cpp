@@ -117,8 +117,27 @@ ReduceOp toReduceOp(const c10d::ReduceOp& op, const char* where) {
       return ReduceOp::kBor;
     case c10d::ReduceOp::BXOR:
       return ReduceOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM:
+      return ReduceOp::kSum;  // after premultiply() has scaled the local contribution
     default:
       badInput(where, "this reduce op is not supported");
+  }
+}
+
+// PREMUL_SUM: scales `buffer` (a private copy, or an in-place output) by the op's factor.
+void premultiply(const c10d::ReduceOp& op, at::Tensor& buffer, const char* where) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
+  if (!buffer.is_floating_point()) {
+    badInput(where, "PREMUL_SUM is defined on floating-point tensors, not on " +
+                        std::string(c10::toString(buffer.scalar_type())));
+  }
+  const auto* factor = torch_compat::premulSupplement(op);
+  if (factor == nullptr) badInput(where, "PREMUL_SUM carries no factor");
+  at::NoGradGuard noGrad;
+  if (factor->tensor_factor.defined()) {
+    buffer.mul_(factor->tensor_factor.to(buffer.device()).reshape({}));
+  } else {
+    buffer.mul_(factor->double_factor);
   }
 }
 
@@ -313,6 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   if (!bad.empty()) badInput(where, bad);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
+  premultiply(opts.reduceOp, buffer, where);
   return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
     comm_->allreduce(buffer.data_ptr(), count(buffer), type, op, o);
   });
@@ -401,6 +421,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
   const bool root = rank_ == opts.rootRank;
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, root);
+  if (opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM && !root && buffer.is_same(tensor)) {
+    buffer = buffer.clone();
+    work->keepAlive(buffer);
+  }
+  premultiply(opts.reduceOp, buffer, where);
   return launch(work, callOptions(*work, "reduce", opts.timeout), [&](CallOptions& o) {
     comm_->reduce(buffer.data_ptr(), root ? buffer.data_ptr() : nullptr, count(buffer), type, op,
                   static_cast<int>(opts.rootRank), o);
@@ -474,6 +499,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
   at::Tensor staged = concatenate(inputs[0], output);
   work->keepAlive(staged);
+  premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
   return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
@@ -500,6 +526,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
                                            std::vector<at::Tensor>{output});
   at::Tensor staged = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
   work->keepAlive(staged);
+  premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
   return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
@@ -658,6 +685,155 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Tensor>& tensors,
                                                               int tag) {
   return receive(tensors, -1, tag, c10d::OpType::RECVANYSOURCE, "recv");
+}
+
+void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
+  // The error always lists every rank that did not arrive, so waitAllRanks changes nothing.
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
+  launch(work, callOptions(*work, "monitored_barrier", opts.timeout),
+         [&](CallOptions& o) { comm_->monitoredBarrier(o); });
+  work->wait();
+}
+
+namespace {
+
+// Checks that the coalesced tensors share one dtype and returns it.
+DataType commonType(const char* where, const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) badInput(where, "needs at least one tensor");
+  DataType type = checkTensor(tensors[0], where);
+  for (const at::Tensor& t : tensors) {
+    if (checkTensor(t, where) != type) {
+      badInput(where, "every tensor must have dtype " +
+                          std::string(c10::toString(tensors[0].scalar_type())));
+    }
+  }
+  return type;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const char* where = "all_reduce_coalesced";
+  DataType type = commonType(where, tensors);
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  // One allreduce over the tensors laid end to end.
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+  at::Tensor flat = concatenate(tensors, tensors[0]);
+  work->keepAlive(flat);
+  premultiply(opts.reduceOp, flat, where);
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    work->copyAfter(t, flat.narrow(0, offset, t.numel()).view_as(t));
+    offset += t.numel();
+  }
+  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+    comm_->allreduce(flat.data_ptr(), count(flat), type, op, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* where = "all_gather_into_tensor_coalesced";
+  DataType type = commonType(where, inputs);
+  if (outputs.size() != inputs.size()) badInput(where, "needs one output per input");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (checkTensor(outputs[i], where) != type || outputs[i].numel() != inputs[i].numel() * size_) {
+      badInput(where, "output " + std::to_string(i) + " needs dtype " +
+                          std::string(c10::toString(inputs[0].scalar_type())) + " and " +
+                          std::to_string(size_) + " x " + std::to_string(inputs[i].numel()) +
+                          " elements");
+    }
+  }
+  // One allgather of the inputs laid end to end; output i takes its column of each block.
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, outputs);
+  at::Tensor flat = concatenate(inputs, inputs[0]);
+  at::Tensor gathered = at::empty({size_, flat.numel()}, flat.options());
+  work->keepAlive(flat);
+  work->keepAlive(gathered);
+  int64_t offset = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    int64_t n = inputs[i].numel();
+    // Copy sources must be views (a reshape of this strided column would copy now, too early).
+    at::Tensor column = gathered.narrow(1, offset, n);
+    if (outputs[i].is_contiguous()) {
+      work->copyAfter(outputs[i].view({size_, n}), column);
+    } else {
+      at::Tensor staged = at::empty({size_, n}, flat.options());
+      work->keepAlive(staged);
+      work->copyAfter(staged, column);
+      work->copyAfter(outputs[i], staged.view(outputs[i].sizes()));
+    }
+    offset += n;
+  }
+  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+    comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* where = "all_gather_coalesced";
+  DataType type = commonType(where, inputs);
+  if (outputLists.size() != inputs.size()) badInput(where, "needs one output list per input");
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkList(where, outputLists[i], inputs[i], inputs[i].numel(), size_);
+    all.insert(all.end(), outputLists[i].begin(), outputLists[i].end());
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLGATHER_COALESCED, all);
+  at::Tensor flat = concatenate(inputs, inputs[0]);
+  at::Tensor gathered = at::empty({size_, flat.numel()}, flat.options());
+  work->keepAlive(flat);
+  work->keepAlive(gathered);
+  int64_t offset = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    int64_t n = inputs[i].numel();
+    for (int r = 0; r < size_; ++r) {
+      work->copyAfter(outputLists[i][r], gathered[r].narrow(0, offset, n).view_as(inputs[i]));
+    }
+    offset += n;
+  }
+  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+    comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* where = "reduce_scatter_tensor_coalesced";
+  DataType type = commonType(where, inputs);
+  ReduceOp op = toReduceOp(opts.reduceOp, where);
+  std::string bad = checkReduceOp(type, op);
+  if (!bad.empty()) badInput(where, bad);
+  if (outputs.size() != inputs.size()) badInput(where, "needs one output per input");
+  std::vector<at::Tensor> columns;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (checkTensor(outputs[i], where) != type || inputs[i].numel() != outputs[i].numel() * size_) {
+      badInput(where, "input " + std::to_string(i) + " needs " + std::to_string(size_) + " x " +
+                          std::to_string(outputs[i].numel()) + " elements");
+    }
+    columns.push_back(inputs[i].reshape({size_, outputs[i].numel()}));
+  }
+  // Block r of the staged buffer holds block r of every input, so one reduce-scatter serves all.
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, outputs);
+  at::Tensor staged = at::cat(columns, 1).contiguous();
+  work->keepAlive(staged);
+  premultiply(opts.reduceOp, staged, where);
+  const int64_t block = staged.size(1);
+  int64_t offset = 0;
+  for (at::Tensor& out : outputs) {
+    work->copyAfter(out, staged[rank_].narrow(0, offset, out.numel()).view_as(out));
+    offset += out.numel();
+  }
+  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+    comm_->reduceScatter(staged.data_ptr(), static_cast<size_t>(block), type, op, o);
+  });
 }
 
 }  // namespace ddl

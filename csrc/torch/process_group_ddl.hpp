@@ -32,7 +32,8 @@ class WorkDDL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
 
-  // Setup, before start().
+  // Setup, before start(). Copies run in the order given; `source` must be a view of the
+  // buffer the operation writes (not a copy taken now).
   void copyAfter(at::Tensor destination, at::Tensor source) {
     copies_.emplace_back(std::move(destination), std::move(source));
   }
@@ -74,6 +75,19 @@ class ProcessGroupDDL : public c10d::Backend {
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
 
   c10::intrusive_ptr<c10d::Work> reduce(
       std::vector<at::Tensor>& tensors,

@@ -281,6 +281,23 @@ TEST(Collectives, TimeoutNamesTheMissingRank) {
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
+TEST(Collectives, MonitoredBarrierNamesEveryMissingRank) {
+  std::string message;
+  runRanks(
+      4,
+      [&](Communicator& comm) {
+        check(comm.monitoredBarrier());  // everyone arrives
+        if (comm.rank() == 1 || comm.rank() == 3) return;
+        auto work = comm.monitoredBarrier();
+        work->wait();
+        EXPECT_TRUE(work->failed());
+        if (comm.rank() == 0) message = work->error();
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_NE(message.find("monitored_barrier"), std::string::npos) << message;
+  EXPECT_NE(message.find("ranks 1, 3"), std::string::npos) << message;
+}
+
 TEST(Collectives, BadInputIsRejectedBeforeSending) {
   runRanks(2, [&](Communicator& comm) {
     std::vector<float> buf(4);

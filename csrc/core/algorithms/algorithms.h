@@ -35,6 +35,9 @@ Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSett
 // barrier_dissemination.cc: ceil(log2(P)) rounds of empty messages.
 Task barrierDissemination(Op& op);
 
+// monitored_barrier.cc: everyone reports to rank 0, which then releases everyone.
+Task barrierMonitored(Op& op);
+
 // reduce_scatter_ring.cc: `data` holds size() blocks of `count` elements; afterwards block
 // rank() holds the reduction of every rank's block rank() (the other blocks are scratch).
 Task reduceScatterRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,

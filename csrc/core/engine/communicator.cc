@@ -157,6 +157,10 @@ std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
   return start("barrier", options, [](Op& op) { return barrierDissemination(op); });
 }
 
+std::shared_ptr<Work> Communicator::monitoredBarrier(CallOptions options) {
+  return start("monitored_barrier", options, [](Op& op) { return barrierMonitored(op); });
+}
+
 std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, DataType type,
                                                   ReduceOp reduce, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);

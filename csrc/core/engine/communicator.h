@@ -44,6 +44,8 @@ class Communicator {
   std::shared_ptr<Work> allgather(const void* in, void* out, size_t count, DataType type,
                                   CallOptions options = {});
   std::shared_ptr<Work> barrier(CallOptions options = {});
+  // A barrier through rank 0 whose timeout error lists the ranks that did not arrive.
+  std::shared_ptr<Work> monitoredBarrier(CallOptions options = {});
   // `data` holds size() blocks of `count`; block rank() ends reduced, the rest is scratch.
   std::shared_ptr<Work> reduceScatter(void* data, size_t count, DataType type, ReduceOp op,
                                       CallOptions options = {});

@@ -1,0 +1,111 @@
+"""Coalesced collectives (the coalescing manager and the *_coalesced calls), PREMUL_SUM and
+monitored_barrier over 'ddl'."""
+
+import time
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
+
+from ddl_testing import assert_same, run_ranks
+
+
+def _coalesced(rank, size):
+    warnings.simplefilter("ignore")
+    gloo = dist.new_group(backend="gloo")
+    shapes = [(3,), (2, 5), (0,), (1021,)]
+    # Coalescing manager over all_reduce: one flat allreduce for all the tensors.
+    ts = [torch.full(s, float(rank + i)) for i, s in enumerate(shapes)]
+    with _coalescing_manager():
+        for t in ts:
+            dist.all_reduce(t)
+    for i, (s, t) in enumerate(zip(shapes, ts)):
+        assert_same(t, torch.full(s, float(sum(r + i for r in range(size)))), f"cm all_reduce {i}")
+    # The deprecated all_reduce_coalesced, against gloo, with MAX.
+    a = [torch.arange(7, dtype=torch.int64) * (rank + 1), torch.tensor([rank, -rank])]
+    b = [x.clone() for x in a]
+    dist.all_reduce_coalesced(a, op=dist.ReduceOp.MAX)
+    dist.all_reduce_coalesced(b, op=dist.ReduceOp.MAX, group=gloo)
+    for x, y in zip(a, b):
+        assert_same(x, y, "all_reduce_coalesced")
+    # Coalesced all_gather_into_tensor.
+    ins = [torch.full((n,), float(10 * rank + n)) for n in (1, 4, 9)]
+    outs = [torch.zeros(size * n) for n in (1, 4, 9)]
+    with _coalescing_manager():
+        for o, x in zip(outs, ins):
+            dist.all_gather_into_tensor(o, x)
+    for o, n in zip(outs, (1, 4, 9)):
+        want = torch.cat([torch.full((n,), float(10 * r + n)) for r in range(size)])
+        assert_same(o, want, f"cm all_gather_into_tensor n={n}")
+    # A non-contiguous output (a transposed view) is written through a staging copy.
+    out_t = torch.zeros(3, size).t()
+    with _coalescing_manager():
+        dist.all_gather_into_tensor(out_t, torch.full((3,), float(rank)))
+    assert_same(out_t, torch.arange(size, dtype=torch.float32)[:, None].expand(size, 3),
+                "cm all_gather_into_tensor into a view")
+    # Coalesced reduce_scatter_tensor.
+    ins = [torch.arange(size * n, dtype=torch.float32) + rank for n in (2, 5)]
+    outs = [torch.zeros(n) for n in (2, 5)]
+    with _coalescing_manager():
+        for o, x in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, x)
+    for o, n in zip(outs, (2, 5)):
+        full = sum(torch.arange(size * n, dtype=torch.float32) + r for r in range(size))
+        assert_same(o, full[rank * n:(rank + 1) * n], f"cm reduce_scatter_tensor n={n}")
+    # all_gather_coalesced (list of lists).
+    outs = [[torch.zeros(2) for _ in range(size)], [torch.zeros(3, 1) for _ in range(size)]]
+    dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((3, 1), float(-rank))])
+    for r in range(size):
+        assert_same(outs[0][r], torch.full((2,), float(r)), "all_gather_coalesced 0")
+        assert_same(outs[1][r], torch.full((3, 1), float(-r)), "all_gather_coalesced 1")
+
+
+def _premul(rank, size):
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    assert_same(t, torch.full((5,), 0.5 * size * (size + 1) / 2), "PREMUL_SUM factor")
+    t = torch.full((5,), float(rank + 1), dtype=torch.float64)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(torch.tensor([2.0], dtype=torch.float64)))
+    assert_same(t, torch.full((5,), 2.0 * size * (size + 1) / 2, dtype=torch.float64),
+                "PREMUL_SUM tensor factor")
+    out = torch.zeros(2)
+    dist.reduce_scatter_tensor(out, torch.ones(2 * size), op=dist._make_nccl_premul_sum(3.0))
+    assert_same(out, torch.full((2,), 3.0 * size), "PREMUL_SUM reduce_scatter")
+    with pytest.raises(ValueError, match="PREMUL_SUM.*floating"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0))
+
+
+def _monitored(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.monitored_barrier(wait_all_ranks=True)
+    short = dist.new_group(backend="ddl")
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(dist.DistBackendError) as info:
+            dist.monitored_barrier(group=short, timeout=timedelta(milliseconds=800),
+                                   wait_all_ranks=True)
+        message = str(info.value)
+        missing = ", ".join(str(r) for r in range(1, size))
+        assert "monitored_barrier" in message and "timed out after 800 ms" in message, message
+        assert f"rank{'s' if size > 2 else ''} {missing}" in message, message
+        assert time.monotonic() - start < 10
+    dist.barrier(group=gloo)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_coalesced(size):
+    run_ranks(_coalesced, size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_premul_sum(size):
+    run_ranks(_premul, size)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_monitored_barrier_names_missing_ranks(size):
+    run_ranks(_monitored, size)
