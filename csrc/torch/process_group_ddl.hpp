@@ -118,6 +118,9 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override;
 
+  // Every rank's communicator counts collectives from 0 in program order, so the group's number
+  // is in sync from creation on: there is nothing to agree on through the store.
+  void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
 
  private:
