@@ -14,7 +14,7 @@ CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 
-.PHONY: all env build test test-cpp test-python demo bench format clean compat
+.PHONY: all env build test test-cpp test-python demo bench format clean compat conformance conformance-full
 
 all: build
 
@@ -22,7 +22,7 @@ env: $(ENV_STAMP)
 $(ENV_STAMP):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel
-	$(PY) -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja pytest scikit-learn
+	$(PY) -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja pytest scikit-learn expecttest hypothesis
 	touch $@
 
 build: $(EXT_STAMP)
@@ -55,7 +55,15 @@ test-cpp: build/cpp/core_tests
 test-python: build
 	$(PY) -m pytest tests/python -q -x -p no:cacheprovider
 
-test: test-cpp test-python
+# PyTorch's own distributed suite: the CI subset (one or more tests per collective) over ddl.
+conformance: build
+	tests/conformance/run.sh subset ddl 2
+
+# The whole suite over ddl and gloo at world sizes 2 and 3 (about 20 minutes per run here).
+conformance-full: build
+	tests/conformance/run.sh full "ddl gloo" "2 3"
+
+test: test-cpp test-python conformance
 
 demo: build
 	$(VENV)/bin/torchrun --nproc_per_node=2 --master_port=$${DEMO_PORT:-29517} examples/train_digits.py --backend ddl --epochs 8
