@@ -292,8 +292,8 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
 
 int WorkDDL::sourceRank() const { return core_ ? core_->source() : -1; }
 
-ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                 int size, std::chrono::milliseconds timeout)
+ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size) {
   StoreAdapter adapter(store);
   try {
@@ -607,9 +607,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(
     work->keepAlive(in);
   }
   AlltoallLayout layout = layoutOf(sendRows, recvRows, elementSize(type));
-  return launch(work, callOptions(*work, "all_to_all", opts.timeout), [&](CallOptions& o) {
-    comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o);
-  });
+  return launch(work, callOptions(*work, "all_to_all", opts.timeout),
+                [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>& outputs,
@@ -643,13 +642,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
     offset += recvElements[p];
   }
   AlltoallLayout layout = layoutOf(sendElements, recvElements, elementSize(type));
-  return launch(work, callOptions(*work, "all_to_all", opts.timeout), [&](CallOptions& o) {
-    comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o);
-  });
+  return launch(work, callOptions(*work, "all_to_all", opts.timeout),
+                [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors,
-                                                     int dstRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                     int tag) {
   const char* where = "send";
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
@@ -677,8 +675,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::receive(std::vector<at::Tensor>&
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors,
-                                                     int srcRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                     int tag) {
   return receive(tensors, srcRank, tag, c10d::OpType::RECV, "recv");
 }
 

@@ -3,12 +3,11 @@
 // torch-aware code of the project is in this folder.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-
-#include <atomic>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -115,8 +114,7 @@ class ProcessGroupDDL : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   // Every rank's communicator counts collectives from 0 in program order, so the group's number
   // is in sync from creation on: there is nothing to agree on through the store.

@@ -23,7 +23,8 @@ std::string describe(const char* what, int size, int rank, DataType t, ReduceOp 
 
 void allreduceCase(Communicator& comm, DataType t, ReduceOp op, size_t count) {
   std::vector<char> buf(count * elementSize(t) + 1);
-  for (size_t i = 0; i < count; ++i) storeValue(t, buf.data(), i, inputValue(t, op, comm.rank(), i));
+  for (size_t i = 0; i < count; ++i)
+    storeValue(t, buf.data(), i, inputValue(t, op, comm.rank(), i));
   check(comm.allreduce(buf.data(), count, t, op));
   for (size_t i = 0; i < count; ++i) {
     double want = expectedValue(t, op, comm.size(), i);
@@ -90,8 +91,8 @@ TEST_P(WorldSize, Broadcast) {
         check(comm.broadcast(buf.data(), count, DataType::kInt32, root));
         for (size_t i = 0; i < count; ++i) {
           if (buf[i] != static_cast<int32_t>(i * 31 + root)) {
-            throw Error("broadcast mismatch size=" + std::to_string(size) + " root=" +
-                        std::to_string(root) + " count=" + std::to_string(count));
+            throw Error("broadcast mismatch size=" + std::to_string(size) +
+                        " root=" + std::to_string(root) + " count=" + std::to_string(count));
           }
         }
       }
@@ -128,8 +129,8 @@ TEST_P(WorldSize, BarrierAndManyOpsInFlight) {
     std::vector<std::shared_ptr<Work>> works;
     for (size_t k = 0; k < bufs.size(); ++k) {
       for (auto& v : bufs[k]) v = comm.rank() + static_cast<int64_t>(k);
-      works.push_back(comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kInt64,
-                                     ReduceOp::kSum));
+      works.push_back(
+          comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kInt64, ReduceOp::kSum));
     }
     for (size_t k = 0; k < bufs.size(); ++k) {
       check(works[k]);
@@ -160,7 +161,8 @@ TEST_P(WorldSize, ReduceScatter) {
             double want = expectedValue(t, op, size, at);
             double got = loadValue(t, buf.data(), at);
             if (std::fabs(got - want) > tolerance(t, op, want)) {
-              throw Error(describe("reduce_scatter", size, comm.rank(), t, op, count, i, got, want));
+              throw Error(
+                  describe("reduce_scatter", size, comm.rank(), t, op, count, i, got, want));
             }
           }
         }

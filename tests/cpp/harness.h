@@ -7,9 +7,9 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,8 +23,8 @@ namespace ddl::test {
 class MemoryStore : public KeyValueStore {
  public:
   // Stores of one job share the group counter, as the c10d stores of one job share a root store.
-  explicit MemoryStore(std::shared_ptr<std::atomic<uint64_t>> counter =
-                           std::make_shared<std::atomic<uint64_t>>(0))
+  explicit MemoryStore(
+      std::shared_ptr<std::atomic<uint64_t>> counter = std::make_shared<std::atomic<uint64_t>>(0))
       : counter_(std::move(counter)) {}
   void set(const std::string& key, const std::string& value) override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -19,8 +19,8 @@ TEST(Ucx, AllreduceSmallAndLarge) {
           for (size_t count : {size_t{0}, size_t{1}, size_t{1021}, size_t{1} << 20}) {
             std::vector<float> buf(count);
             for (size_t i = 0; i < count; ++i) {
-              buf[i] = static_cast<float>(inputValue(DataType::kFloat32, ReduceOp::kSum,
-                                                     comm.rank(), i));
+              buf[i] = static_cast<float>(
+                  inputValue(DataType::kFloat32, ReduceOp::kSum, comm.rank(), i));
             }
             check(comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum));
             for (size_t i = 0; i < count; ++i) {

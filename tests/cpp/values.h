@@ -14,8 +14,8 @@ inline const std::vector<DataType> kAllTypes = {
     DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
     DataType::kInt8,    DataType::kUInt8,   DataType::kInt16,   DataType::kInt32,
     DataType::kInt64,   DataType::kBool};
-inline const std::vector<ReduceOp> kAllOps = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct,
-                                              ReduceOp::kMin, ReduceOp::kMax,  ReduceOp::kBand,
+inline const std::vector<ReduceOp> kAllOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
+                                              ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kBand,
                                               ReduceOp::kBor, ReduceOp::kBxor};
 
 inline void storeValue(DataType t, void* p, size_t i, double v) {

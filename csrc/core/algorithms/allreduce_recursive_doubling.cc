@@ -16,8 +16,7 @@
 
 namespace ddl {
 
-Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
-                                ReduceOp reduce) {
+Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
   const int n = op.size();
   const int rank = op.rank();
   if (n == 1 || count == 0) co_return;

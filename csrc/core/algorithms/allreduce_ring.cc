@@ -31,8 +31,8 @@ Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp red
     schedule.shift = 0;
     schedule.chunks = splitEven(shares[r].length, n);
     for (Range& c : schedule.chunks) c.offset += shares[r].offset;
-    pipelines.push_back(std::make_unique<RingPipeline>(
-        op, std::move(schedule), data, type, reduce, settings.segmentBytes / es, settings.depth));
+    pipelines.push_back(std::make_unique<RingPipeline>(op, std::move(schedule), data, type, reduce,
+                                                       settings.segmentBytes / es, settings.depth));
   }
   while (true) {
     bool done = true;

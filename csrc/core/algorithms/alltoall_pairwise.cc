@@ -16,14 +16,13 @@ Task alltoallPairwise(Op& op, const void* in, void* out, AlltoallLayout layout) 
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   if (layout.sendBytes[me] > 0) {
-    std::memmove(dst + layout.recvOffsets[me], src + layout.sendOffsets[me],
-                 layout.sendBytes[me]);
+    std::memmove(dst + layout.recvOffsets[me], src + layout.sendOffsets[me], layout.sendBytes[me]);
   }
   std::vector<Request*> requests;
   for (int i = 1; i < n; ++i) {
     int from = (me - i + n) % n;
-    requests.push_back(op.recv(from, tag::slot(0, 0), dst + layout.recvOffsets[from],
-                               layout.recvBytes[from]));
+    requests.push_back(
+        op.recv(from, tag::slot(0, 0), dst + layout.recvOffsets[from], layout.recvBytes[from]));
   }
   for (int i = 1; i < n; ++i) {
     int to = (me + i) % n;

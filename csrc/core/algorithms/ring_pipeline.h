@@ -31,7 +31,7 @@ namespace ddl {
 
 struct RingSchedule {
   RingPlan ring;
-  uint32_t phase = 0;      // tag sub-phase: one per ring running at the same time
+  uint32_t phase = 0;  // tag sub-phase: one per ring running at the same time
   int steps = 0;
   int reduceSteps = 0;
   int shift = 0;

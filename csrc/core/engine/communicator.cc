@@ -101,8 +101,8 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
 }
 
 std::string Communicator::where(const char* name) const {
-  return std::string("ddl: ") + name + " on " + group_->name + " (rank " +
-         std::to_string(rank()) + " of " + std::to_string(size()) + ")";
+  return std::string("ddl: ") + name + " on " + group_->name + " (rank " + std::to_string(rank()) +
+         " of " + std::to_string(size()) + ")";
 }
 
 std::shared_ptr<Work> Communicator::start(const char* name, CallOptions& options,
@@ -140,17 +140,15 @@ std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType
                                               CallOptions options) {
   checkRoot("broadcast", root);
   size_t bytes = checkedBytes(where("broadcast"), count, type);
-  return start("broadcast", options, [=](Op& op) {
-    return broadcastTree(op, data, bytes, root, pipelineSettings());
-  });
+  return start("broadcast", options,
+               [=](Op& op) { return broadcastTree(op, data, bytes, root, pipelineSettings()); });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
   size_t bytes = checkedBytes(where("allgather"), count, type, static_cast<size_t>(size()));
-  return start("allgather", options, [=](Op& op) {
-    return allgatherRing(op, in, out, bytes, pipelineSettings());
-  });
+  return start("allgather", options,
+               [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings()); });
 }
 
 std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
@@ -184,16 +182,14 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
                                            int root, CallOptions options) {
   checkRoot("gather", root);
   size_t bytes = checkedBytes(where("gather"), count, type, static_cast<size_t>(size()));
-  return start("gather", options,
-               [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
+  return start("gather", options, [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
 }
 
-std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count,
-                                            DataType type, int root, CallOptions options) {
+std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType type,
+                                            int root, CallOptions options) {
   checkRoot("scatter", root);
   size_t bytes = checkedBytes(where("scatter"), count, type, static_cast<size_t>(size()));
-  return start("scatter", options,
-               [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
+  return start("scatter", options, [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, AlltoallLayout layout,
@@ -203,11 +199,12 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, Alltoall
       layout.recvOffsets.size() != n || layout.recvBytes.size() != n) {
     throw Error(where("all_to_all") + ": the layout must name one block per rank");
   }
-  return start("all_to_all", options, [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
+  return start("all_to_all", options,
+               [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
 }
 
-std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int peer,
-                                         uint32_t userTag, CallOptions options) {
+std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int peer, uint32_t userTag,
+                                         CallOptions options) {
   checkRoot("send", peer);
   if (peer == rank()) throw Error(where("send") + ": a rank cannot send to itself");
   return startAt(userTag, "send", options,

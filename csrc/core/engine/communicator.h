@@ -50,14 +50,14 @@ class Communicator {
   std::shared_ptr<Work> reduceScatter(void* data, size_t count, DataType type, ReduceOp op,
                                       CallOptions options = {});
   // `out` is used at the root only and may alias `in`.
-  std::shared_ptr<Work> reduce(const void* in, void* out, size_t count, DataType type,
-                               ReduceOp op, int root, CallOptions options = {});
+  std::shared_ptr<Work> reduce(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                               int root, CallOptions options = {});
   // `out` (root only) holds size() blocks of `count`.
   std::shared_ptr<Work> gather(const void* in, void* out, size_t count, DataType type, int root,
                                CallOptions options = {});
   // `in` (root only) holds size() blocks of `count`.
-  std::shared_ptr<Work> scatter(const void* in, void* out, size_t count, DataType type,
-                                int root, CallOptions options = {});
+  std::shared_ptr<Work> scatter(const void* in, void* out, size_t count, DataType type, int root,
+                                CallOptions options = {});
   // Byte layout per peer; `in` and `out` must not overlap.
   std::shared_ptr<Work> alltoall(const void* in, void* out, AlltoallLayout layout,
                                  CallOptions options = {});

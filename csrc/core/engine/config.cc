@@ -10,8 +10,7 @@ namespace ddl {
 namespace {
 
 const std::vector<ConfigEntry> kTable = {
-    {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
-     "allreduce algorithm: auto, ring or recursive_doubling"},
+    {"TORCH_DDL_ALLREDUCE_ALGO", "auto", "allreduce algorithm: auto, ring or recursive_doubling"},
     {"TORCH_DDL_SMALL_BYTES", "65536",
      "auto: allreduce of at most this many bytes uses recursive doubling, larger the ring"},
     {"TORCH_DDL_SEGMENT_BYTES", "262144",
@@ -28,8 +27,8 @@ size_t parseSize(const ConfigEntry& entry, size_t minimum) {
   char* end = nullptr;
   unsigned long long value = std::strtoull(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || text[0] == '-' || value < minimum) {
-    throw Error(std::string("ddl: ") + entry.name + "=" + text + " is not an integer >= " +
-                std::to_string(minimum));
+    throw Error(std::string("ddl: ") + entry.name + "=" + text +
+                " is not an integer >= " + std::to_string(minimum));
   }
   return static_cast<size_t>(value);
 }

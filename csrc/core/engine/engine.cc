@@ -140,8 +140,8 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   active_.erase(it);
   activeCount_.fetch_sub(1);
   std::string where = op->name() + " on " + op->group().name + " (rank " +
-                      std::to_string(op->rank()) + " of " + std::to_string(op->size()) +
-                      ", op #" + std::to_string(op->sequence()) + ")";
+                      std::to_string(op->rank()) + " of " + std::to_string(op->size()) + ", op #" +
+                      std::to_string(op->sequence()) + ")";
   if (error.empty() && !op->failure().empty()) error = op->failure();
   if (error.empty() && op->task.done()) {
     try {
@@ -166,8 +166,8 @@ void Engine::checkDeadlines() {
     auto current = it++;
     Op& op = **current;
     if (now < op.deadline()) continue;
-    std::string why = "timed out after " + std::to_string(op.timeout().count()) + " ms: " +
-                      op.pendingPeers();
+    std::string why =
+        "timed out after " + std::to_string(op.timeout().count()) + " ms: " + op.pendingPeers();
     finishOp(current, why);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),

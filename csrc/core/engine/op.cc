@@ -103,8 +103,8 @@ std::string Op::pendingPeers() const {
   }
   if (fromAnyone) text += std::string(text.empty() ? "" : "; ") + "no data arrived from any rank";
   if (!sendTo.empty()) {
-    text += (text.empty() ? "" : "; ") + std::string("rank") +
-            (sendTo.size() > 1 ? "s " : " ") + list(sendTo) + " did not take the data sent to it";
+    text += (text.empty() ? "" : "; ") + std::string("rank") + (sendTo.size() > 1 ? "s " : " ") +
+            list(sendTo) + " did not take the data sent to it";
   }
   return text.empty() ? "no message outstanding" : text;
 }

@@ -81,8 +81,7 @@ DDL_ALWAYS_INLINE void loop(T* out, const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = op(a[i], b[i]);
 }
 template <typename Op>
-DDL_ALWAYS_INLINE void loopHalf(_Float16* out, const _Float16* a, const _Float16* b,
-                                size_t n) {
+DDL_ALWAYS_INLINE void loopHalf(_Float16* out, const _Float16* a, const _Float16* b, size_t n) {
   Op op;
   for (size_t i = 0; i < n; ++i) {
     out[i] = static_cast<_Float16>(op(static_cast<float>(a[i]), static_cast<float>(b[i])));
@@ -104,12 +103,12 @@ DDL_ALWAYS_INLINE void loopBF16(BF16* out, const BF16* a, const BF16* b, size_t 
 #define DDL_HALF(T, OP) loopHalf<OP>
 #define DDL_BF16(T, OP) loopBF16<OP>
 
-#define DDL_ARITH_KERNELS(TAG, T, LOOPT)           \
-  DDL_KERNEL(TAG##Sum, T, Sum, LOOPT(T, Sum))      \
-  DDL_KERNEL(TAG##Prod, T, Prod, LOOPT(T, Prod))   \
-  DDL_KERNEL(TAG##Min, T, Min, LOOPT(T, Min))      \
+#define DDL_ARITH_KERNELS(TAG, T, LOOPT)         \
+  DDL_KERNEL(TAG##Sum, T, Sum, LOOPT(T, Sum))    \
+  DDL_KERNEL(TAG##Prod, T, Prod, LOOPT(T, Prod)) \
+  DDL_KERNEL(TAG##Min, T, Min, LOOPT(T, Min))    \
   DDL_KERNEL(TAG##Max, T, Max, LOOPT(T, Max))
-#define DDL_BIT_KERNELS(TAG, T)                     \
+#define DDL_BIT_KERNELS(TAG, T)                      \
   DDL_KERNEL(TAG##Band, T, Band, DDL_PLAIN(T, Band)) \
   DDL_KERNEL(TAG##Bor, T, Bor, DDL_PLAIN(T, Bor))    \
   DDL_KERNEL(TAG##Bxor, T, Bxor, DDL_PLAIN(T, Bxor))
@@ -133,30 +132,30 @@ DDL_BIT_KERNELS(b, uint8_t)
 
 using Kernel = void (*)(void*, const void*, const void*, size_t);
 
-#define DDL_ARITH_CASE(TAG)        \
-  switch (op) {                    \
-    case ReduceOp::kSum:           \
-    case ReduceOp::kAvg:           \
-      return TAG##Sum;             \
-    case ReduceOp::kProduct:       \
-      return TAG##Prod;            \
-    case ReduceOp::kMin:           \
-      return TAG##Min;             \
-    case ReduceOp::kMax:           \
-      return TAG##Max;             \
-    default:                       \
-      return nullptr;              \
+#define DDL_ARITH_CASE(TAG)  \
+  switch (op) {              \
+    case ReduceOp::kSum:     \
+    case ReduceOp::kAvg:     \
+      return TAG##Sum;       \
+    case ReduceOp::kProduct: \
+      return TAG##Prod;      \
+    case ReduceOp::kMin:     \
+      return TAG##Min;       \
+    case ReduceOp::kMax:     \
+      return TAG##Max;       \
+    default:                 \
+      return nullptr;        \
   }
-#define DDL_INT_CASE(TAG)          \
-  switch (op) {                    \
-    case ReduceOp::kBand:          \
-      return TAG##Band;            \
-    case ReduceOp::kBor:           \
-      return TAG##Bor;             \
-    case ReduceOp::kBxor:          \
-      return TAG##Bxor;            \
-    default:                       \
-      DDL_ARITH_CASE(TAG)          \
+#define DDL_INT_CASE(TAG) \
+  switch (op) {           \
+    case ReduceOp::kBand: \
+      return TAG##Band;   \
+    case ReduceOp::kBor:  \
+      return TAG##Bor;    \
+    case ReduceOp::kBxor: \
+      return TAG##Bxor;   \
+    default:              \
+      DDL_ARITH_CASE(TAG) \
   }
 
 Kernel pick(DataType type, ReduceOp op) {

@@ -20,12 +20,12 @@ using RequestObserver = void (*)(Request*);
 struct Request {
   bool done = false;
   bool failed = false;
-  std::string error;          // set when failed
-  size_t receivedBytes = 0;   // receives: bytes that arrived
-  uint64_t senderTag = 0;     // receives: the full tag of the message matched
-  int peer = -1;              // group rank of the other side (for error messages)
+  std::string error;         // set when failed
+  size_t receivedBytes = 0;  // receives: bytes that arrived
+  uint64_t senderTag = 0;    // receives: the full tag of the message matched
+  int peer = -1;             // group rank of the other side (for error messages)
   bool isSend = false;
-  void* owner = nullptr;      // the engine's operation waiting on it (nullptr once orphaned)
+  void* owner = nullptr;  // the engine's operation waiting on it (nullptr once orphaned)
   RequestObserver observer = nullptr;
   void* transportData = nullptr;
 

@@ -1,7 +1,6 @@
 #include "ucx_transport.h"
 
 #include <uct/api/uct.h>
-
 #include <unistd.h>
 
 #include <chrono>
