@@ -141,6 +141,16 @@ void premultiply(const c10d::ReduceOp& op, at::Tensor& buffer, const char* where
   }
 }
 
+DataType checkTensor(const at::Tensor& t, const char* where);
+
+// The core reduce op for `op` on `type`; bad input when the pair makes no sense.
+ReduceOp reduceOpFor(const c10d::ReduceOp& op, DataType type, const char* where) {
+  ReduceOp mapped = toReduceOp(op, where);
+  std::string bad = checkReduceOp(type, mapped);
+  if (!bad.empty()) badInput(where, bad);
+  return mapped;
+}
+
 DataType checkTensor(const at::Tensor& t, const char* where) {
   if (!t.defined()) badInput(where, "the tensor is undefined");
   if (t.layout() != c10::kStrided) {
@@ -150,6 +160,14 @@ DataType checkTensor(const at::Tensor& t, const char* where) {
     badInput(where, "the tensor is on " + t.device().str() + "; ddl handles CPU tensors");
   }
   return toDataType(t.scalar_type(), where);
+}
+
+// `t` (the `what` tensor) must have dtype `type`, like the call's other tensor.
+void checkSameType(const char* where, const at::Tensor& t, DataType type, const char* what) {
+  if (checkTensor(t, where) != type) {
+    badInput(where, std::string(what) + " dtype " + c10::toString(t.scalar_type()) +
+                        " differs from " + dataTypeName(type));
+  }
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* where) {
@@ -327,9 +345,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   const char* where = "all_reduce";
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
@@ -386,10 +402,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor";
   DataType type = checkTensor(input, where);
-  if (checkTensor(output, where) != type) {
-    badInput(where, "output dtype " + std::string(c10::toString(output.scalar_type())) +
-                        " differs from input dtype " + c10::toString(input.scalar_type()));
-  }
+  checkSameType(where, output, type, "output");
   if (output.numel() != input.numel() * size_) {
     badInput(where, "output has " + std::to_string(output.numel()) + " elements; it needs " +
                         std::to_string(size_) + " x " + std::to_string(input.numel()));
@@ -414,9 +427,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
   const char* where = "reduce";
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   checkRank(where, "dst", opts.rootRank, size_);
   const bool root = rank_ == opts.rootRank;
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE, tensors);
@@ -491,9 +502,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
   const char* where = "reduce_scatter";
   at::Tensor& output = single(outputs, where);
   DataType type = checkTensor(output, where);
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   if (inputs.size() != 1) badInput(where, "needs one list of inputs");
   checkList(where, inputs[0], output, output.numel(), size_);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
@@ -511,17 +520,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor";
   DataType type = checkTensor(output, where);
-  if (checkTensor(input, where) != type) {
-    badInput(where, "input dtype " + std::string(c10::toString(input.scalar_type())) +
-                        " differs from output dtype " + c10::toString(output.scalar_type()));
-  }
+  checkSameType(where, input, type, "input");
   if (input.numel() != output.numel() * size_) {
     badInput(where, "input has " + std::to_string(input.numel()) + " elements; it needs " +
                         std::to_string(size_) + " x " + std::to_string(output.numel()));
   }
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
                                            std::vector<at::Tensor>{output});
   at::Tensor staged = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
@@ -587,10 +591,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const char* where = "all_to_all_single";
   DataType type = checkTensor(input, where);
-  if (checkTensor(output, where) != type) {
-    badInput(where, "input dtype " + std::string(c10::toString(input.scalar_type())) +
-                        " differs from output dtype " + c10::toString(output.scalar_type()));
-  }
+  checkSameType(where, output, type, "output");
   std::vector<int64_t> sendRows = splitsOf(where, "input", input, inputSplitSizes, size_);
   std::vector<int64_t> recvRows = splitsOf(where, "output", output, outputSplitSizes, size_);
   const int64_t inRow = input.dim() == 0 || input.size(0) == 0 ? 0 : input.numel() / input.size(0);
@@ -714,9 +715,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   const char* where = "all_reduce_coalesced";
   DataType type = commonType(where, tensors);
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   // One allreduce over the tensors laid end to end.
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
   at::Tensor flat = concatenate(tensors, tensors[0]);
@@ -775,13 +774,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  // outputLists[r][i] receives rank r's inputs[i] (rank-major, as torch documents it).
   const char* where = "all_gather_coalesced";
   DataType type = commonType(where, inputs);
-  if (outputLists.size() != inputs.size()) badInput(where, "needs one output list per input");
+  if (outputLists.size() != static_cast<size_t>(size_)) {
+    badInput(where, "needs " + std::to_string(size_) + " output lists, one per rank, got " +
+                        std::to_string(outputLists.size()));
+  }
   std::vector<at::Tensor> all;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkList(where, outputLists[i], inputs[i], inputs[i].numel(), size_);
-    all.insert(all.end(), outputLists[i].begin(), outputLists[i].end());
+  for (int r = 0; r < size_; ++r) {
+    if (outputLists[r].size() != inputs.size()) {
+      badInput(where, "output list " + std::to_string(r) + " needs " +
+                          std::to_string(inputs.size()) + " tensors, one per input");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (checkTensor(outputLists[r][i], where) != type ||
+          outputLists[r][i].numel() != inputs[i].numel()) {
+        badInput(where, "output " + std::to_string(r) + "/" + std::to_string(i) +
+                            " must match input " + std::to_string(i) + " in dtype and numel");
+      }
+    }
+    all.insert(all.end(), outputLists[r].begin(), outputLists[r].end());
   }
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLGATHER_COALESCED, all);
   at::Tensor flat = concatenate(inputs, inputs[0]);
@@ -792,7 +805,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
   for (size_t i = 0; i < inputs.size(); ++i) {
     int64_t n = inputs[i].numel();
     for (int r = 0; r < size_; ++r) {
-      work->copyAfter(outputLists[i][r], gathered[r].narrow(0, offset, n).view_as(inputs[i]));
+      work->copyAfter(outputLists[r][i], gathered[r].narrow(0, offset, n).view_as(inputs[i]));
     }
     offset += n;
   }
@@ -806,9 +819,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor_coalesced";
   DataType type = commonType(where, inputs);
-  ReduceOp op = toReduceOp(opts.reduceOp, where);
-  std::string bad = checkReduceOp(type, op);
-  if (!bad.empty()) badInput(where, bad);
+  ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   if (outputs.size() != inputs.size()) badInput(where, "needs one output per input");
   std::vector<at::Tensor> columns;
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -55,12 +55,17 @@ def _coalesced(rank, size):
     for o, n in zip(outs, (2, 5)):
         full = sum(torch.arange(size * n, dtype=torch.float32) + r for r in range(size))
         assert_same(o, full[rank * n:(rank + 1) * n], f"cm reduce_scatter_tensor n={n}")
-    # all_gather_coalesced (list of lists).
-    outs = [[torch.zeros(2) for _ in range(size)], [torch.zeros(3, 1) for _ in range(size)]]
-    dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((3, 1), float(-rank))])
+    # all_gather_coalesced: outs[r][i] receives rank r's input i.
+    outs = [[torch.zeros(2), torch.zeros(3, 1), torch.zeros(0)] for _ in range(size)]
+    ins = [torch.full((2,), float(rank)), torch.full((3, 1), float(-rank)), torch.zeros(0)]
+    dist.all_gather_coalesced(outs, ins)
+    ref = [[torch.zeros(2), torch.zeros(3, 1), torch.zeros(0)] for _ in range(size)]
+    dist.all_gather_coalesced(ref, ins, group=gloo)
     for r in range(size):
-        assert_same(outs[0][r], torch.full((2,), float(r)), "all_gather_coalesced 0")
-        assert_same(outs[1][r], torch.full((3, 1), float(-r)), "all_gather_coalesced 1")
+        assert_same(outs[r][0], torch.full((2,), float(r)), "all_gather_coalesced 0")
+        assert_same(outs[r][1], torch.full((3, 1), float(-r)), "all_gather_coalesced 1")
+        for got, want in zip(outs[r], ref[r]):
+            assert_same(got, want, "all_gather_coalesced vs gloo")
 
 
 def _premul(rank, size):
