@@ -14,13 +14,10 @@ PipelineSettings pipelineSettings() {
   return PipelineSettings{c.segmentBytes, c.pipelineDepth, static_cast<int>(c.rings)};
 }
 
-size_t checkedBytes(const std::string& where, size_t count, DataType type, size_t times = 1) {
-  size_t es = elementSize(type);
-  if (count > std::numeric_limits<size_t>::max() / es / std::max<size_t>(times, 1)) {
-    throw Error(where + ": " + std::to_string(count) + " elements of " + dataTypeName(type) +
-                " overflow the address space");
-  }
-  return count * es;
+// False when `times` blocks of `count` elements of `type` do not fit in size_t.
+bool fits(size_t count, DataType type, size_t times = 1) {
+  return count <=
+         std::numeric_limits<size_t>::max() / elementSize(type) / std::max<size_t>(times, 1);
 }
 
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
@@ -125,9 +122,18 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
                                               ReduceOp reduce, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) throw Error(where("allreduce") + ": " + bad);
-  checkedBytes(where("allreduce"), count, type);
+  checkedBytes("allreduce", count, type);
   return start("allreduce", options,
                [=](Op& op) { return allreduceTask(op, data, count, type, reduce); });
+}
+
+size_t Communicator::checkedBytes(const char* name, size_t count, DataType type,
+                                  size_t times) const {
+  if (!fits(count, type, times)) {  // the message is built only when it is needed
+    throw Error(where(name) + ": " + std::to_string(count) + " elements of " + dataTypeName(type) +
+                " overflow the address space");
+  }
+  return count * elementSize(type);
 }
 
 void Communicator::checkRoot(const char* name, int root) const {
@@ -139,14 +145,14 @@ void Communicator::checkRoot(const char* name, int root) const {
 std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType type, int root,
                                               CallOptions options) {
   checkRoot("broadcast", root);
-  size_t bytes = checkedBytes(where("broadcast"), count, type);
+  size_t bytes = checkedBytes("broadcast", count, type);
   return start("broadcast", options,
                [=](Op& op) { return broadcastTree(op, data, bytes, root, pipelineSettings()); });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
-  size_t bytes = checkedBytes(where("allgather"), count, type, static_cast<size_t>(size()));
+  size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
   return start("allgather", options,
                [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings()); });
 }
@@ -163,7 +169,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, Data
                                                   ReduceOp reduce, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) throw Error(where("reduce_scatter") + ": " + bad);
-  checkedBytes(where("reduce_scatter"), count, type, static_cast<size_t>(size()));
+  checkedBytes("reduce_scatter", count, type, static_cast<size_t>(size()));
   return start("reduce_scatter", options,
                [=](Op& op) { return reduceScatterTask(op, data, count, type, reduce); });
 }
@@ -173,7 +179,7 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) throw Error(where("reduce") + ": " + bad);
   checkRoot("reduce", root);
-  checkedBytes(where("reduce"), count, type);
+  checkedBytes("reduce", count, type);
   return start("reduce", options,
                [=](Op& op) { return reduceTask(op, in, out, count, type, reduce, root); });
 }
@@ -181,14 +187,14 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType type,
                                            int root, CallOptions options) {
   checkRoot("gather", root);
-  size_t bytes = checkedBytes(where("gather"), count, type, static_cast<size_t>(size()));
+  size_t bytes = checkedBytes("gather", count, type, static_cast<size_t>(size()));
   return start("gather", options, [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType type,
                                             int root, CallOptions options) {
   checkRoot("scatter", root);
-  size_t bytes = checkedBytes(where("scatter"), count, type, static_cast<size_t>(size()));
+  size_t bytes = checkedBytes("scatter", count, type, static_cast<size_t>(size()));
   return start("scatter", options, [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
 }
 

@@ -77,6 +77,8 @@ class Communicator {
                                 const std::function<Task(Op&)>& body);
   std::string where(const char* name) const;
   void checkRoot(const char* name, int root) const;
+  // count * elementSize(type); throws when `times` such blocks overflow size_t.
+  size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1) const;
 
   std::shared_ptr<const Group> group_;
   std::chrono::milliseconds timeout_;

@@ -19,7 +19,6 @@ Engine::Engine(std::unique_ptr<Transport> transport)
     : transport_(std::move(transport)),
       address_(transport_->localAddress()),
       transportName_(transport_->name()),
-      devices_(transport_->devices()),
       eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (eventFd_ < 0) throw Error("ddl: eventfd failed");
   thread_ = std::thread([this] { run(); });
@@ -75,6 +74,12 @@ void Engine::call(const std::function<void()>& fn) {
   }
   wake();
   done.get_future().get();
+}
+
+std::vector<std::string> Engine::transportDevices() {
+  std::vector<std::string> devices;
+  call([&] { devices = transport_->devices(); });
+  return devices;
 }
 
 std::vector<PeerId> Engine::connect(const std::vector<std::string>& addresses) {

@@ -46,7 +46,8 @@ class Engine {
   // Progress thread only.
   Transport& transport() { return *transport_; }
   std::string transportName() const { return transportName_; }
-  std::vector<std::string> transportDevices() const { return devices_; }
+  // Asks the transport on the progress thread (diagnostics only: it may open every device).
+  std::vector<std::string> transportDevices();
   // Diagnostics: ops in flight, requests orphaned by failed ops and not yet completed.
   size_t activeOps() const { return activeCount_.load(); }
 
@@ -64,7 +65,6 @@ class Engine {
   std::unique_ptr<Transport> transport_;
   std::string address_;
   std::string transportName_;
-  std::vector<std::string> devices_;
   int eventFd_ = -1;
 
   std::mutex submitMutex_;
