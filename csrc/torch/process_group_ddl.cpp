@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -254,12 +255,14 @@ void WorkDDL::finalize() {
     try {
       at::NoGradGuard noGrad;
       for (auto& [destination, source] : copies_) destination.copy_(source);
+      for (auto& fn : after_) fn();
     } catch (...) {
       error = std::current_exception();
     }
   }
   copies_.clear();
   keep_.clear();
+  after_.clear();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
@@ -344,6 +347,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
                                                           const c10d::AllreduceOptions& opts) {
   const char* where = "all_reduce";
   at::Tensor& tensor = single(tensors, where);
+  if (tensor.defined() && tensor.layout() == c10::kSparse) return allreduceSparse(tensors, opts);
   DataType type = checkTensor(tensor, where);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
@@ -351,6 +355,115 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   premultiply(opts.reduceOp, buffer, where);
   return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
     comm_->allreduce(buffer.data_ptr(), count(buffer), type, op, o);
+  });
+}
+
+namespace {
+
+// A sparse COO tensor as one byte block: [sparse_dim, dense_dim, dtype, ndim, sizes..., nnz] as
+// int64, then the indices (sparse_dim x nnz, int64), then the values (nnz x dense shape).
+at::Tensor packSparse(const at::Tensor& sparse) {
+  at::Tensor indices = sparse._indices().contiguous();
+  at::Tensor values = sparse._values().contiguous();
+  std::vector<int64_t> header{sparse.sparse_dim(), sparse.dense_dim(),
+                              static_cast<int64_t>(sparse.scalar_type()), sparse.dim()};
+  for (int64_t size : sparse.sizes()) header.push_back(size);
+  header.push_back(sparse._nnz());
+  auto bytes = [](const at::Tensor& t) {
+    return t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  const int64_t headerBytes = static_cast<int64_t>(header.size() * sizeof(int64_t));
+  at::Tensor packed = at::empty({headerBytes + bytes(indices) + bytes(values)}, at::kByte);
+  auto* out = static_cast<char*>(packed.data_ptr());
+  std::memcpy(out, header.data(), headerBytes);
+  if (bytes(indices) > 0) std::memcpy(out + headerBytes, indices.data_ptr(), bytes(indices));
+  if (bytes(values) > 0) {
+    std::memcpy(out + headerBytes + bytes(indices), values.data_ptr(), bytes(values));
+  }
+  return packed;
+}
+
+// The sum of every rank's block of `blocks` (as packSparse wrote them), coalesced; each block
+// must describe a tensor of `like`'s shape, sparse/dense split and dtype.
+at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) {
+  const int ranks = static_cast<int>(blocks.offsets.size()) - 1;
+  std::vector<at::Tensor> indices, values;
+  for (int r = 0; r < ranks; ++r) {
+    const char* block = blocks.data.data() + blocks.offsets[r];
+    const size_t length = blocks.offsets[r + 1] - blocks.offsets[r];
+    auto shortBlock = [&] {
+      C10_THROW_ERROR(DistBackendError,
+                      "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block");
+    };
+    int64_t fixed[4];  // sparse_dim, dense_dim, dtype, ndim
+    if (length < sizeof(fixed)) shortBlock();
+    std::memcpy(fixed, block, sizeof(fixed));
+    if (fixed[3] < 0 || fixed[3] > 64 || length < (5 + fixed[3]) * sizeof(int64_t)) shortBlock();
+    std::vector<int64_t> header(5 + fixed[3]);
+    std::memcpy(header.data(), block, header.size() * sizeof(int64_t));
+    std::vector<int64_t> sizes(header.begin() + 4, header.end() - 1);
+    if (fixed[0] != like.sparse_dim() || fixed[1] != like.dense_dim() ||
+        c10::IntArrayRef(sizes) != like.sizes()) {
+      C10_THROW_ERROR(DistBackendError,
+                      "ddl: all_reduce: rank " + std::to_string(r) + "'s sparse tensor has sizes " +
+                          c10::str(c10::IntArrayRef(sizes)) + " with sparse_dim " +
+                          std::to_string(fixed[0]) + "; this rank's has sizes " +
+                          c10::str(like.sizes()) + " with sparse_dim " +
+                          std::to_string(like.sparse_dim()));
+    }
+    if (fixed[2] != static_cast<int64_t>(like.scalar_type())) {
+      C10_THROW_ERROR(DistBackendError,
+                      "ddl: all_reduce: rank " + std::to_string(r) + "'s sparse tensor has dtype " +
+                          c10::toString(static_cast<at::ScalarType>(fixed[2])) +
+                          "; this rank's has " + c10::toString(like.scalar_type()));
+    }
+    const int64_t nnz = header.back();
+    if (nnz < 0) shortBlock();
+    std::vector<int64_t> valueShape{nnz};
+    for (int64_t d = like.sparse_dim(); d < like.dim(); ++d) valueShape.push_back(like.size(d));
+    at::Tensor rankIndices = at::empty({like.sparse_dim(), nnz}, at::kLong);
+    at::Tensor rankValues = at::empty(valueShape, like._values().options());
+    const size_t indexBytes = rankIndices.numel() * sizeof(int64_t);
+    const size_t valueBytes = rankValues.numel() * rankValues.element_size();
+    const size_t headerBytes = header.size() * sizeof(int64_t);
+    if (length != headerBytes + indexBytes + valueBytes) shortBlock();
+    if (indexBytes > 0) std::memcpy(rankIndices.data_ptr(), block + headerBytes, indexBytes);
+    if (valueBytes > 0) {
+      std::memcpy(rankValues.data_ptr(), block + headerBytes + indexBytes, valueBytes);
+    }
+    indices.push_back(rankIndices);
+    values.push_back(rankValues);
+  }
+  return at::sparse_coo_tensor(at::cat(indices, 1), at::cat(values, 0), like.sizes(),
+                               like.options())
+      .coalesce();
+}
+
+}  // namespace
+
+// Sparse COO all_reduce (SUM), as gloo offers it: every rank's indices and values are gathered
+// (blocks of different sizes around the ring), summed and coalesced; the input tensor takes the
+// result.
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* where = "all_reduce";
+  at::Tensor& tensor = tensors[0];
+  if (!tensor.device().is_cpu()) {
+    badInput(where, "the tensor is on " + tensor.device().str() + "; ddl handles CPU tensors");
+  }
+  if (opts.reduceOp.op_ != c10d::ReduceOp::SUM) {
+    badInput(where, "sparse tensors are reduced with ReduceOp.SUM only");
+  }
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
+  at::Tensor packed = packSparse(tensor.coalesce());
+  auto blocks = std::make_shared<VaryingBlocks>();
+  work->keepAlive(packed);
+  work->thenRun([tensor, blocks] {
+    at::Tensor sum = sumPackedSparse(*blocks, tensor);
+    tensor.copy_(sum);
+  });
+  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+    comm_->allgatherVarying(packed.data_ptr(), static_cast<size_t>(packed.numel()), blocks, o);
   });
 }
 
@@ -686,11 +799,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Te
   return receive(tensors, -1, tag, c10d::OpType::RECVANYSOURCE, "recv");
 }
 
-void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
-  // The error always lists every rank that did not arrive, so waitAllRanks changes nothing.
+void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
   launch(work, callOptions(*work, "monitored_barrier", opts.timeout),
-         [&](CallOptions& o) { comm_->monitoredBarrier(o); });
+         [&](CallOptions& o) { comm_->monitoredBarrier(waitAllRanks, o); });
   work->wait();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -37,6 +38,8 @@ class WorkDDL : public c10d::Work {
     copies_.emplace_back(std::move(destination), std::move(source));
   }
   void keepAlive(at::Tensor tensor) { keep_.push_back(std::move(tensor)); }
+  // Runs at finalization after the copies, on success only; what it throws fails the work.
+  void thenRun(std::function<void()> fn) { after_.push_back(std::move(fn)); }
   // The core Work this one finishes with; its completion hook is installed here.
   std::shared_ptr<ddl::Work> coreWork(const char* name);
 
@@ -46,6 +49,7 @@ class WorkDDL : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copies_;
   std::vector<at::Tensor> keep_;
+  std::vector<std::function<void()>> after_;
   std::shared_ptr<ddl::Work> core_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> futureRequested_{false};
@@ -123,6 +127,8 @@ class ProcessGroupDDL : public c10d::Backend {
 
  private:
   CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          c10d::OpType type, const char* where);
 

@@ -120,6 +120,30 @@ TEST_P(WorldSize, Allgather) {
   });
 }
 
+TEST_P(WorldSize, AllgatherVaryingSizes) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "16"}});
+  const int size = GetParam();
+  // Rank r contributes (r * stride + base) % 1031 bytes: zero-length blocks included.
+  auto bytesOf = [](int r, size_t stride, size_t base) { return (r * stride + base) % 1031; };
+  runRanks(size, [&](Communicator& comm) {
+    for (auto [stride, base] : {std::pair<size_t, size_t>{0, 0}, {1, 0}, {7, 1}, {389, 1000}}) {
+      std::vector<char> in(bytesOf(comm.rank(), stride, base));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(comm.rank() * 13 + i);
+      auto out = std::make_shared<VaryingBlocks>();
+      check(comm.allgatherVarying(in.data(), in.size(), out));
+      ASSERT_EQ(out->offsets.size(), static_cast<size_t>(size) + 1);
+      for (int r = 0; r < size; ++r) {
+        const size_t length = out->offsets[r + 1] - out->offsets[r];
+        ASSERT_EQ(length, bytesOf(r, stride, base)) << "size=" << size << " block " << r;
+        for (size_t i = 0; i < length; ++i) {
+          ASSERT_EQ(out->data[out->offsets[r] + i], static_cast<char>(r * 13 + i))
+              << "size=" << size << " block " << r << " byte " << i;
+        }
+      }
+    }
+  });
+}
+
 TEST_P(WorldSize, BarrierAndManyOpsInFlight) {
   const int size = GetParam();
   runRanks(size, [&](Communicator& comm) {
@@ -278,13 +302,13 @@ TEST(Collectives, TimeoutNamesTheMissingRank) {
         if (comm.rank() == 1) message = work->error();
       },
       std::chrono::milliseconds(300));
-  EXPECT_NE(message.find("timed out after 300 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("Timed out after 300 ms"), std::string::npos) << message;
   EXPECT_NE(message.find("allreduce on group"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
 TEST(Collectives, MonitoredBarrierNamesEveryMissingRank) {
-  std::string message;
+  std::string message, first, other;
   runRanks(
       4,
       [&](Communicator& comm) {
@@ -294,10 +318,22 @@ TEST(Collectives, MonitoredBarrierNamesEveryMissingRank) {
         work->wait();
         EXPECT_TRUE(work->failed());
         if (comm.rank() == 0) message = work->error();
+        if (comm.rank() == 2) other = work->error();
+        auto lowest = comm.monitoredBarrier(/*waitAll=*/false);
+        lowest->wait();
+        if (comm.rank() == 0) first = lowest->error();
       },
       std::chrono::milliseconds(300));
+  EXPECT_NE(first.find("Rank 1 failed to pass monitoredBarrier in 300 ms (ranks 1, 3 did not"),
+            std::string::npos)
+      << first;
+  EXPECT_NE(other.find("Rank 2 successfully reached monitoredBarrier, but received errors while "
+                       "waiting for send/recv from rank 0"),
+            std::string::npos)
+      << other;
   EXPECT_NE(message.find("monitored_barrier"), std::string::npos) << message;
-  EXPECT_NE(message.find("ranks 1, 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("Ranks 1, 3 failed to pass monitoredBarrier in 300 ms"), std::string::npos)
+      << message;
 }
 
 TEST(Collectives, BadInputIsRejectedBeforeSending) {

@@ -49,7 +49,7 @@ TEST(Ucx, TimeoutNamesTheMissingRank) {
         message = work->error();
       },
       std::chrono::milliseconds(200), makeUcx);
-  EXPECT_NE(message.find("timed out after 200 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("Timed out after 200 ms"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "../engine/op.h"
@@ -32,11 +33,21 @@ Task broadcastTree(Op& op, void* data, size_t bytes, int root, PipelineSettings 
 // (unless `in` already points at it), the others arrive around the ring.
 Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings);
 
+// allgather_varying.cc: every rank contributes `bytes` of its own choosing; afterwards
+// out->data holds all blocks in rank order, block r at [offsets[r], offsets[r + 1]).
+struct VaryingBlocks {
+  std::vector<size_t> offsets;
+  std::vector<char> data;
+};
+Task allgatherVaryingRing(Op& op, const void* in, size_t bytes, std::shared_ptr<VaryingBlocks> out,
+                          PipelineSettings settings);
+
 // barrier_dissemination.cc: ceil(log2(P)) rounds of empty messages.
 Task barrierDissemination(Op& op);
 
-// monitored_barrier.cc: everyone reports to rank 0, which then releases everyone.
-Task barrierMonitored(Op& op);
+// monitored_barrier.cc: everyone reports to rank 0, which then releases everyone. A timeout
+// names the lowest missing rank, or every missing rank when `waitAll`.
+Task barrierMonitored(Op& op, bool waitAll);
 
 // reduce_scatter_ring.cc: `data` holds size() blocks of `count` elements; afterwards block
 // rank() holds the reduction of every rank's block rank() (the other blocks are scratch).

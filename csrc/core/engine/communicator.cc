@@ -157,12 +157,21 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
                [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings()); });
 }
 
+std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,
+                                                     std::shared_ptr<VaryingBlocks> out,
+                                                     CallOptions options) {
+  if (!out) throw Error(where("allgather") + ": no output blocks given");
+  return start("allgather", options, [=](Op& op) {
+    return allgatherVaryingRing(op, in, bytes, out, pipelineSettings());
+  });
+}
+
 std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
   return start("barrier", options, [](Op& op) { return barrierDissemination(op); });
 }
 
-std::shared_ptr<Work> Communicator::monitoredBarrier(CallOptions options) {
-  return start("monitored_barrier", options, [](Op& op) { return barrierMonitored(op); });
+std::shared_ptr<Work> Communicator::monitoredBarrier(bool waitAll, CallOptions options) {
+  return start("monitored_barrier", options, [=](Op& op) { return barrierMonitored(op, waitAll); });
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, DataType type,

@@ -43,9 +43,14 @@ class Communicator {
   // `out` holds size() * count elements; `in` may point at block rank() of it.
   std::shared_ptr<Work> allgather(const void* in, void* out, size_t count, DataType type,
                                   CallOptions options = {});
+  // Blocks of different sizes (each rank's `bytes` of `in`), gathered into `out` in rank order.
+  std::shared_ptr<Work> allgatherVarying(const void* in, size_t bytes,
+                                         std::shared_ptr<VaryingBlocks> out,
+                                         CallOptions options = {});
   std::shared_ptr<Work> barrier(CallOptions options = {});
-  // A barrier through rank 0 whose timeout error lists the ranks that did not arrive.
-  std::shared_ptr<Work> monitoredBarrier(CallOptions options = {});
+  // A barrier through rank 0 whose timeout error names the lowest rank that did not arrive (all
+  // of them with `waitAll`).
+  std::shared_ptr<Work> monitoredBarrier(bool waitAll = true, CallOptions options = {});
   // `data` holds size() blocks of `count`; block rank() ends reduced, the rest is scratch.
   std::shared_ptr<Work> reduceScatter(void* data, size_t count, DataType type, ReduceOp op,
                                       CallOptions options = {});

@@ -171,8 +171,10 @@ void Engine::checkDeadlines() {
     auto current = it++;
     Op& op = **current;
     if (now < op.deadline()) continue;
-    std::string why =
-        "timed out after " + std::to_string(op.timeout().count()) + " ms: " + op.pendingPeers();
+    std::string why = op.describeTimeout
+                          ? op.describeTimeout()
+                          : "Timed out after " + std::to_string(op.timeout().count()) +
+                                " ms: " + op.pendingPeers();
     finishOp(current, why);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),

@@ -81,6 +81,9 @@ class Op {
   const std::string& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
   std::string pendingPeers() const;
+  // Set by an algorithm whose timeout deserves its own words (the engine's default is "Timed
+  // out after N ms: " + pendingPeers()). Called on the progress thread while the frame lives.
+  std::function<std::string()> describeTimeout;
   // Hands requests that are still posted to the caller (the engine orphans and cancels them).
   std::vector<std::unique_ptr<Request>> takePending();
 

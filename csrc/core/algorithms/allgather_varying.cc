@@ -1,0 +1,38 @@
+// Ring allgather of blocks whose sizes differ by rank and are known only to their owners.
+//
+// 1. The block sizes go around the ring (one 8-byte block per rank; tag phase 0).
+// 2. The output is sized to their sum and the blocks follow, back to back in rank order, as the
+//    storing steps of the ring pipeline over chunks of unequal length (tag phase 1, so a fast
+//    neighbour's blocks never match a receive of step 1).
+#include <cstring>
+#include <numeric>
+
+#include "algorithms.h"
+#include "ring_pipeline.h"
+
+namespace ddl {
+
+Task allgatherVaryingRing(Op& op, const void* in, size_t bytes, std::shared_ptr<VaryingBlocks> out,
+                          PipelineSettings settings) {
+  const int n = op.size();
+  std::vector<uint64_t> sizes(n, 0);
+  sizes[op.rank()] = bytes;
+  co_await allgatherRing(op, &sizes[op.rank()], sizes.data(), sizeof(uint64_t), settings);
+  out->offsets.assign(n + 1, 0);
+  for (int r = 0; r < n; ++r) out->offsets[r + 1] = out->offsets[r] + sizes[r];
+  out->data.resize(out->offsets[n]);
+  if (bytes > 0) std::memcpy(out->data.data() + out->offsets[op.rank()], in, bytes);
+  if (n == 1 || out->data.empty()) co_return;
+  RingSchedule schedule;
+  schedule.ring = naturalRing(n, false);
+  schedule.phase = 1;
+  schedule.steps = n - 1;
+  schedule.reduceSteps = 0;
+  schedule.shift = 0;
+  for (int r = 0; r < n; ++r) schedule.chunks.push_back(Range{out->offsets[r], sizes[r]});
+  RingPipeline pipeline(op, std::move(schedule), out->data.data(), DataType::kUInt8, ReduceOp::kSum,
+                        settings.segmentBytes, settings.depth);
+  while (!pipeline.advance()) co_await op.next();
+}
+
+}  // namespace ddl
