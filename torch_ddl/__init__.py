@@ -55,7 +55,31 @@ def _allow_monitored_barrier():
     dist.monitored_barrier = monitored_barrier
 
 
+def _name_backend_in_ddp_logging():
+    """DDP's logging data takes the backend name from torch's ProcessGroup, which calls every
+    plugin backend 'custom'; report the name the group was created with, as for gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP._get_ddp_logging_data
+    if getattr(original, "_torch_ddl", False):
+        return
+
+    @functools.wraps(original)
+    def _get_ddp_logging_data(self):
+        data = original(self)
+        if data.get("backend_name") == "custom":
+            try:
+                data["backend_name"] = dist.get_backend(self.process_group)
+            except (RuntimeError, ValueError):
+                pass
+        return data
+
+    _get_ddp_logging_data._torch_ddl = True
+    DDP._get_ddp_logging_data = _get_ddp_logging_data
+
+
 _allow_monitored_barrier()
+_name_backend_in_ddp_logging()
 
 if "ddl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("ddl", _create_backend, extended_api=True, devices=["cpu"])
