@@ -95,8 +95,8 @@ def _monitored(rank, size):
                                    wait_all_ranks=True)
         message = str(info.value)
         missing = ", ".join(str(r) for r in range(1, size))
-        assert f"{'Ranks' if size > 2 else 'Rank'} {missing} failed to pass monitoredBarrier in "
-                "800 ms" in message, message
+        words = "Ranks" if size > 2 else "Rank"
+        assert f"{words} {missing} failed to pass monitoredBarrier in 800 ms" in message, message
         assert time.monotonic() - start < 10
     dist.barrier(group=gloo)
 
