@@ -6,7 +6,8 @@ torch/testing/_internal/distributed/distributed_test.py, over a chosen backend.
 
 The suite reads BACKEND and WORLD_SIZE when it is imported and decides then, test by test, what
 the backend supports. For 'ddl' this file declares what ddl implements (DDP, subgroups, being a
-plugin backend) before the suite is imported; everything else runs exactly as PyTorch ships it.
+plugin backend) before the suite is imported, and lifts the skips that name other backends for a
+reason that does not hold for ddl (ENABLED_FOR_DDL below); the tests run as PyTorch ships them.
 """
 
 import functools
@@ -34,45 +35,60 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 # Tests the suite restricts to named backends for a reason that holds for ddl as well: each runs
-# over ddl exactly as PyTorch wrote it (only the skip decision is replaced). The README lists them.
-GLOO_ONLY_TESTS_THAT_APPLY = {
-    # "Test requires backend to be one of {'gloo'}": CPU tensors, which ddl takes too.
-    "test_all_reduce_coalesced_sum": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_product": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_min": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_max": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_group_sum": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_group_product": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_group_min": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_group_max": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_full_group_sum": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_full_group_product": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_full_group_min": "CPU all_reduce_coalesced",
-    "test_all_reduce_coalesced_full_group_max": "CPU all_reduce_coalesced",
-    "test_monitored_barrier_gloo": "ddl implements monitored_barrier",
-    "test_monitored_barrier_gloo_subgroup": "ddl implements monitored_barrier",
-    "test_monitored_barrier_gloo_rank_0_timeout": "ddl implements monitored_barrier",
-    "test_monitored_barrier_failure_order": "ddl implements monitored_barrier",
-    "test_monitored_barrier_wait_all_ranks": "ddl implements monitored_barrier",
-    "test_scatter_object_list": "CPU scatter_object_list",
-    "test_grads_same_across_ranks_with_no_sync": "CPU DDP with no_sync",
-    # backend_feature["gpu"]: the object collectives run on CPU tensors for ddl.
-    "test_all_gather_object_default_pg": "CPU all_gather_object",
-    "test_all_gather_object_subgroup": "CPU all_gather_object",
-    # "GLOO Batch Send Recv CPU"
-    "test_batch_isend_irecv_gloo": "CPU batch_isend_irecv",
-    "test_batch_isend_irecv_gloo_tags": "CPU batch_isend_irecv",
-    # "get_future is only supported on mpi, nccl and gloo"
-    "test_get_future": "Work.get_future",
-    "test_accumulate_gradients_no_sync": "Work.get_future",
-    "test_accumulate_gradients_no_sync_grad_is_view": "Work.get_future",
-    "test_accumulate_gradients_no_sync_allreduce_hook": "Work.get_future",
-    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": "Work.get_future",
-    # "Only gloo backend supports timeouts"
-    "test_barrier_timeout_group": "per-group timeouts",
-    "test_barrier_timeout_full_group": "per-group timeouts",
-    # "Only Gloo backend supports sparse all reduce"
-    "test_sparse_all_reduce_sum": "sparse all_reduce",
+# over ddl exactly as PyTorch wrote it; only a skip whose reason contains the text given here is
+# lifted (a platform or world-size skip stays). The README lists them.
+ONLY_GLOO = "to be one of {'gloo'}"
+CPU_ALL_TO_ALL = "Only MPI supports"
+GET_FUTURE = "get_future is only supported on mpi, nccl and gloo"
+ENABLED_FOR_DDL = {
+    # CPU tensors, which ddl takes too.
+    "test_all_reduce_coalesced_sum": ONLY_GLOO,
+    "test_all_reduce_coalesced_product": ONLY_GLOO,
+    "test_all_reduce_coalesced_min": ONLY_GLOO,
+    "test_all_reduce_coalesced_max": ONLY_GLOO,
+    "test_all_reduce_coalesced_group_sum": ONLY_GLOO,
+    "test_all_reduce_coalesced_group_product": ONLY_GLOO,
+    "test_all_reduce_coalesced_group_min": ONLY_GLOO,
+    "test_all_reduce_coalesced_group_max": ONLY_GLOO,
+    "test_all_reduce_coalesced_full_group_sum": ONLY_GLOO,
+    "test_all_reduce_coalesced_full_group_product": ONLY_GLOO,
+    "test_all_reduce_coalesced_full_group_min": ONLY_GLOO,
+    "test_all_reduce_coalesced_full_group_max": ONLY_GLOO,
+    "test_scatter_object_list": ONLY_GLOO,
+    "test_grads_same_across_ranks_with_no_sync": ONLY_GLOO,
+    # ddl implements monitored_barrier, with gloo's error words.
+    "test_monitored_barrier_gloo": ONLY_GLOO,
+    "test_monitored_barrier_gloo_subgroup": ONLY_GLOO,
+    "test_monitored_barrier_gloo_rank_0_timeout": ONLY_GLOO,
+    "test_monitored_barrier_failure_order": ONLY_GLOO,
+    "test_monitored_barrier_wait_all_ranks": ONLY_GLOO,
+    # backend_feature["gpu"]: these run on CPU tensors for a CPU backend.
+    "test_all_gather_object_default_pg": "to be one of {",
+    "test_all_gather_object_subgroup": "to be one of {",
+    "test_batch_isend_irecv_gloo": "GLOO Batch Send Recv CPU",
+    "test_batch_isend_irecv_gloo_tags": "GLOO Batch Send Recv CPU",
+    "test_get_future": GET_FUTURE,
+    "test_accumulate_gradients_no_sync": GET_FUTURE,
+    "test_accumulate_gradients_no_sync_grad_is_view": GET_FUTURE,
+    "test_accumulate_gradients_no_sync_allreduce_hook": GET_FUTURE,
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": GET_FUTURE,
+    # Timeouts given to init_process_group / new_group are honoured by ddl.
+    "test_barrier_timeout_group": "Only gloo backend supports timeouts",
+    "test_barrier_timeout_full_group": "Only gloo backend supports timeouts",
+    "test_sparse_all_reduce_sum": "Only Gloo backend supports sparse all reduce",
+    # CPU all_to_all and all_to_all_single (skipped for gloo as well).
+    "test_all_to_all": CPU_ALL_TO_ALL,
+    "test_all_to_all_complex": CPU_ALL_TO_ALL,
+    "test_all_to_all_group": CPU_ALL_TO_ALL,
+    "test_all_to_all_full_group": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_equal_split": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_equal_split_complex": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_equal_split_group": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_equal_split_full_group": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_unequal_split": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_unequal_split_complex": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_unequal_split_group": CPU_ALL_TO_ALL,
+    "test_all_to_all_single_unequal_split_full_group": CPU_ALL_TO_ALL,
 }
 
 # Of those, the tests whose body picks its model setup by backend name ("if BACKEND == 'mpi' or
@@ -100,10 +116,9 @@ def _with_cpu_setup(test):
 
 
 if BACKEND == "ddl":
-    for name in GLOO_ONLY_TESTS_THAT_APPLY:
+    for name, reason in ENABLED_FOR_DDL.items():
         test = getattr(DistributedTest._DistTestBase, name)
-        # Only a skip that names gloo is lifted; a platform or world-size skip stays.
-        if "gloo" in getattr(test, "__unittest_skip_why__", "").lower():
+        if reason in getattr(test, "__unittest_skip_why__", ""):
             if name in CPU_SETUP_BY_NAME:
                 test = _with_cpu_setup(test)
                 setattr(DistributedTest._DistTestBase, name, test)
