@@ -116,13 +116,14 @@ def _with_cpu_setup(test):
 
 
 if BACKEND == "ddl":
+    # (No module-level name may start with "test": pytest would collect it.)
     for name, reason in ENABLED_FOR_DDL.items():
-        test = getattr(DistributedTest._DistTestBase, name)
-        if reason in getattr(test, "__unittest_skip_why__", ""):
+        method = getattr(DistributedTest._DistTestBase, name)
+        if reason in getattr(method, "__unittest_skip_why__", ""):
             if name in CPU_SETUP_BY_NAME:
-                test = _with_cpu_setup(test)
-                setattr(DistributedTest._DistTestBase, name, test)
-            test.__unittest_skip__ = False
+                method = _with_cpu_setup(method)
+                setattr(DistributedTest._DistTestBase, name, method)
+            method.__unittest_skip__ = False
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
