@@ -1,10 +1,11 @@
 """Compares two backends' runs of PyTorch's suite from run.sh's JUnit files.
 
     python tests/conformance/compare.py build/conformance/full-gloo-2.xml \
-        build/conformance/full-ddl-2.xml
+        build/conformance/full-ddl-2.xml [--list]
 
 Prints each run's counts (passed / failed / skipped), the tests that pass with the first backend
-and not with the second, and the second backend's skip reasons with how many tests each covers.
+and not with the second, and the second backend's skip reasons with how many tests each covers
+(and, with --list, which).
 """
 
 import collections
@@ -31,7 +32,7 @@ def counts(result):
     return f"{c['passed']} passed / {c['failed']} failed / {c['skipped']} skipped ({len(result)})"
 
 
-def main(reference_path, candidate_path):
+def main(reference_path, candidate_path, list_tests=False):
     reference, candidate = outcomes(reference_path), outcomes(candidate_path)
     print(f"{reference_path}: {counts(reference)}")
     print(f"{candidate_path}: {counts(candidate)}")
@@ -41,15 +42,20 @@ def main(reference_path, candidate_path):
     for name in missing:
         outcome, reason = candidate.get(name, ("absent", ""))
         print(f"  {name}: {outcome} {reason}")
-    reasons = collections.Counter(reason for outcome, reason in candidate.values()
-                                  if outcome == "skipped")
-    print(f"\nskip reasons in the second run: {len(reasons)}")
-    for reason, n in reasons.most_common():
-        print(f"  {n:4d}  {reason}")
+    skipped = collections.defaultdict(list)
+    for name, (outcome, reason) in sorted(candidate.items()):
+        if outcome == "skipped":
+            skipped[reason].append(name)
+    print(f"\nskip reasons in the second run: {len(skipped)}")
+    for reason, names in sorted(skipped.items(), key=lambda item: -len(item[1])):
+        print(f"  {len(names):4d}  {reason}")
+        if list_tests:
+            print("\n".join(f"          {name}" for name in names))
     return 1 if missing else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    args = [a for a in sys.argv[1:] if a != "--list"]
+    if len(args) != 2:
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(args[0], args[1], list_tests="--list" in sys.argv))
