@@ -10,21 +10,30 @@
 
 namespace ddl {
 
+Task allgatherChunks(Op& op, void* buffer, std::vector<Range> chunks, uint32_t phase,
+                     size_t segmentBytes, size_t depth) {
+  const int n = op.size();
+  RingSchedule schedule;
+  schedule.ring = naturalRing(n, false);
+  schedule.phase = phase;
+  schedule.steps = n - 1;
+  schedule.reduceSteps = 0;
+  schedule.shift = 0;
+  schedule.chunks = std::move(chunks);
+  RingPipeline pipeline(op, std::move(schedule), buffer, DataType::kUInt8, ReduceOp::kSum,
+                        segmentBytes, depth);
+  while (!pipeline.advance()) co_await op.next();
+}
+
 Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings) {
   const int n = op.size();
   char* base = static_cast<char*>(out);
   char* mine = base + static_cast<size_t>(op.rank()) * bytes;
   if (bytes > 0 && in != mine) std::memcpy(mine, in, bytes);
   if (n == 1 || bytes == 0) co_return;
-  RingSchedule schedule;
-  schedule.ring = naturalRing(n, false);
-  schedule.steps = n - 1;
-  schedule.reduceSteps = 0;
-  schedule.shift = 0;
-  for (int c = 0; c < n; ++c) schedule.chunks.push_back(Range{c * bytes, bytes});
-  RingPipeline pipeline(op, std::move(schedule), out, DataType::kUInt8, ReduceOp::kSum,
-                        settings.segmentBytes, settings.depth);
-  while (!pipeline.advance()) co_await op.next();
+  std::vector<Range> chunks;
+  for (int c = 0; c < n; ++c) chunks.push_back(Range{c * bytes, bytes});
+  co_await allgatherChunks(op, out, std::move(chunks), 0, settings.segmentBytes, settings.depth);
 }
 
 }  // namespace ddl

@@ -5,7 +5,6 @@
 //    storing steps of the ring pipeline over chunks of unequal length (tag phase 1, so a fast
 //    neighbour's blocks never match a receive of step 1).
 #include <cstring>
-#include <numeric>
 
 #include "algorithms.h"
 #include "ring_pipeline.h"
@@ -23,16 +22,10 @@ Task allgatherVaryingRing(Op& op, const void* in, size_t bytes, std::shared_ptr<
   out->data.resize(out->offsets[n]);
   if (bytes > 0) std::memcpy(out->data.data() + out->offsets[op.rank()], in, bytes);
   if (n == 1 || out->data.empty()) co_return;
-  RingSchedule schedule;
-  schedule.ring = naturalRing(n, false);
-  schedule.phase = 1;
-  schedule.steps = n - 1;
-  schedule.reduceSteps = 0;
-  schedule.shift = 0;
-  for (int r = 0; r < n; ++r) schedule.chunks.push_back(Range{out->offsets[r], sizes[r]});
-  RingPipeline pipeline(op, std::move(schedule), out->data.data(), DataType::kUInt8, ReduceOp::kSum,
-                        settings.segmentBytes, settings.depth);
-  while (!pipeline.advance()) co_await op.next();
+  std::vector<Range> chunks;
+  for (int r = 0; r < n; ++r) chunks.push_back(Range{out->offsets[r], sizes[r]});
+  co_await allgatherChunks(op, out->data.data(), std::move(chunks), 1, settings.segmentBytes,
+                           settings.depth);
 }
 
 }  // namespace ddl

@@ -21,12 +21,10 @@ Task barrierMonitored(Op& op, bool waitAll) {
   if (op.rank() != 0) {
     Request* arrive = op.send(0, tag::slot(0, kArrive), nullptr, 0);
     Request* release = op.recv(0, tag::slot(0, kRelease), nullptr, 0);
-    op.describeTimeout = [&op, arrive] {
+    op.describeTimeout = [&op, arrive, timeout] {
       std::string me = "Rank " + std::to_string(op.rank());
-      if (!arrive->done) {
-        return me + " could not reach rank 0 in monitoredBarrier within " +
-               std::to_string(op.timeout().count()) + " ms";
-      }
+      if (!arrive->done)
+        return me + " could not reach rank 0 in monitoredBarrier within " + timeout;
       return me +
              " successfully reached monitoredBarrier, but received errors while waiting "
              "for send/recv from rank 0. Please check rank 0 logs for faulty rank.";

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../engine/op.h"
+#include "../engine/task.h"
 #include "../topology/ring_plan.h"
 #include "../types.h"
 
@@ -37,6 +38,11 @@ struct RingSchedule {
   int shift = 0;
   std::vector<Range> chunks;  // in elements, by chunk index
 };
+
+// The storing half alone over the natural ring: position p starts owning chunk p of `buffer`
+// (bytes) and ends with every chunk. Chunks may differ in length. allgather_ring.cc.
+Task allgatherChunks(Op& op, void* buffer, std::vector<Range> chunks, uint32_t phase,
+                     size_t segmentBytes, size_t depth);
 
 class RingPipeline {
  public:
