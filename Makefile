@@ -14,7 +14,7 @@ CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 
-.PHONY: all env build test test-cpp test-python demo bench format clean compat conformance conformance-full
+.PHONY: all env build test test-cpp test-python demo bench bench-reference format clean compat conformance conformance-full
 
 all: build
 
@@ -71,8 +71,12 @@ demo: build
 bench: build
 	$(PY) benchmarks/allreduce_bench.py --world-size 2
 
+bench-reference: build
+	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference
+
 format:
-	clang-format -i $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) $(TEST_SRCS) $(wildcard tests/cpp/*.h)
+	clang-format -i $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) $(TEST_SRCS) $(wildcard tests/cpp/*.h) \
+	  $(wildcard benchmarks/reference/*.cc benchmarks/reference/*.h)
 
 clean:
 	rm -rf build torch_ddl/_C*.so *.egg-info

@@ -6,13 +6,21 @@ Per message size: time per op (median over rounds, after warm-up), algbw = bytes
 busbw = algbw * 2(P-1)/P, and ddl/gloo ratios (busbw ratio > 1 and time ratio < 1 favour ddl).
 Both backends run in the same processes on the same tensors, interleaved size by size, so
 machine noise hits both alike.
+
+--reference adds, per size and in the same run, what this machine allows without torch: the
+library-free two-process allreduces of benchmarks/reference/ (shm_ring: copy-based over shared
+memory, each byte copied once in user space; shm_direct: zero-copy, both buffers shared) and,
+where mpicxx and mpirun are installed, MPI_Allreduce. Each is shown as busbw x gloo.
 """
 
 import argparse
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,6 +72,42 @@ def time_op(group, tensor, rounds, budget_s):
     return statistics.median(samples)
 
 
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
+REFERENCE_BUILD = Path(__file__).resolve().parent.parent / "build" / "bench"
+
+
+def have_mpi():
+    return shutil.which("mpicxx") is not None and shutil.which("mpirun") is not None
+
+
+def build_references():
+    """Compiles the reference programs; returns {name: command prefix}."""
+    REFERENCE_BUILD.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    built = {}
+    for name in ("shm_ring", "shm_direct"):
+        exe = REFERENCE_BUILD / name
+        subprocess.run([cxx, "-std=c++17", "-O3", "-march=native", "-o", str(exe),
+                        str(REFERENCE_DIR / f"{name}.cc")], check=True)
+        built[name] = [str(exe)]
+    if have_mpi():
+        exe = REFERENCE_BUILD / "mpi_allreduce"
+        subprocess.run(["mpicxx", "-std=c++17", "-O2", "-o", str(exe),
+                        str(REFERENCE_DIR / "mpi_allreduce.cc")], check=True)
+        launch = ["mpirun", "-np", "2", "--oversubscribe"]
+        if os.geteuid() == 0:
+            launch.append("--allow-run-as-root")
+        built["mpi"] = launch + [str(exe)]
+    return built
+
+
+def time_reference(command, nbytes, iters, rounds):
+    """Seconds per op that a reference program reports (it prints milliseconds)."""
+    out = subprocess.run(command + [str(nbytes), str(iters), str(rounds)], check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    return float(out.strip().splitlines()[-1]) / 1e3
+
+
 def worker(rank, args):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -75,6 +119,7 @@ def worker(rank, args):
     p = args.world_size
     factor = 2 * (p - 1) / p if p > 1 else 1
     rows = []
+    references = build_references() if args.reference and rank == 0 else {}
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = max(1, nbytes // 4)
         tensor = torch.ones(n, dtype=torch.float32)
@@ -82,13 +127,22 @@ def worker(rank, args):
         for name in args.order:
             t = time_op(groups[name], tensor, args.rounds, args.budget)
             result[name] = t
+        if args.reference:
+            # Rank 0 runs the references while the others wait here (asleep, not polling).
+            if rank == 0:
+                iters = max(1, min(5000, int(args.budget / args.rounds / result["ddl"])))
+                for name, command in references.items():
+                    result[name] = time_reference(command, n * 4, iters, args.rounds)
+            dist.barrier()
         rows.append((n * 4, result))
         if rank == 0:
             g, d = result["gloo"], result["ddl"]
             algbw = lambda t: n * 4 / t / 1e9  # noqa: E731
-            print(f"{human(n * 4):>9} | {g * 1e6:10.1f} {algbw(g) * factor:8.3f} | "
-                  f"{d * 1e6:10.1f} {algbw(d) * factor:8.3f} | {g / d:7.2f}x {d / g:7.3f}",
-                  flush=True)
+            line = (f"{human(n * 4):>9} | {g * 1e6:10.1f} {algbw(g) * factor:8.3f} | "
+                    f"{d * 1e6:10.1f} {algbw(d) * factor:8.3f} | {g / d:7.2f}x {d / g:7.3f}")
+            for name in references:
+                line += f" | {g / result[name]:9.2f}x"
+            print(line, flush=True)
     dist.destroy_process_group()
     return rows
 
@@ -103,13 +157,25 @@ def main():
     parser.add_argument("--budget", type=float, default=0.6,
                         help="seconds of timed work per size and backend")
     parser.add_argument("--port", type=int, default=29531)
+    parser.add_argument("--reference", action="store_true",
+                        help="also run the reference allreduces of benchmarks/reference/ "
+                        "(2 ranks only) and show their busbw x gloo")
     args = parser.parse_args()
+    if args.reference and args.world_size != 2:
+        parser.error("--reference compares two-process allreduces: use --world-size 2")
     args.order = ["gloo", "ddl"]
     p = args.world_size
     print(f"allreduce, float32, {p} ranks, torch {torch.__version__}; "
           f"busbw = algbw * 2(P-1)/P in GB/s; ratio = ddl/gloo busbw, time ratio = ddl/gloo time")
-    print(f"{'size':>9} | {'gloo us':>10} {'busbw':>8} | {'ddl us':>10} {'busbw':>8} | "
-          f"{'busbw x':>8} {'time':>7}")
+    header = (f"{'size':>9} | {'gloo us':>10} {'busbw':>8} | {'ddl us':>10} {'busbw':>8} | "
+              f"{'busbw x':>8} {'time':>7}")
+    if args.reference:
+        names = ["shm_ring", "shm_direct"] + (["mpi"] if have_mpi() else [])
+        header += "".join(f" | {name + ' x':>10}" for name in names)
+        if not have_mpi():
+            print("(no mpicxx/mpirun: the MPI reference is left out; "
+                  "apt-get install openmpi-bin libopenmpi-dev adds it)")
+    print(header)
     mp.start_processes(worker, args=(args,), nprocs=p, start_method="spawn")
 
 

@@ -1,0 +1,78 @@
+"""The allreduce benchmark runs end to end, and the reference allreduces it compares against
+compute the right sum (each checks its first result and exits non-zero otherwise)."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "benchmarks", "allreduce_bench.py")
+REFERENCE = os.path.join(ROOT, "benchmarks", "reference")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    built = {}
+    for name in ("shm_ring", "shm_direct"):
+        exe = out / name
+        subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-O2", "-o", str(exe),
+                        os.path.join(REFERENCE, f"{name}.cc")], check=True)
+        built[name] = str(exe)
+    return built
+
+
+@pytest.mark.parametrize("name", ["shm_ring", "shm_direct"])
+@pytest.mark.parametrize("nbytes", [0, 4, 1000, 3 * (256 << 10) + 8, 4 << 20])
+def test_reference_allreduce_is_correct(references, name, nbytes):
+    done = subprocess.run([references[name], str(nbytes), "2", "1"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip()) >= 0
+
+
+def test_copy_speed_reads_the_other_process(tmp_path):
+    exe = tmp_path / "copy_speed"
+    subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-O2", "-o", str(exe),
+                    os.path.join(REFERENCE, "copy_speed.cc")], check=True)
+    done = subprocess.run([str(exe), str(1 << 20), "1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    speeds = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
+    assert float(speeds["cma GB/s"]) > 0 and float(speeds["memcpy GB/s"]) > 0
+
+
+def test_reference_rejects_missing_arguments(references):
+    done = subprocess.run([references["shm_ring"]], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_bench_prints_every_size_with_references():
+    done = subprocess.run(
+        [sys.executable, BENCH, "--world-size", "2", "--min-bytes", "1K", "--max-bytes", "64K",
+         "--rounds", "1", "--budget", "0.02", "--port", str(free_port()), "--reference"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if "|" in line and "KiB" in line]
+    assert [row.split("|")[0].strip() for row in rows] == ["1 KiB", "4 KiB", "16 KiB", "64 KiB"]
+    columns = 7 if shutil.which("mpicxx") and shutil.which("mpirun") else 6
+    for row in rows:
+        cells = row.split("|")
+        assert len(cells) == columns, row
+        assert all(cell.strip().endswith("x") for cell in cells[4:]), row
+
+
+def test_bench_reference_needs_two_ranks():
+    done = subprocess.run([sys.executable, BENCH, "--world-size", "3", "--reference"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--world-size 2" in done.stderr
