@@ -307,6 +307,73 @@ TEST(Collectives, TimeoutNamesTheMissingRank) {
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
+// A loopback transport that, like UCX with a receive it has already matched, cannot cancel at
+// once: cancelled requests stay posted until the test lets go.
+class HoldingTransport : public Transport {
+ public:
+  explicit HoldingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  std::string localAddress() override { return inner_->localAddress(); }
+  PeerId connect(const std::string& address) override { return inner_->connect(address); }
+  void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override {
+    inner_->send(peer, tag, data, bytes, req);
+  }
+  void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override {
+    inner_->recv(tag, mask, data, bytes, req);
+  }
+  void cancel(Request* req) override {
+    held_.push_back(req);
+    heldCount_.store(held_.size());
+  }
+  bool progress() override {
+    if (letGo_.load() && !held_.empty()) {
+      for (Request* req : held_) inner_->cancel(req);
+      held_.clear();
+      heldCount_.store(0);
+    }
+    return inner_->progress();
+  }
+  bool arm() override { return !letGo_.load() && inner_->arm(); }
+  int wakeFd() override { return inner_->wakeFd(); }
+  std::string name() const override { return "holding loopback"; }
+
+  std::atomic<bool> letGo_{false};
+  std::atomic<size_t> heldCount_{0};
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::vector<Request*> held_;
+};
+
+TEST(Collectives, FailedOpKeepsItsBuffersUntilTheTransportLetsGo) {
+  LoopbackFabric fabric;
+  auto holding = std::make_unique<HoldingTransport>(fabric.join());
+  HoldingTransport* transport = holding.get();
+  Engine lonely(std::move(holding));
+  Engine absent(fabric.join());
+  MemoryStore store;
+  std::shared_ptr<Communicator> other;
+  std::thread joiner(
+      [&] { other = Communicator::create(absent, store, 1, 2, std::chrono::milliseconds(300)); });
+  auto comm = Communicator::create(lonely, store, 0, 2, std::chrono::milliseconds(300));
+  joiner.join();
+  // A ring allreduce (with scratch) whose peer never takes part: it times out with its
+  // receives still posted, and the transport does not let go of them yet.
+  std::vector<float> buf(1 << 20, 1.0f);
+  auto work = comm->allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+  work->wait();
+  ASSERT_TRUE(work->failed());
+  EXPECT_NE(work->error().find("Timed out after 300 ms"), std::string::npos) << work->error();
+  EXPECT_GT(transport->heldCount_.load(), 0u);
+  EXPECT_EQ(lonely.orphanedOps(), 1u);  // the frame and its scratch are still alive
+  transport->letGo_.store(true);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (lonely.orphanedOps() != 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(lonely.orphanedOps(), 0u);
+  EXPECT_EQ(transport->heldCount_.load(), 0u);
+}
+
 TEST(Collectives, MonitoredBarrierNamesEveryMissingRank) {
   std::string message, first, other;
   runRanks(

@@ -155,13 +155,15 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
       error = e.what();
     }
   }
-  for (auto& req : op->takePending()) {
-    Request* raw = req.get();
-    orphans_.push_back(std::move(req));
-    transport_->cancel(raw);
-  }
+  std::vector<std::unique_ptr<Request>> pending = op->takePending();
+  for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;
-  op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
+  if (std::all_of(pending.begin(), pending.end(), [](auto& r) { return r->done; })) {
+    op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
+  } else {
+    orphans_.push_back(Orphaned{std::move(op), std::move(pending)});
+    orphanCount_.store(orphans_.size());
+  }
   work->finish(error.empty() ? "" : "ddl: " + where + " " + error);
 }
 
@@ -178,8 +180,12 @@ void Engine::checkDeadlines() {
     finishOp(current, why);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
-                                [](const std::unique_ptr<Request>& r) { return r->done; }),
+                                [](const Orphaned& o) {
+                                  return std::all_of(o.requests.begin(), o.requests.end(),
+                                                     [](auto& r) { return r->done; });
+                                }),
                  orphans_.end());
+  orphanCount_.store(orphans_.size());
 }
 
 void Engine::sleep() {

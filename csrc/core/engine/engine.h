@@ -48,8 +48,9 @@ class Engine {
   std::string transportName() const { return transportName_; }
   // Asks the transport on the progress thread (diagnostics only: it may open every device).
   std::vector<std::string> transportDevices();
-  // Diagnostics: ops in flight, requests orphaned by failed ops and not yet completed.
+  // Diagnostics: ops in flight; failed ops kept until the transport lets go of their requests.
   size_t activeOps() const { return activeCount_.load(); }
+  size_t orphanedOps() const { return orphanCount_.load(); }
 
  private:
   void run();
@@ -73,10 +74,18 @@ class Engine {
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> activeCount_{0};
+  std::atomic<size_t> orphanCount_{0};
 
   // Progress thread only.
   std::list<std::unique_ptr<Op>> active_;
-  std::vector<std::unique_ptr<Request>> orphans_;
+  // An op that failed while the transport still held some of its requests (a receive it had
+  // matched cannot always be cancelled). Its coroutine frame, with the scratch those requests may
+  // write into, lives until every one of them completes; its Work has already failed.
+  struct Orphaned {
+    std::unique_ptr<Op> op;
+    std::vector<std::unique_ptr<Request>> requests;
+  };
+  std::vector<Orphaned> orphans_;
   std::thread thread_;
 };
 
