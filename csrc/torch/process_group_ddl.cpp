@@ -179,8 +179,12 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* where) {
 }
 
 // `t` itself when contiguous; otherwise a contiguous copy that the work writes back to `t`.
+// Either way the work keeps it alive.
 at::Tensor contiguousFor(const at::Tensor& t, WorkDDL& work, bool writeBack) {
-  if (t.is_contiguous()) return t;
+  if (t.is_contiguous()) {
+    work.keepAlive(t);
+    return t;
+  }
   at::Tensor copy = t.contiguous();
   if (writeBack) work.copyAfter(t, copy);
   work.keepAlive(copy);
@@ -240,6 +244,16 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
     }
   });
   return core_;
+}
+
+std::shared_ptr<const void> WorkDDL::tensorsInUse() const {
+  auto held = std::make_shared<std::vector<at::Tensor>>(outputs_);
+  held->insert(held->end(), keep_.begin(), keep_.end());
+  for (const auto& [destination, source] : copies_) {
+    held->push_back(destination);
+    held->push_back(source);
+  }
+  return held;
 }
 
 void WorkDDL::finalize() {
@@ -334,6 +348,9 @@ CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
 template <typename Submit>
 c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
                                       Submit&& submit) {
+  // If the op fails while UCX still holds one of its messages, the engine keeps the core Work,
+  // and with it these tensors, until UCX lets go.
+  options.work->retain(work->tensorsInUse());
   try {
     submit(options);
   } catch (const ddl::Error& e) {

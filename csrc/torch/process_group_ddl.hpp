@@ -42,6 +42,9 @@ class WorkDDL : public c10d::Work {
   void thenRun(std::function<void()> fn) { after_.push_back(std::move(fn)); }
   // The core Work this one finishes with; its completion hook is installed here.
   std::shared_ptr<ddl::Work> coreWork(const char* name);
+  // Every tensor the operation may touch (outputs, kept tensors, copies), for the core Work to
+  // retain.
+  std::shared_ptr<const void> tensorsInUse() const;
 
  private:
   void finalize();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -31,6 +32,10 @@ class Work {
   // Runs on the progress thread right after the work finishes. Install before submitting.
   void setCompletionHook(std::function<void()> hook) { hook_ = std::move(hook); }
 
+  // Keeps what the operation reads and writes (the caller's buffers) alive as long as this Work:
+  // the engine holds the Work of a failed op until the transport lets go of its requests.
+  void retain(std::shared_ptr<const void> holder) { retained_ = std::move(holder); }
+
   // Engine side.
   void finish(std::string error);
 
@@ -44,6 +49,7 @@ class Work {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::function<void()> hook_;
+  std::shared_ptr<const void> retained_;
 };
 
 }  // namespace ddl
