@@ -111,4 +111,19 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Median over args.rounds of the seconds per allreduce() call, args.iters calls per round, both
+// processes starting each round together.
+template <typename Allreduce>
+double timeRounds(const Args& args, Barrier& barrier, Allreduce& allreduce) {
+  std::vector<double> rounds;
+  for (int r = 0; r < args.rounds; ++r) {
+    barrier.arrive();
+    double t0 = seconds();
+    for (int i = 0; i < args.iters; ++i) allreduce();
+    barrier.arrive();
+    rounds.push_back((seconds() - t0) / args.iters);
+  }
+  return median(rounds);
+}
+
 }  // namespace reference

@@ -27,14 +27,6 @@ int main(int argc, char** argv) {
         allreduce();
         barrier.arrive();
         reference::expectAll(mine, n, 3.0f, rank);
-        std::vector<double> rounds;
-        for (int r = 0; r < args.rounds; ++r) {
-          barrier.arrive();
-          double t0 = reference::seconds();
-          for (int i = 0; i < args.iters; ++i) allreduce();
-          barrier.arrive();
-          rounds.push_back((reference::seconds() - t0) / args.iters);
-        }
-        return reference::median(rounds);
+        return reference::timeRounds(args, barrier, allreduce);
       });
 }
