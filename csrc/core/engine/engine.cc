@@ -140,6 +140,14 @@ bool Engine::stepOps() {
   return any;
 }
 
+namespace {
+
+bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
+  return std::all_of(requests.begin(), requests.end(), [](auto& r) { return r->done; });
+}
+
+}  // namespace
+
 void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error) {
   std::unique_ptr<Op> op = std::move(*it);
   active_.erase(it);
@@ -158,7 +166,7 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;
-  if (std::all_of(pending.begin(), pending.end(), [](auto& r) { return r->done; })) {
+  if (allDone(pending)) {
     op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
   } else {
     orphans_.push_back(Orphaned{std::move(op), std::move(pending)});
@@ -180,10 +188,7 @@ void Engine::checkDeadlines() {
     finishOp(current, why);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
-                                [](const Orphaned& o) {
-                                  return std::all_of(o.requests.begin(), o.requests.end(),
-                                                     [](auto& r) { return r->done; });
-                                }),
+                                [](const Orphaned& o) { return allDone(o.requests); }),
                  orphans_.end());
   orphanCount_.store(orphans_.size());
 }
