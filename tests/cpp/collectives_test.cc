@@ -78,6 +78,24 @@ TEST_P(WorldSize, AllreduceMultiRingLarge) {
 
 TEST_P(WorldSize, AllreduceAutoLarge) { allreduceSweep(GetParam(), {16411, 1 << 20}, false); }
 
+TEST_P(WorldSize, AllreduceSharedRing) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true);
+}
+
+TEST_P(WorldSize, AllreduceSharedRingTinySlots) {
+  // Two 8-byte slots per inbox: the fullest flow control and the many-segment path.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"},
+                 {"TORCH_DDL_SEGMENT_BYTES", "8"},
+                 {"TORCH_DDL_PIPELINE_DEPTH", "1"}});
+  allreduceSweep(GetParam(), {1, 13, 257}, false);
+}
+
+TEST_P(WorldSize, AllreduceSharedRingLarge) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}, {"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  allreduceSweep(GetParam(), {65537, 300007}, false);
+}
+
 TEST_P(WorldSize, Broadcast) {
   ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "64"}});
   const int size = GetParam();
@@ -358,6 +376,7 @@ TEST(Collectives, FailedOpKeepsItsBuffersUntilTheTransportLetsGo) {
   joiner.join();
   // A ring allreduce (with scratch) whose peer never takes part: it times out with its
   // receives still posted, and the transport does not let go of them yet.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"}});
   std::vector<float> buf(1 << 20, 1.0f);
   auto work = comm->allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
   work->wait();
@@ -455,6 +474,190 @@ TEST(Collectives, GroupsDoNotMixMessages) {
   }
   for (auto& t : threads) t.join();
   for (auto& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace ddl::test
+
+namespace ddl::test {
+namespace {
+
+// Ranks over loopback transports the test can reach: rank r's transport is transports[r].
+struct SharedRingWorld {
+  explicit SharedRingWorld(int size) {
+    for (int r = 0; r < size; ++r) {
+      auto t = fabric.join();
+      transports.push_back(t.get());
+      engines.push_back(std::make_unique<Engine>(std::move(t)));
+    }
+  }
+  // Runs body(comm) on every rank of a new group; rethrows the first failure.
+  void run(const RankBody& body, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    const int size = static_cast<int>(engines.size());
+    MemoryStore store;
+    std::vector<std::exception_ptr> errors(size);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          auto comm = Communicator::create(*engines[r], store, r, size, timeout);
+          body(*comm);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+  size_t windowsInUse(int rank) {
+    size_t n = 0;
+    engines[rank]->call([&] { n = transports[rank]->windowsInUse(); });
+    return n;
+  }
+
+  LoopbackFabric fabric;
+  std::vector<LoopbackTransport*> transports;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+
+void sumOfRanks(Communicator& comm, size_t count, float offset = 0) {
+  std::vector<float> buf(count, comm.rank() + offset);
+  check(comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum));
+  float want = comm.size() * (comm.size() - 1) / 2.0f + comm.size() * offset;
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], want) << "element " << i;
+}
+
+TEST(SharedRing, WindowsLiveWithTheGroupAndAreReleasedAfterIt) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    sumOfRanks(comm, 100003);
+    // Its own inbox and the next rank's, mapped.
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 2u);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(world.windowsInUse(r), 0u) << "rank " << r;
+}
+
+TEST(SharedRing, FallsBackToTheRingWhenOneRankCannotMapItsNeighbour) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  SharedRingWorld world(4);
+  world.engines[2]->call([&] { world.transports[2]->refuseWindows(true); });
+  world.run([&](Communicator& comm) {
+    sumOfRanks(comm, 77777);
+    sumOfRanks(comm, 100000, 1.5f);
+    // Everyone agreed on the message ring and gave back what it had allocated.
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 0u);
+  });
+}
+
+TEST(SharedRing, RequiredButUnavailableIsAnErrorOnEveryRank) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  SharedRingWorld world(3);
+  world.engines[1]->call([&] { world.transports[1]->refuseWindows(true); });
+  std::vector<std::string> errors(3);
+  world.run([&](Communicator& comm) {
+    for (int k = 0; k < 2; ++k) {  // the second time without asking the peers again
+      std::vector<float> buf(100000, 1.0f);
+      auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      w->wait();
+      errors[comm.rank()] += w->error() + "\n";
+    }
+    check(comm.barrier());  // the group itself is fine
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("not every rank of the group can map its neighbour's shared memory"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(e.find("unusable"), std::string::npos) << e;
+  }
+}
+
+TEST(SharedRing, OpsInFlightTakeTurns) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}, {"TORCH_DDL_SEGMENT_BYTES", "1024"}});
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    // Posted before any is waited on, of different sizes, mixed with other collectives.
+    std::vector<std::vector<float>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t k = 0; k < 8; ++k) bufs.emplace_back(1000 + 7919 * k, comm.rank() + float(k));
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works.push_back(
+          comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kFloat32, ReduceOp::kSum));
+      if (k % 3 == 0) works.push_back(comm.barrier());
+    }
+    for (auto& w : works) check(w);
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      float want = 3.0f + 3.0f * k;
+      for (float v : bufs[k]) ASSERT_EQ(v, want) << "op " << k;
+    }
+  });
+}
+
+TEST(SharedRing, DisagreeingCountsFailFastAndBreakTheRing) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  SharedRingWorld world(2);
+  std::vector<std::string> first(2), second(2);
+  world.run(
+      [&](Communicator& comm) {
+        sumOfRanks(comm, 4096);  // sets the ring up
+        std::vector<float> buf(comm.rank() == 0 ? 1000 : 2000, 1.0f);
+        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        first[comm.rank()] = w->error();
+        w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        second[comm.rank()] = w->error();
+      },
+      std::chrono::seconds(20));
+  EXPECT_NE(first[1].find("rank 0 allreduces 1000 elements, this rank 2000"), std::string::npos)
+      << first[1];
+  EXPECT_NE(first[0].find("rank 1 allreduces 2000 elements, this rank 1000"), std::string::npos)
+      << first[0];
+  for (const std::string& e : second) {
+    EXPECT_NE(e.find("shared-memory ring of this group is unusable: allreduce op #1"),
+              std::string::npos)
+        << e;
+  }
+}
+
+TEST(SharedRing, AGiveUpTravelsAroundTheRing) {
+  // Only ranks 2 and 0 see a neighbour with another count; rank 1 learns from rank 0.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  SharedRingWorld world(3);
+  std::vector<std::string> errors(3);
+  world.run(
+      [&](Communicator& comm) {
+        std::vector<float> buf(comm.rank() == 2 ? 3000 : 6000, 1.0f);
+        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        errors[comm.rank()] = w->error();
+      },
+      std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("rank 2 allreduces 3000 elements"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 abandoned it"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[2].find("rank 1 allreduces 6000 elements"), std::string::npos) << errors[2];
+}
+
+TEST(SharedRing, TimeoutNamesTheMissingRank) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
+  SharedRingWorld world(3);
+  std::string message;
+  world.run(
+      [&](Communicator& comm) {
+        sumOfRanks(comm, 50000);
+        if (comm.rank() == 2) return;  // leaves the second one
+        std::vector<float> buf(50000, 1.0f);
+        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        EXPECT_TRUE(w->failed());
+        if (comm.rank() == 0) message = w->error();  // rank 0 waits on rank 2's notices
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_NE(message.find("Timed out after 300 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -111,6 +111,37 @@ def test_all_reduce_matches_gloo(size):
     run_ranks(_allreduce_all, size)
 
 
+def _allreduce_algorithm(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+        for op_name in ("SUM", "AVG", "MAX"):
+            if not valid(dtype, op_name):
+                continue
+            for n in (1, 7, 70001, (1 << 20) + 3):
+                x = make_input(dtype, op_name, rank, size, n)
+                got, want = x.clone(), x.clone()
+                dist.all_reduce(got, op=OPS[op_name])
+                try:
+                    dist.all_reduce(want, op=OPS[op_name], group=gloo)
+                except (RuntimeError, ValueError):
+                    want = reference(dtype, op_name, size, n)
+                assert_same(got, want, f"all_reduce {op_name} {dtype} n={n} P={size}")
+    # In flight at once: the shared-memory ring serves them one after another.
+    works = [dist.all_reduce(torch.full((300007 + i,), float(i)), async_op=True) for i in range(6)]
+    for i, w in enumerate(works):
+        w.wait()
+        assert_same(w.result()[0], torch.full((300007 + i,), float(i * size)), f"in flight #{i}")
+
+
+@pytest.mark.parametrize("algo", ["shm_ring", "ring"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_all_reduce_algorithm_matches_gloo(size, algo, monkeypatch):
+    # shm_ring fails rather than fall back: passing proves the shared-memory path ran.
+    monkeypatch.setenv("TORCH_DDL_ALLREDUCE_ALGO", algo)
+    monkeypatch.setenv("TORCH_DDL_SEGMENT_BYTES", "65536")  # many segments per chunk
+    run_ranks(_allreduce_algorithm, size)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_broadcast_and_all_gather_match_gloo(size):
     run_ranks(_broadcast_and_gather, size)

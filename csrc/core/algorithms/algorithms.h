@@ -23,6 +23,12 @@ struct PipelineSettings {
 Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    PipelineSettings settings);
 
+// allreduce_shared.cc: the ring through the group's shared-memory windows (shared_ring.h), for
+// ranks of one host. When some rank cannot map its neighbour's window: the message ring above,
+// or an error when `required`.
+Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                     PipelineSettings settings, bool required);
+
 // allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first.
 Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
 

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "../algorithms/shared_ring.h"
 #include "../reduce/reduce.h"
 #include "config.h"
 #include "tag.h"
@@ -27,8 +28,11 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
                (c.allreduceAlgorithm == AllreduceAlgorithm::kAuto && bytes <= c.smallBytes);
   if (small) {
     co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
-  } else {
+  } else if (c.allreduceAlgorithm == AllreduceAlgorithm::kRing) {
     co_await allreduceRing(op, data, count, type, reduce, pipelineSettings());
+  } else {
+    bool required = c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing;
+    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), required);
   }
   if (reduce == ReduceOp::kAvg) finishAverage(type, data, count, static_cast<size_t>(op.size()));
 }
@@ -88,6 +92,7 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
     group->id = static_cast<uint32_t>(std::stoul(store.get("ddl/group_id")));
   }
   group->name = "group " + std::to_string(group->id);
+  group->sharedRing = std::make_shared<SharedRing>(&engine);
   store.set("ddl/address/" + std::to_string(rank), engine.localAddress());
   std::vector<std::string> addresses(size);
   for (int r = 0; r < size; ++r) {

@@ -10,12 +10,16 @@ namespace ddl {
 namespace {
 
 const std::vector<ConfigEntry> kTable = {
-    {"TORCH_DDL_ALLREDUCE_ALGO", "auto", "allreduce algorithm: auto, ring or recursive_doubling"},
+    {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
+     "allreduce algorithm: auto, shm_ring, ring or recursive_doubling (auto: recursive doubling "
+     "up to TORCH_DDL_SMALL_BYTES, above it shm_ring when every rank can map its neighbour's "
+     "shared memory, else ring; shm_ring alone fails where it cannot be used)"},
     {"TORCH_DDL_SMALL_BYTES", "65536",
-     "auto: allreduce of at most this many bytes uses recursive doubling, larger the ring"},
+     "auto: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
     {"TORCH_DDL_SEGMENT_BYTES", "262144",
-     "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast"},
-    {"TORCH_DDL_PIPELINE_DEPTH", "4", "receives in flight per ring step"},
+     "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast; shm_ring slot"},
+    {"TORCH_DDL_PIPELINE_DEPTH", "4",
+     "receives in flight per ring step; shm_ring inboxes hold twice this many slots"},
     {"TORCH_DDL_RINGS", "1",
      "rings a large allreduce is split across; odd rings run the opposite direction"},
     {"TORCH_DDL_SPIN_US", "50",
@@ -38,19 +42,21 @@ Config read() {
   std::string algo = configValue(kTable[0]);
   if (algo == "auto") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kAuto;
+  } else if (algo == "shm_ring") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kSharedRing;
   } else if (algo == "ring") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRing;
   } else if (algo == "recursive_doubling") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
   } else {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
-                " is not one of auto, ring, recursive_doubling");
+                " is not one of auto, shm_ring, ring, recursive_doubling");
   }
   c.smallBytes = parseSize(kTable[1], 0);
   c.segmentBytes = parseSize(kTable[2], 1);
   c.pipelineDepth = parseSize(kTable[3], 1);
   c.rings = parseSize(kTable[4], 1);
-  if (c.rings > 15) throw Error("ddl: TORCH_DDL_RINGS must be at most 15");
+  if (c.rings > 14) throw Error("ddl: TORCH_DDL_RINGS must be at most 14");
   c.spinMicros = static_cast<long>(parseSize(kTable[5], 0));
   return c;
 }

@@ -9,7 +9,7 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kRing, kRecursiveDoubling };
+enum class AllreduceAlgorithm { kAuto, kSharedRing, kRing, kRecursiveDoubling };
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 
 #include "../types.h"
 #include "config.h"
@@ -15,6 +16,11 @@ namespace ddl {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+std::mutex gLiveMutex;
+std::set<Engine*> gLive;  // engines constructed and not yet stopped
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Transport> transport)
     : transport_(std::move(transport)),
       address_(transport_->localAddress()),
@@ -22,6 +28,8 @@ Engine::Engine(std::unique_ptr<Transport> transport)
       eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (eventFd_ < 0) throw Error("ddl: eventfd failed");
   thread_ = std::thread([this] { run(); });
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  gLive.insert(this);
 }
 
 Engine::~Engine() {
@@ -31,6 +39,10 @@ Engine::~Engine() {
 }
 
 void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    gLive.erase(this);
+  }
   if (!thread_.joinable()) return;
   stopping_.store(true);
   wake();
@@ -74,6 +86,17 @@ void Engine::call(const std::function<void()>& fn) {
   }
   wake();
   done.get_future().get();
+}
+
+void Engine::postIfAlive(Engine* engine, std::function<void()> fn) {
+  std::lock_guard<std::mutex> live(gLiveMutex);
+  if (gLive.count(engine) == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(engine->submitMutex_);
+    if (engine->stopping_.load()) return;
+    engine->calls_.push_back(std::move(fn));
+  }
+  engine->wake();
 }
 
 std::vector<std::string> Engine::transportDevices() {
@@ -173,6 +196,8 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
     orphanCount_.store(orphans_.size());
   }
   work->finish(error.empty() ? "" : "ddl: " + where + " " + error);
+  // An op may wait on state another op releases (a group's shared windows): look again.
+  for (auto& other : active_) other->checked_ = other->completions_ - 1;
 }
 
 void Engine::checkDeadlines() {

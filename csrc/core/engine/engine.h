@@ -42,6 +42,9 @@ class Engine {
   void submit(std::unique_ptr<Op> op);
   // Runs fn on the progress thread and waits for it; rethrows what it throws.
   void call(const std::function<void()>& fn);
+  // Runs fn on the progress thread later, if `engine` still exists and runs (fn is dropped
+  // otherwise). For cleanup from destructors that may outlive the engine.
+  static void postIfAlive(Engine* engine, std::function<void()> fn);
 
   // Progress thread only.
   Transport& transport() { return *transport_; }

@@ -18,6 +18,7 @@
 namespace ddl {
 
 class Engine;
+struct SharedRing;
 
 // A communicator's membership as the engine needs it: shared by the communicator and its ops, so
 // an op outlives a group destroyed while it is in flight.
@@ -28,6 +29,9 @@ struct Group {
   uint32_t id = 0;
   std::vector<PeerId> peers;  // by group rank; peers[rank] is unused
   std::string name;           // for messages, e.g. "group 3"
+  // The group's shared-memory ring (algorithms/shared_ring.h), set up by the first allreduce that
+  // uses it; touched on the progress thread only.
+  std::shared_ptr<SharedRing> sharedRing;
 };
 
 class Op {
@@ -56,6 +60,7 @@ class Op {
 
    private:
     friend class Engine;
+    struct SharedRing;
     Op* op_;
     std::function<bool()> predicate_;
   };
@@ -89,6 +94,7 @@ class Op {
 
  private:
   friend class Engine;
+  struct SharedRing;
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
 

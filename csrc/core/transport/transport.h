@@ -1,7 +1,7 @@
 // The transport interface every algorithm is written against: post a tagged send, post a tagged
-// receive, drive progress. Tags carry the source rank (see engine/tag.h), so receives need no peer
-// handle and "any source" is a mask. Every method except wakeFd() is called from the engine's
-// progress thread only.
+// receive, drive progress, and (optionally) share memory windows with peers on the same host. Tags
+// carry the source rank (see engine/tag.h), so receives need no peer handle and "any source" is a
+// mask. Every method except wakeFd() is called from the engine's progress thread only.
 #pragma once
 
 #include <cstddef>
@@ -62,6 +62,20 @@ class Transport {
   virtual bool arm() = 0;
   // A file descriptor that becomes readable when progress() has work (-1: always poll).
   virtual int wakeFd() = 0;
+
+  // Shared windows (optional). A window is memory allocated by this process that a peer process
+  // on the same host can map and then address directly: bytes written through the mapping move
+  // in user space, with no message and no kernel copy. allocateWindow returns an id (0: the
+  // transport has none) and fills the base address and a key for the peer; mapWindow, given a
+  // peer's key, returns an id (0: that peer's window cannot be addressed from here, e.g. it is on
+  // another host) and the local address of the peer's window. releaseWindow undoes either.
+  virtual uint64_t allocateWindow(size_t /*bytes*/, void** /*base*/, std::string* /*key*/) {
+    return 0;
+  }
+  virtual uint64_t mapWindow(PeerId /*peer*/, const std::string& /*key*/, void** /*base*/) {
+    return 0;
+  }
+  virtual void releaseWindow(uint64_t /*id*/) {}
 
   virtual std::string name() const = 0;
   // "transport/device" pairs the transport can use, for diagnostics.

@@ -47,6 +47,25 @@ PeerId LoopbackTransport::connect(const std::string& address) {
   return id;
 }
 
+uint64_t LoopbackTransport::allocateWindow(size_t bytes, void** base, std::string* key) {
+  if (refuseWindows_) return 0;
+  auto memory = std::make_unique<char[]>(std::max<size_t>(bytes, 1));
+  char* address = memory.get();
+  key->assign(reinterpret_cast<const char*>(&address), sizeof(address));
+  *base = address;
+  windows_.emplace(nextWindow_, std::move(memory));
+  return nextWindow_++;
+}
+
+uint64_t LoopbackTransport::mapWindow(PeerId, const std::string& key, void** base) {
+  if (refuseWindows_ || key.size() != sizeof(char*)) return 0;
+  std::memcpy(base, key.data(), sizeof(char*));
+  windows_.emplace(nextWindow_, nullptr);
+  return nextWindow_++;
+}
+
+void LoopbackTransport::releaseWindow(uint64_t id) { windows_.erase(id); }
+
 void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes,
                              Request* req) {
   Message message{tag, std::vector<char>(bytes)};

@@ -43,6 +43,13 @@ class LoopbackTransport : public Transport {
   bool arm() override;
   int wakeFd() override { return eventFd_; }
   std::string name() const override { return "loopback"; }
+  // Windows are heap memory of the one process; a key is the address. refuseWindows(true) makes
+  // this transport behave as one whose peers cannot map each other (tests of the fallback).
+  uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
+  uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
+  void releaseWindow(uint64_t id) override;
+  void refuseWindows(bool refuse) { refuseWindows_ = refuse; }
+  size_t windowsInUse() const { return windows_.size(); }
 
  private:
   struct Message {
@@ -70,6 +77,9 @@ class LoopbackTransport : public Transport {
   std::deque<PostedRecv> posted_;
   std::map<std::string, PeerId> peerIds_;
   std::vector<LoopbackTransport*> peers_;
+  std::map<uint64_t, std::unique_ptr<char[]>> windows_;  // mapped ones hold nullptr
+  uint64_t nextWindow_ = 1;
+  bool refuseWindows_ = false;
 };
 
 }  // namespace ddl

@@ -57,7 +57,8 @@ UcxTransport::UcxTransport() {
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  // RMA: memory mapped for peers on the host (shared windows, see transport.h).
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA;
   params.name = "torch_ddl";
   ucs_status_t status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -82,6 +83,7 @@ UcxTransport::UcxTransport() {
 }
 
 UcxTransport::~UcxTransport() {
+  while (!windows_.empty()) releaseWindow(windows_.begin()->first);
   std::vector<ucs_status_ptr_t> closing;
   for (Endpoint* e : endpoints_) {
     ucp_request_param_t p{};
@@ -188,6 +190,66 @@ void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, R
 
 void UcxTransport::cancel(Request* req) {
   if (req->transportData != nullptr) ucp_request_cancel(worker_, req->transportData);
+}
+
+// A window is UCX-allocated memory (shared memory where UCX has a shared-memory transport); its
+// key is the base address, the length and the packed remote key. A peer maps it with
+// ucp_rkey_ptr, which succeeds only when the memory can be addressed from the peer's process.
+uint64_t UcxTransport::allocateWindow(size_t bytes, void** base, std::string* key) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = bytes;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  Window w;
+  if (ucp_mem_map(context_, &params, &w.memory) != UCS_OK) return 0;
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  void* packed = nullptr;
+  size_t packedLength = 0;
+  if (ucp_mem_query(w.memory, &attr) != UCS_OK || attr.length < bytes ||
+      ucp_rkey_pack(context_, w.memory, &packed, &packedLength) != UCS_OK) {
+    ucp_mem_unmap(context_, w.memory);
+    return 0;
+  }
+  uint64_t header[2] = {reinterpret_cast<uint64_t>(attr.address), bytes};
+  key->assign(reinterpret_cast<const char*>(header), sizeof(header));
+  key->append(static_cast<const char*>(packed), packedLength);
+  ucp_rkey_buffer_release(packed);
+  *base = attr.address;
+  uint64_t id = nextWindow_++;
+  windows_.emplace(id, w);
+  return id;
+}
+
+uint64_t UcxTransport::mapWindow(PeerId peer, const std::string& key, void** base) {
+  uint64_t header[2];
+  if (key.size() <= sizeof(header) || peer < 0 || peer >= static_cast<PeerId>(endpoints_.size())) {
+    return 0;
+  }
+  std::memcpy(header, key.data(), sizeof(header));
+  Window w;
+  if (ucp_ep_rkey_unpack(endpoints_[peer]->ep, key.data() + sizeof(header), &w.rkey) != UCS_OK) {
+    return 0;
+  }
+  void* local = nullptr;
+  if (ucp_rkey_ptr(w.rkey, header[0], &local) != UCS_OK || local == nullptr) {
+    ucp_rkey_destroy(w.rkey);
+    return 0;
+  }
+  *base = local;
+  uint64_t id = nextWindow_++;
+  windows_.emplace(id, w);
+  return id;
+}
+
+void UcxTransport::releaseWindow(uint64_t id) {
+  auto it = windows_.find(id);
+  if (it == windows_.end()) return;
+  if (it->second.rkey != nullptr) ucp_rkey_destroy(it->second.rkey);
+  if (it->second.memory != nullptr) ucp_mem_unmap(context_, it->second.memory);
+  windows_.erase(it);
 }
 
 bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }

@@ -31,6 +31,9 @@ class UcxTransport : public Transport {
   bool progress() override;
   bool arm() override;
   int wakeFd() override { return wakeFd_; }
+  uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
+  uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
+  void releaseWindow(uint64_t id) override;
   std::string name() const override;
   std::vector<std::string> devices() const override;
 
@@ -41,6 +44,10 @@ class UcxTransport : public Transport {
     ucp_ep_h ep = nullptr;
     ucs_status_t failure = UCS_OK;  // set by the error handler when the peer is gone
   };
+  struct Window {
+    ucp_mem_h memory = nullptr;  // allocated here
+    ucp_rkey_h rkey = nullptr;   // a peer's, mapped here
+  };
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static std::string hostKey();
 
@@ -50,6 +57,8 @@ class UcxTransport : public Transport {
   int wakeFd_ = -1;
   std::map<std::string, PeerId> ids_;
   std::vector<Endpoint*> endpoints_;
+  std::map<uint64_t, Window> windows_;
+  uint64_t nextWindow_ = 1;
 };
 
 }  // namespace ddl
