@@ -491,26 +491,8 @@ struct SharedRingWorld {
       engines.push_back(std::make_unique<Engine>(std::move(t)));
     }
   }
-  // Runs body(comm) on every rank of a new group; rethrows the first failure.
   void run(const RankBody& body, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-    const int size = static_cast<int>(engines.size());
-    MemoryStore store;
-    std::vector<std::exception_ptr> errors(size);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          auto comm = Communicator::create(*engines[r], store, r, size, timeout);
-          body(*comm);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
+    runGroup(engines, body, timeout);
   }
   size_t windowsInUse(int rank) {
     size_t n = 0;

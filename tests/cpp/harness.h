@@ -76,15 +76,11 @@ class ScopedEnv {
 using RankBody = std::function<void(Communicator& comm)>;
 using TransportFactory = std::function<std::unique_ptr<Transport>()>;
 
-// Runs body on `size` rank threads, each with its own engine over a transport from `factory`
-// (default: the loopback); rethrows the first failure.
-inline void runRanks(int size, const RankBody& body,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                     TransportFactory factory = nullptr) {
-  LoopbackFabric fabric;
-  if (!factory) factory = [&] { return fabric.join(); };
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(factory()));
+// Runs body on one thread per engine, rank r on engines[r], in a new group of them all;
+// rethrows the first failure.
+inline void runGroup(const std::vector<std::unique_ptr<Engine>>& engines, const RankBody& body,
+                     std::chrono::milliseconds timeout) {
+  const int size = static_cast<int>(engines.size());
   MemoryStore store;
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
@@ -102,6 +98,18 @@ inline void runRanks(int size, const RankBody& body,
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// Runs body on `size` rank threads, each with its own engine over a transport from `factory`
+// (default: the loopback); rethrows the first failure.
+inline void runRanks(int size, const RankBody& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                     TransportFactory factory = nullptr) {
+  LoopbackFabric fabric;
+  if (!factory) factory = [&] { return fabric.join(); };
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(factory()));
+  runGroup(engines, body, timeout);
 }
 
 // Waits and turns a failed Work into an exception.
