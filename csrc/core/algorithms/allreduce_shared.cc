@@ -253,8 +253,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
       if (m.step + 2 < static_cast<uint32_t>(n)) {
         reduceTo(type, reduce, out, mine, in, g.length);
       } else if (m.step + 2 == static_cast<uint32_t>(n)) {
-        // Final: into the next inbox, then from there (still in L1) into the tensor.
-        // Final: copied on block by block, while the block is still in L1.
+        // Final: into the tensor, and on to the next inbox block by block, while in L1.
         const size_t block = std::max<size_t>(kBlockBytes / es, 1);
         for (size_t at = 0; at < g.length; at += block) {
           size_t length = std::min(block, g.length - at);
