@@ -52,6 +52,10 @@ constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;
 constexpr uint32_t kKeyStep = 0, kVoteStep = 1, kVerdictStep = 2, kNoticeStep = 3, kFreeStep = 4;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kBlockBytes = 16 << 10;
+constexpr const char* kUnavailable =
+    "TORCH_DDL_ALLREDUCE_ALGO=shm_ring, but not every rank of the group can map its neighbour's "
+    "shared memory (ranks on other hosts, or UCX without a shared-memory transport); use auto "
+    "or ring";
 constexpr uint32_t kAbandoned = ~uint32_t{0};  // a notice's step when its sender gave up
 
 struct Notice {
@@ -176,12 +180,8 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
   const size_t es = elementSize(type);
-  const std::string unavailable =
-      "TORCH_DDL_ALLREDUCE_ALGO=shm_ring, but not every rank of the group can map its "
-      "neighbour's shared memory (ranks on other hosts, or UCX without a shared-memory "
-      "transport); use auto or ring";
   if (ring.status == SharedRing::Status::kUnavailable || settings.segmentBytes < es) {
-    if (required && ring.status == SharedRing::Status::kUnavailable) throw Error(unavailable);
+    if (required && ring.status == SharedRing::Status::kUnavailable) throw Error(kUnavailable);
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
@@ -191,7 +191,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (ring.status == SharedRing::Status::kUnknown) co_await setUp(op, ring, settings);
   if (ring.status == SharedRing::Status::kUnavailable) {
     turn.release();
-    if (required) throw Error(unavailable);
+    if (required) throw Error(kUnavailable);
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
