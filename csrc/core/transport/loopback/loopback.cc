@@ -49,18 +49,29 @@ PeerId LoopbackTransport::connect(const std::string& address) {
 
 uint64_t LoopbackTransport::allocateWindow(size_t bytes, void** base, std::string* key) {
   if (refuseWindows_) return 0;
-  auto memory = std::make_unique<char[]>(std::max<size_t>(bytes, 1));
-  char* address = memory.get();
-  key->assign(reinterpret_cast<const char*>(&address), sizeof(address));
-  *base = address;
+  std::shared_ptr<char[]> memory(new char[std::max<size_t>(bytes, 1)]);
+  {
+    std::lock_guard<std::mutex> lock(fabric_->mutex_);
+    std::erase_if(fabric_->windows_, [](const auto& w) { return w.second.expired(); });
+    *key = "window:" + std::to_string(fabric_->nextKey_++);
+    fabric_->windows_[*key] = memory;
+  }
+  *base = memory.get();
   windows_.emplace(nextWindow_, std::move(memory));
   return nextWindow_++;
 }
 
 uint64_t LoopbackTransport::mapWindow(PeerId, const std::string& key, void** base) {
-  if (refuseWindows_ || key.size() != sizeof(char*)) return 0;
-  std::memcpy(base, key.data(), sizeof(char*));
-  windows_.emplace(nextWindow_, nullptr);
+  if (refuseWindows_) return 0;
+  std::shared_ptr<char[]> memory;
+  {
+    std::lock_guard<std::mutex> lock(fabric_->mutex_);
+    auto it = fabric_->windows_.find(key);
+    if (it != fabric_->windows_.end()) memory = it->second.lock();
+  }
+  if (!memory) return 0;
+  *base = memory.get();
+  windows_.emplace(nextWindow_, std::move(memory));
   return nextWindow_++;
 }
 

@@ -27,6 +27,10 @@ class LoopbackFabric {
   friend class LoopbackTransport;
   std::mutex mutex_;
   std::vector<LoopbackTransport*> members_;
+  // Shared windows by key: memory lives while its owner or a mapping holds it, as shared memory
+  // does between processes.
+  std::map<std::string, std::weak_ptr<char[]>> windows_;
+  uint64_t nextKey_ = 0;
 };
 
 class LoopbackTransport : public Transport {
@@ -43,8 +47,9 @@ class LoopbackTransport : public Transport {
   bool arm() override;
   int wakeFd() override { return eventFd_; }
   std::string name() const override { return "loopback"; }
-  // Windows are heap memory of the one process; a key is the address. refuseWindows(true) makes
-  // this transport behave as one whose peers cannot map each other (tests of the fallback).
+  // Windows are heap memory of the one process, found through the fabric by key. refuseWindows
+  // (true) makes this transport behave as one whose peers cannot map each other (tests of the
+  // fallback).
   uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
   uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
   void releaseWindow(uint64_t id) override;
@@ -77,7 +82,7 @@ class LoopbackTransport : public Transport {
   std::deque<PostedRecv> posted_;
   std::map<std::string, PeerId> peerIds_;
   std::vector<LoopbackTransport*> peers_;
-  std::map<uint64_t, std::unique_ptr<char[]>> windows_;  // mapped ones hold nullptr
+  std::map<uint64_t, std::shared_ptr<char[]>> windows_;  // allocated or mapped here
   uint64_t nextWindow_ = 1;
   bool refuseWindows_ = false;
 };
