@@ -21,21 +21,47 @@ std::string describe(const char* what, int size, int rank, DataType t, ReduceOp 
   return s.str();
 }
 
-void allreduceCase(Communicator& comm, DataType t, ReduceOp op, size_t count) {
-  std::vector<char> buf(count * elementSize(t) + 1);
-  for (size_t i = 0; i < count; ++i)
-    storeValue(t, buf.data(), i, inputValue(t, op, comm.rank(), i));
-  check(comm.allreduce(buf.data(), count, t, op));
+// A buffer from the engine's shared buffers (what torch_ddl.empty_shared hands out).
+class SharedBuffer {
+ public:
+  SharedBuffer(Engine& engine, size_t bytes)
+      : buffers_(engine.sharedBuffers()), base_(static_cast<char*>(buffers_->allocate(bytes))) {}
+  SharedBuffer(const SharedBuffer&) = delete;
+  SharedBuffer& operator=(const SharedBuffer&) = delete;
+  ~SharedBuffer() { buffers_->release(base_); }
+  char* data() const { return base_; }
+
+ private:
+  std::shared_ptr<SharedBuffers> buffers_;
+  char* base_;
+};
+
+// `shared`: the data lies in a shared buffer, three elements past its start.
+void allreduceCase(Communicator& comm, DataType t, ReduceOp op, size_t count, bool shared) {
+  const size_t es = elementSize(t);
+  std::vector<char> local;
+  std::unique_ptr<SharedBuffer> sharedBuffer;
+  char* buf = nullptr;
+  if (shared) {
+    sharedBuffer = std::make_unique<SharedBuffer>(comm.engine(), (count + 3) * es);
+    buf = sharedBuffer->data() + 3 * es;
+  } else {
+    local.resize(count * es + 1);
+    buf = local.data();
+  }
+  for (size_t i = 0; i < count; ++i) storeValue(t, buf, i, inputValue(t, op, comm.rank(), i));
+  check(comm.allreduce(buf, count, t, op));
   for (size_t i = 0; i < count; ++i) {
     double want = expectedValue(t, op, comm.size(), i);
-    double got = loadValue(t, buf.data(), i);
+    double got = loadValue(t, buf, i);
     if (std::fabs(got - want) > tolerance(t, op, want)) {
       throw Error(describe("allreduce", comm.size(), comm.rank(), t, op, count, i, got, want));
     }
   }
 }
 
-void allreduceSweep(int size, const std::vector<size_t>& counts, bool everyType) {
+void allreduceSweep(int size, const std::vector<size_t>& counts, bool everyType,
+                    bool shared = false) {
   runRanks(size, [&](Communicator& comm) {
     for (DataType t : kAllTypes) {
       if (!everyType && t != DataType::kFloat32 && t != DataType::kInt64 &&
@@ -44,7 +70,7 @@ void allreduceSweep(int size, const std::vector<size_t>& counts, bool everyType)
       }
       for (ReduceOp op : kAllOps) {
         if (!checkReduceOp(t, op).empty()) continue;
-        for (size_t count : counts) allreduceCase(comm, t, op, count);
+        for (size_t count : counts) allreduceCase(comm, t, op, count, shared);
       }
     }
   });
@@ -94,6 +120,16 @@ TEST_P(WorldSize, AllreduceSharedRingTinySlots) {
 TEST_P(WorldSize, AllreduceSharedRingLarge) {
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}, {"TORCH_DDL_SEGMENT_BYTES", "4096"}});
   allreduceSweep(GetParam(), {65537, 300007}, false);
+}
+
+TEST_P(WorldSize, AllreduceDirect) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "direct"}});
+  allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true, true);
+}
+
+TEST_P(WorldSize, AllreduceDirectLarge) {
+  // Auto picks direct when every rank's tensor is in a shared buffer.
+  allreduceSweep(GetParam(), {16411, 300007}, false, true);
 }
 
 TEST_P(WorldSize, Broadcast) {
@@ -640,6 +676,145 @@ TEST(SharedRing, TimeoutNamesTheMissingRank) {
       std::chrono::milliseconds(300));
   EXPECT_NE(message.find("Timed out after 300 ms"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
+}
+
+// Direct allreduce: tensors in shared buffers on every rank.
+void fillAndSum(Communicator& comm, float* data, size_t count, float offset) {
+  std::fill(data, data + count, comm.rank() + offset);
+  check(comm.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum));
+  float want = comm.size() * (comm.size() - 1) / 2.0f + comm.size() * offset;
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], want) << "element " << i;
+}
+
+float* floats(SharedBuffer& b) { return reinterpret_cast<float*>(b.data()); }
+
+TEST(Direct, PeersLetGoOfBuffersTheirOwnerReleased) {
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    {
+      SharedBuffer a(comm.engine(), 100000 * sizeof(float));
+      fillAndSum(comm, floats(a), 100000, 0);
+      // The ring's two windows, its own buffer and the two peers' buffers, mapped.
+      EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
+    }
+    SharedBuffer b(comm.engine(), 50000 * sizeof(float));
+    fillAndSum(comm, floats(b), 50000, 2);
+    fillAndSum(comm, floats(b), 50000, 1);
+    // The peers said they released `a`: its mappings are gone, `b`'s took their place.
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(world.windowsInUse(r), 0u) << "rank " << r;
+}
+
+TEST(Direct, OneRankWithoutASharedBufferMeansTheRingOrAnError) {
+  SharedRingWorld world(3);
+  std::vector<std::string> errors(3);
+  auto body = [&](Communicator& comm, bool required) {
+    SharedBuffer shared(comm.engine(), 70001 * sizeof(float));
+    std::vector<float> local(70001);
+    float* data = comm.rank() == 1 ? local.data() : floats(shared);
+    if (required) {
+      auto w = comm.allreduce(data, 70001, DataType::kFloat32, ReduceOp::kSum);
+      w->wait();
+      errors[comm.rank()] = w->error();
+    }
+    fillAndSum(comm, data, 70001, 0.5f);  // auto: the shared ring; direct: the error again
+  };
+  world.run([&](Communicator& comm) { body(comm, false); });
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "direct"}});
+  EXPECT_THROW(world.run([&](Communicator& comm) { body(comm, true); }), Error);
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("TORCH_DDL_ALLREDUCE_ALGO=direct, but the tensor of rank(s) 1 is not in a "
+                     "shared buffer"),
+              std::string::npos)
+        << e;
+  }
+}
+
+TEST(Direct, DisagreeingCountsFailEveryRankAndBreakNothing) {
+  SharedRingWorld world(3);
+  std::vector<std::string> errors(3);
+  world.run(
+      [&](Communicator& comm) {
+        SharedBuffer b(comm.engine(), 40000 * sizeof(float));
+        size_t count = comm.rank() == 2 ? 30000 : 40000;
+        auto w = comm.allreduce(floats(b), count, DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        errors[comm.rank()] = w->error();
+        fillAndSum(comm, floats(b), 40000, 3);
+      },
+      std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("rank 2 allreduces 30000 elements, this rank 40000"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 2 allreduces 30000 elements, this rank 40000"), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[2].find("rank 0 allreduces 40000 elements, this rank 30000"), std::string::npos)
+      << errors[2];
+}
+
+TEST(Direct, OpsInFlightOnSeveralBuffersAndTwiceOnOne) {
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    std::vector<std::unique_ptr<SharedBuffer>> bufs;
+    std::vector<size_t> counts;
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t k = 0; k < 5; ++k) {
+      counts.push_back(20000 + 7919 * k);
+      bufs.push_back(std::make_unique<SharedBuffer>(comm.engine(), counts[k] * sizeof(float)));
+      std::fill(floats(*bufs[k]), floats(*bufs[k]) + counts[k], comm.rank() + float(k));
+    }
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works.push_back(
+          comm.allreduce(floats(*bufs[k]), counts[k], DataType::kFloat32, ReduceOp::kSum));
+      if (k == 2) works.push_back(comm.barrier());
+    }
+    // The first again: it must see the first result, summed over the ranks once more.
+    works.push_back(
+        comm.allreduce(floats(*bufs[0]), counts[0], DataType::kFloat32, ReduceOp::kSum));
+    for (auto& w : works) check(w);
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      float want = (3.0f + 3.0f * k) * (k == 0 ? 3.0f : 1.0f);
+      for (size_t i = 0; i < counts[k]; ++i) ASSERT_EQ(floats(*bufs[k])[i], want) << "op " << k;
+    }
+  });
+}
+
+TEST(Direct, TimeoutNamesTheMissingRank) {
+  SharedRingWorld world(3);
+  std::vector<std::string> errors(3);
+  world.run(
+      [&](Communicator& comm) {
+        SharedBuffer b(comm.engine(), 50000 * sizeof(float));
+        fillAndSum(comm, floats(b), 50000, 0);
+        if (comm.rank() == 2) return;  // leaves the second one
+        auto w = comm.allreduce(floats(b), 50000, DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        errors[comm.rank()] = w->error();
+      },
+      std::chrono::milliseconds(300));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("Timed out after 300 ms"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 2"), std::string::npos) << errors[r];
+  }
+}
+
+TEST(Direct, AGroupOfPrivateTensorsAsksAgainOnlyForLargeOnes) {
+  // Mapped peer buffers show whether the direct allreduce ran.
+  ScopedEnv env({{"TORCH_DDL_DIRECT_MIN_BYTES", "1000000"}});
+  SharedRingWorld world(2);
+  world.run([&](Communicator& comm) {
+    std::vector<float> local(100000);
+    SharedBuffer small(comm.engine(), 100000 * sizeof(float));
+    SharedBuffer large(comm.engine(), 300000 * sizeof(float));
+    fillAndSum(comm, local.data(), 100000, 0);       // asks: not all shared
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 4u);  // the ring's two, its own two buffers
+    fillAndSum(comm, floats(small), 100000, 1);      // below the threshold: does not ask
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 4u);
+    fillAndSum(comm, floats(large), 300000, 2);  // asks: direct, maps the peer's `large`
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
+    fillAndSum(comm, floats(small), 100000, 3);  // the last answer was yes: direct
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 6u);
+  });
 }
 
 }  // namespace

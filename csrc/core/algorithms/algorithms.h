@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -17,17 +18,30 @@ struct PipelineSettings {
   size_t segmentBytes = 256 << 10;
   size_t depth = 4;
   int rings = 1;
+  size_t directMinBytes = 8 << 20;  // allreduceShared, kAuto: see below
 };
 
 // allreduce_ring.cc: data split across `rings` rings; each runs reduce-scatter then allgather.
 Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    PipelineSettings settings);
 
-// allreduce_shared.cc: the ring through the group's shared-memory windows (shared_ring.h), for
-// ranks of one host. When some rank cannot map its neighbour's window: the message ring above,
-// or an error when `required`.
+// allreduce_shared.cc: for ranks of one host. kAuto: the direct allreduce below when every rank's
+// tensor is in a shared buffer, else the ring through the group's shared-memory windows
+// (shared_ring.h), else (some rank cannot map its neighbour's window) the message ring above.
+// Finding out costs a round of messages: kAuto asks for allreduces of at least directMinBytes,
+// and for smaller ones while the group's last answer was yes. kSharedRing and kDirect take that
+// algorithm or fail on every rank.
+enum class SharedAllreduce { kAuto, kSharedRing, kDirect };
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, bool required);
+                     PipelineSettings settings, SharedAllreduce mode);
+
+// allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
+// Called by allreduceShared while it holds the ring's turn, which `releaseTurn` gives up; sets
+// *used to false, having moved no data, when some rank's tensor is not in a shared buffer.
+struct SharedRing;
+Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                     SharedRing& ring, bool required, std::function<void()> releaseTurn,
+                     bool* used);
 
 // allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first.
 Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);

@@ -30,13 +30,14 @@
 namespace ddl {
 
 SharedRing::~SharedRing() {
-  uint64_t in = inboxWindow;
-  uint64_t out = outboxWindow;
-  if (in == 0 && out == 0) return;
+  std::vector<uint64_t> windows;
+  for (const auto& [owner, mapped] : peerBuffers) windows.push_back(mapped.window);
+  if (outboxWindow != 0) windows.push_back(outboxWindow);
+  if (inboxWindow != 0) windows.push_back(inboxWindow);
+  if (windows.empty()) return;
   Engine* e = engine;
-  Engine::postIfAlive(e, [e, in, out] {
-    if (out != 0) e->transport().releaseWindow(out);
-    if (in != 0) e->transport().releaseWindow(in);
+  Engine::postIfAlive(e, [e, windows] {
+    for (uint64_t w : windows) e->transport().releaseWindow(w);
   });
 }
 
@@ -52,10 +53,12 @@ constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;
 constexpr uint32_t kKeyStep = 0, kVoteStep = 1, kVerdictStep = 2, kNoticeStep = 3, kFreeStep = 4;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kBlockBytes = 16 << 10;
-constexpr const char* kUnavailable =
-    "TORCH_DDL_ALLREDUCE_ALGO=shm_ring, but not every rank of the group can map its neighbour's "
-    "shared memory (ranks on other hosts, or UCX without a shared-memory transport); use auto "
-    "or ring";
+std::string unavailable(SharedAllreduce mode) {
+  return std::string("TORCH_DDL_ALLREDUCE_ALGO=") +
+         (mode == SharedAllreduce::kDirect ? "direct" : "shm_ring") +
+         ", but not every rank of the group can map its neighbour's shared memory (ranks on other "
+         "hosts, or UCX without a shared-memory transport); use auto or ring";
+}
 constexpr uint32_t kAbandoned = ~uint32_t{0};  // a notice's step when its sender gave up
 
 struct Notice {
@@ -175,13 +178,14 @@ Task setUp(Op& op, SharedRing& ring, PipelineSettings settings) {
 }  // namespace
 
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, bool required) {
+                     PipelineSettings settings, SharedAllreduce mode) {
+  const bool required = mode != SharedAllreduce::kAuto;
   const int n = op.size();
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
   const size_t es = elementSize(type);
-  if (ring.status == SharedRing::Status::kUnavailable || settings.segmentBytes < es) {
-    if (required && ring.status == SharedRing::Status::kUnavailable) throw Error(kUnavailable);
+  if (ring.status == SharedRing::Status::kUnavailable) {
+    if (required) throw Error(unavailable(mode));
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
@@ -191,7 +195,21 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (ring.status == SharedRing::Status::kUnknown) co_await setUp(op, ring, settings);
   if (ring.status == SharedRing::Status::kUnavailable) {
     turn.release();
-    if (required) throw Error(kUnavailable);
+    if (required) throw Error(unavailable(mode));
+    co_await allreduceRing(op, data, count, type, reduce, settings);
+    co_return;
+  }
+  if (mode == SharedAllreduce::kDirect ||
+      (mode == SharedAllreduce::kAuto &&
+       (ring.lastAllShared || count * es >= settings.directMinBytes))) {
+    bool used = false;
+    std::function<void()> releaseTurn = [&turn] { turn.release(); };
+    co_await allreduceDirect(op, data, count, type, reduce, ring, mode == SharedAllreduce::kDirect,
+                             releaseTurn, &used);
+    if (used) co_return;
+  }
+  if (settings.segmentBytes < es) {  // slots too small for one element
+    turn.release();
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }

@@ -8,10 +8,12 @@
 // uses the windows at a time: ops take tickets in the order they start, which is the same on
 // every rank, and wait for their turn. An op that fails while holding or awaiting a turn leaves
 // the ring kBroken: later allreduces on the group fail at once with the reason. The windows are
-// released on the progress thread when the group is gone.
+// released on the progress thread when the group is gone, and so are the peers' shared buffers
+// that the direct allreduce mapped.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 
@@ -42,6 +44,18 @@ struct SharedRing {
   uint64_t tickets = 0;  // handed out so far
   uint64_t serving = 0;  // the ticket whose op may use the windows
   std::set<uint64_t> abandoned;
+
+  // Peers' shared buffers mapped by the direct allreduce (allreduce_direct.cc), by (group rank,
+  // serial), and how far this group has reported this process's released buffers.
+  struct Mapped {
+    uint64_t window;
+    char* base;
+  };
+  std::map<std::pair<int, uint64_t>, Mapped> peerBuffers;
+  size_t releasedSeen = 0;
+  // Whether the last round of offers found every tensor in a shared buffer (the same on every
+  // rank: all see all offers, and rounds happen in turn order).
+  bool lastAllShared = true;
 };
 
 }  // namespace ddl

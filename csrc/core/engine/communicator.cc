@@ -12,7 +12,8 @@ namespace {
 
 PipelineSettings pipelineSettings() {
   const Config& c = config();
-  return PipelineSettings{c.segmentBytes, c.pipelineDepth, static_cast<int>(c.rings)};
+  return PipelineSettings{c.segmentBytes, c.pipelineDepth, static_cast<int>(c.rings),
+                          c.directMinBytes};
 }
 
 // False when `times` blocks of `count` elements of `type` do not fit in size_t.
@@ -31,8 +32,11 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
   } else if (c.allreduceAlgorithm == AllreduceAlgorithm::kRing) {
     co_await allreduceRing(op, data, count, type, reduce, pipelineSettings());
   } else {
-    bool required = c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing;
-    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), required);
+    SharedAllreduce mode =
+        c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
+        : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
+                                                                : SharedAllreduce::kAuto;
+    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), mode);
   }
   if (reduce == ReduceOp::kAvg) finishAverage(type, data, count, static_cast<size_t>(op.size()));
 }
@@ -93,6 +97,7 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   }
   group->name = "group " + std::to_string(group->id);
   group->sharedRing = std::make_shared<SharedRing>(&engine);
+  group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
   store.set("ddl/address/" + std::to_string(rank), engine.localAddress());
   std::vector<std::string> addresses(size);
   for (int r = 0; r < size; ++r) {

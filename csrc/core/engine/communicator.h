@@ -31,6 +31,7 @@ class Communicator {
   int rank() const { return group_->rank; }
   int size() const { return group_->size; }
   uint32_t id() const { return group_->id; }
+  Engine& engine() const { return *group_->engine; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Operations started on this group so far.

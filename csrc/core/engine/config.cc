@@ -11,11 +11,15 @@ namespace {
 
 const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
-     "allreduce algorithm: auto, shm_ring, ring or recursive_doubling (auto: recursive doubling "
-     "up to TORCH_DDL_SMALL_BYTES, above it shm_ring when every rank can map its neighbour's "
-     "shared memory, else ring; shm_ring alone fails where it cannot be used)"},
+     "allreduce algorithm: auto, direct, shm_ring, ring or recursive_doubling (auto: recursive "
+     "doubling up to TORCH_DDL_SMALL_BYTES; above it, when every rank can map its neighbour's "
+     "shared memory, direct if every rank's tensor is in a shared buffer (torch_ddl.empty_shared), "
+     "else shm_ring; else ring. direct and shm_ring alone fail where they cannot be used)"},
     {"TORCH_DDL_SMALL_BYTES", "65536",
      "auto: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
+    {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
+     "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
+     "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes"},
     {"TORCH_DDL_SEGMENT_BYTES", "262144",
      "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast; shm_ring slot"},
     {"TORCH_DDL_PIPELINE_DEPTH", "4",
@@ -42,6 +46,8 @@ Config read() {
   std::string algo = configValue(kTable[0]);
   if (algo == "auto") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kAuto;
+  } else if (algo == "direct") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kDirect;
   } else if (algo == "shm_ring") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kSharedRing;
   } else if (algo == "ring") {
@@ -50,14 +56,15 @@ Config read() {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
   } else {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
-                " is not one of auto, shm_ring, ring, recursive_doubling");
+                " is not one of auto, direct, shm_ring, ring, recursive_doubling");
   }
   c.smallBytes = parseSize(kTable[1], 0);
-  c.segmentBytes = parseSize(kTable[2], 1);
-  c.pipelineDepth = parseSize(kTable[3], 1);
-  c.rings = parseSize(kTable[4], 1);
+  c.directMinBytes = parseSize(kTable[2], 0);
+  c.segmentBytes = parseSize(kTable[3], 1);
+  c.pipelineDepth = parseSize(kTable[4], 1);
+  c.rings = parseSize(kTable[5], 1);
   if (c.rings > 14) throw Error("ddl: TORCH_DDL_RINGS must be at most 14");
-  c.spinMicros = static_cast<long>(parseSize(kTable[5], 0));
+  c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
   return c;
 }
 

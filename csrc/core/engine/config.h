@@ -9,15 +9,16 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kSharedRing, kRing, kRecursiveDoubling };
+enum class AllreduceAlgorithm { kAuto, kDirect, kSharedRing, kRing, kRecursiveDoubling };
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;
-  size_t smallBytes = 0;     // allreduce at most this large uses recursive doubling (auto)
-  size_t segmentBytes = 0;   // pipeline segment of ring and tree algorithms
-  size_t pipelineDepth = 0;  // receives in flight per ring step
-  size_t rings = 0;          // rings a large allreduce is split across
-  long spinMicros = 0;       // busy-poll time before the progress thread or a waiter sleeps
+  size_t smallBytes = 0;      // allreduce at most this large uses recursive doubling (auto)
+  size_t directMinBytes = 0;  // allreduce at least this large always offers the direct path
+  size_t segmentBytes = 0;    // pipeline segment of ring and tree algorithms
+  size_t pipelineDepth = 0;   // receives in flight per ring step
+  size_t rings = 0;           // rings a large allreduce is split across
+  long spinMicros = 0;        // busy-poll time before the progress thread or a waiter sleeps
 };
 
 struct ConfigEntry {

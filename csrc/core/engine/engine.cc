@@ -23,6 +23,7 @@ std::set<Engine*> gLive;  // engines constructed and not yet stopped
 
 Engine::Engine(std::unique_ptr<Transport> transport)
     : transport_(std::move(transport)),
+      sharedBuffers_(std::make_shared<SharedBuffers>(this)),
       address_(transport_->localAddress()),
       transportName_(transport_->name()),
       eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -33,6 +34,7 @@ Engine::Engine(std::unique_ptr<Transport> transport)
 }
 
 Engine::~Engine() {
+  sharedBuffers_->detach();
   stop();
   transport_.reset();  // before orphans_: a transport may still report on them while closing
   close(eventFd_);

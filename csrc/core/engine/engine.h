@@ -19,6 +19,7 @@
 
 #include "../transport/transport.h"
 #include "op.h"
+#include "shared_buffers.h"
 
 namespace ddl {
 
@@ -46,6 +47,9 @@ class Engine {
   // otherwise). For cleanup from destructors that may outlive the engine.
   static void postIfAlive(Engine* engine, std::function<void()> fn);
 
+  // Memory for tensors that peers on this host can map (any thread).
+  const std::shared_ptr<SharedBuffers>& sharedBuffers() const { return sharedBuffers_; }
+
   // Progress thread only.
   Transport& transport() { return *transport_; }
   std::string transportName() const { return transportName_; }
@@ -67,6 +71,7 @@ class Engine {
   void stop();
 
   std::unique_ptr<Transport> transport_;
+  std::shared_ptr<SharedBuffers> sharedBuffers_;
   std::string address_;
   std::string transportName_;
   int eventFd_ = -1;

@@ -1,0 +1,204 @@
+// Direct allreduce: for tensors in shared buffers (engine/shared_buffers.h) on every rank of one
+// host. No staging and no ring: rank r maps every peer's buffer, reduces chunk r of the tensor
+// straight out of all of them (its own first, then the peers' in rank order) into its own
+// buffer, and copies the result into chunk r of every peer's buffer. Chunk r is read and written
+// by rank r alone, so the ranks need no step-by-step coordination: one round of offers (the
+// buffer's key, the element count) before, one round of "done" after, when no rank reads or
+// writes another's buffer any more. Each element is reduced once, by one rank: every rank ends
+// with the same bits.
+//
+// The offer round is all-or-nothing: every rank sees every offer, so all take the direct path
+// or none does (then allreduce_shared.cc goes on with the ring), and a count mismatch fails all
+// ranks at once. As the round costs a message latency, allreduce_shared.cc holds it only for
+// large allreduces and while the group's last round found every tensor shared (so a group whose
+// tensors are private pays it for large allreduces only). Peers' buffers stay mapped, cached per
+// group by (rank, serial), until the owner reports in a later offer that it released them.
+#include <atomic>
+#include <cstring>
+
+#include "../engine/engine.h"
+#include "../engine/shared_buffers.h"
+#include "../engine/tag.h"
+#include "../reduce/reduce.h"
+#include "../topology/ring_plan.h"
+#include "algorithms.h"
+#include "shared_ring.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;  // the shared ring's sub-phase
+constexpr uint32_t kOfferStep = 5, kDoneStep = 6;
+constexpr size_t kMaxKey = 4096;
+constexpr size_t kMaxReleased = 64;  // released serials reported per offer
+constexpr size_t kBlockBytes = 16 << 10;
+
+struct OfferHeader {
+  uint64_t count;
+  uint64_t serial;  // 0: this rank's tensor is not in a shared buffer
+  uint64_t offset;  // of the tensor in its buffer
+  uint32_t released;
+  uint32_t keyBytes;
+};
+constexpr size_t kMaxOffer = sizeof(OfferHeader) + kMaxReleased * sizeof(uint64_t) + kMaxKey;
+
+struct Offer {
+  OfferHeader header{};
+  std::string key;
+};
+
+std::string listRanks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                     SharedRing& ring, bool required, std::function<void()> releaseTurn,
+                     bool* used) {
+  *used = false;
+  const int n = op.size();
+  const int rank = op.rank();
+  const size_t es = elementSize(type);
+  Transport& transport = op.group().engine->transport();
+  SharedBuffers& buffers = *op.group().engine->sharedBuffers();
+
+  SharedBuffers::Found mine;
+  const bool shared = buffers.find(data, count * es, &mine) && mine.key.size() <= kMaxKey;
+  std::vector<uint64_t> released = buffers.releasedSince(&ring.releasedSeen, kMaxReleased);
+  OfferHeader header{count, shared ? mine.serial : 0, mine.offset,
+                     static_cast<uint32_t>(released.size()),
+                     static_cast<uint32_t>(shared ? mine.key.size() : 0)};
+  std::string offer(reinterpret_cast<const char*>(&header), sizeof(header));
+  offer.append(reinterpret_cast<const char*>(released.data()), released.size() * sizeof(uint64_t));
+  if (shared) offer += mine.key;
+
+  std::vector<std::vector<char>> incoming(n);
+  std::vector<Request*> requests;
+  std::atomic_thread_fence(std::memory_order_release);  // the tensor's bytes before the offer
+  for (int j = 0; j < n; ++j) {
+    if (j == rank) continue;
+    incoming[j].resize(kMaxOffer);
+    requests.push_back(op.send(j, tag::slot(kPhase, kOfferStep), offer.data(), offer.size()));
+    requests.push_back(op.recv(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
+  }
+  co_await op.all(requests);
+  std::atomic_thread_fence(std::memory_order_acquire);
+
+  // Errors before any rank touches another's buffer leave the windows usable by later ops.
+  auto refuse = [&](std::string message) {
+    releaseTurn();
+    return Error(std::move(message));
+  };
+  std::vector<Offer> offers(n);
+  std::vector<int> notShared, otherCount;
+  if (!shared) notShared.push_back(rank);
+  for (int j = 0; j < n; ++j) {
+    if (j == rank) continue;
+    const Request* got = requests[2 * (j < rank ? j : j - 1) + 1];
+    Offer& o = offers[j];
+    if (got->receivedBytes < sizeof(OfferHeader)) {
+      throw refuse("malformed allreduce offer from rank " + std::to_string(j));
+    }
+    std::memcpy(&o.header, incoming[j].data(), sizeof(OfferHeader));
+    const size_t listBytes = size_t{o.header.released} * sizeof(uint64_t);
+    if (o.header.released > kMaxReleased || o.header.keyBytes > kMaxKey ||
+        got->receivedBytes != sizeof(OfferHeader) + listBytes + o.header.keyBytes) {
+      throw refuse("malformed allreduce offer from rank " + std::to_string(j));
+    }
+    const char* list = incoming[j].data() + sizeof(OfferHeader);
+    for (uint32_t i = 0; i < o.header.released; ++i) {
+      uint64_t serial;
+      std::memcpy(&serial, list + i * sizeof(uint64_t), sizeof(serial));
+      auto it = ring.peerBuffers.find({j, serial});
+      if (it != ring.peerBuffers.end()) {
+        transport.releaseWindow(it->second.window);
+        ring.peerBuffers.erase(it);
+      }
+    }
+    o.key.assign(list + listBytes, o.header.keyBytes);
+    if (o.header.count != count) otherCount.push_back(j);
+    if (o.header.serial == 0) notShared.push_back(j);
+  }
+  ring.lastAllShared = notShared.empty();
+  if (!otherCount.empty()) {
+    const int j = otherCount.front();
+    throw refuse("rank " + std::to_string(j) + " allreduces " +
+                 std::to_string(offers[j].header.count) + " elements, this rank " +
+                 std::to_string(count) + " (every rank must pass the same shape)");
+  }
+  if (!notShared.empty()) {
+    if (required) {
+      throw refuse("TORCH_DDL_ALLREDUCE_ALGO=direct, but the tensor of rank(s) " +
+                   listRanks(notShared) +
+                   " is not in a shared buffer (allocate it with torch_ddl.empty_shared, and pass "
+                   "it contiguous)");
+    }
+    co_return;  // the caller goes on with the ring
+  }
+  *used = true;
+
+  // Every peer's buffer, mapped here (or the reason it could not be).
+  std::vector<char*> at(n);
+  at[rank] = static_cast<char*>(data);
+  std::string failure;
+  for (int j = 0; j < n && failure.empty(); ++j) {
+    if (j == rank) continue;
+    auto it = ring.peerBuffers.find({j, offers[j].header.serial});
+    if (it == ring.peerBuffers.end()) {
+      void* base = nullptr;
+      uint64_t window = transport.mapWindow(op.group().peers[j], offers[j].key, &base);
+      if (window == 0) {
+        failure = "rank " + std::to_string(rank) + " cannot map the shared buffer of rank " +
+                  std::to_string(j);
+        break;
+      }
+      it = ring.peerBuffers
+               .emplace(std::make_pair(j, offers[j].header.serial),
+                        SharedRing::Mapped{window, static_cast<char*>(base)})
+               .first;
+    }
+    at[j] = it->second.base + offers[j].header.offset;
+  }
+
+  if (failure.empty()) {
+    const Range chunk = splitEven(count, n)[rank];
+    const size_t block = std::max<size_t>(kBlockBytes / es, 1);
+    char* own = at[rank] + chunk.offset * es;
+    for (size_t begin = 0; begin < chunk.length; begin += block) {
+      const size_t length = std::min(block, chunk.length - begin);
+      const size_t byteOffset = (chunk.offset + begin) * es;
+      for (int j = 0; j < n; ++j) {
+        if (j != rank) reduceInto(type, reduce, own + begin * es, at[j] + byteOffset, length);
+      }
+      for (int j = 0; j < n; ++j) {
+        if (j != rank) std::memcpy(at[j] + byteOffset, own + begin * es, length * es);
+      }
+    }
+  }
+  // Later ops may take the windows now: their offers leave after this rank's writes.
+  releaseTurn();
+
+  const uint8_t ok = failure.empty() ? 1 : 0;
+  std::vector<uint8_t> peersOk(n, 1);
+  requests.clear();
+  std::atomic_thread_fence(std::memory_order_release);  // the writes before "done"
+  for (int j = 0; j < n; ++j) {
+    if (j == rank) continue;
+    requests.push_back(op.send(j, tag::slot(kPhase, kDoneStep), &ok, 1));
+    requests.push_back(op.recv(j, tag::slot(kPhase, kDoneStep), &peersOk[j], 1));
+  }
+  co_await op.all(requests);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (!failure.empty()) throw Error(failure);
+  for (int j = 0; j < n; ++j) {
+    if (!peersOk[j]) {
+      throw Error("rank " + std::to_string(j) +
+                  " could not map every peer's shared buffer; its share of the result is missing");
+    }
+  }
+}
+
+}  // namespace ddl
