@@ -6,6 +6,7 @@
 
 import atexit
 import functools
+import math
 from datetime import timedelta
 
 import torch
@@ -14,12 +15,35 @@ import torch.distributed as dist
 from . import _C
 
 __version__ = "0.1.0"
-__all__ = ["ProcessGroupDDL", "__version__"]
+__all__ = ["ProcessGroupDDL", "empty_shared", "__version__"]
 
 ProcessGroupDDL = _C.ProcessGroupDDL
 
 # Fail at import, naming the variable, rather than in the middle of a collective.
 _C.check_config()
+
+
+def empty_shared(*size, dtype=torch.float32):
+    """An uninitialised CPU tensor in memory that the ddl ranks of one host can map.
+
+    An allreduce over 'ddl' whose tensor lies in such memory on every rank (the tensor itself or
+    a contiguous view of it) moves no data through staging: each rank reduces its share straight
+    out of its peers' tensors and writes the result into all of them. Use it for buffers that are
+    allreduced again and again; other ops treat it as any tensor. The memory is freed with the
+    tensor (and its views), and stays valid until torch_ddl shuts down at interpreter exit.
+
+        grads = torch_ddl.empty_shared(1 << 24)          # float32, 64 MiB
+        grads.copy_(...); dist.all_reduce(grads)
+    """
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    if any(not isinstance(s, int) or s < 0 for s in size):
+        raise ValueError(f"empty_shared: sizes must be non-negative integers, got {size}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"empty_shared: dtype must be a torch.dtype, got {dtype!r}")
+    element = torch.empty((), dtype=dtype).element_size()
+    raw = _C.shared_buffer(math.prod(size) * element)
+    return raw.view(dtype).view(size)
 
 
 def _create_backend(dist_backend_opts, backend_options=None):

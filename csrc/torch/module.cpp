@@ -31,6 +31,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       throw py::value_error(e.what());
     }
   });
+  m.def("shared_buffer", [](int64_t bytes) {
+    if (bytes < 0) throw py::value_error("shared_buffer: negative size " + std::to_string(bytes));
+    std::shared_ptr<ddl::SharedBuffers> buffers = ddl::Engine::process().sharedBuffers();
+    void* data = nullptr;
+    {
+      py::gil_scoped_release released;
+      data = buffers->allocate(static_cast<size_t>(bytes));
+    }
+    return torch::from_blob(
+        data, {bytes}, [buffers](void* p) { buffers->release(p); },
+        torch::TensorOptions().dtype(torch::kUInt8));
+  });
+  m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
   m.def("ucx_version", &ddl::UcxTransport::version);
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },

@@ -142,6 +142,70 @@ def test_all_reduce_algorithm_matches_gloo(size, algo, monkeypatch):
     run_ranks(_allreduce_algorithm, size)
 
 
+def _allreduce_shared(rank, size):
+    import torch_ddl
+
+    gloo = dist.new_group(backend="gloo")
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+        for op_name in ("SUM", "AVG", "MAX", "PRODUCT", "BAND"):
+            if not valid(dtype, op_name):
+                continue
+            for n in (1, 7, 70001, (1 << 20) + 3):
+                x = make_input(dtype, op_name, rank, size, n)
+                # A view five elements into a shared buffer, as well as the buffer itself.
+                got = torch_ddl.empty_shared(n + 5, dtype=dtype)[5:] if n == 7 else \
+                    torch_ddl.empty_shared(n, dtype=dtype)
+                got.copy_(x)
+                want = x.clone()
+                dist.all_reduce(got, op=OPS[op_name])
+                try:
+                    dist.all_reduce(want, op=OPS[op_name], group=gloo)
+                except (RuntimeError, ValueError):
+                    want = reference(dtype, op_name, size, n)
+                assert_same(got, want, f"shared all_reduce {op_name} {dtype} n={n} P={size}")
+    # A 2-D tensor, ops in flight on several, and twice on one before any wait.
+    grid = torch_ddl.empty_shared(301, 997)
+    grid.fill_(rank + 1.0)
+    works = [dist.all_reduce(grid, async_op=True)]
+    flat = [torch_ddl.empty_shared(300007 + i).fill_(float(i + 1)) for i in range(4)]
+    works += [dist.all_reduce(t, async_op=True) for t in flat]
+    works.append(dist.all_reduce(flat[0], async_op=True))
+    for w in works:
+        w.wait()
+    total = size * (size + 1) / 2
+    assert_same(grid, torch.full((301, 997), total), "2-D shared tensor")
+    assert_same(flat[0], torch.full((300007,), float(size * size)), "twice on one tensor")
+    for i, t in enumerate(flat[1:], start=1):
+        assert_same(t, torch.full((300007 + i,), float((i + 1) * size)), f"in flight #{i}")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_all_reduce_on_shared_tensors_matches_gloo(size, monkeypatch):
+    # direct fails rather than fall back: passing proves the direct path ran.
+    monkeypatch.setenv("TORCH_DDL_ALLREDUCE_ALGO", "direct")
+    run_ranks(_allreduce_shared, size)
+
+
+def test_empty_shared_checks_its_arguments_and_frees_with_the_tensor():
+    import torch_ddl
+
+    t = torch_ddl.empty_shared(3, 4, dtype=torch.float64)
+    assert t.shape == (3, 4) and t.dtype == torch.float64 and t.is_contiguous()
+    t.fill_(2.5)
+    assert float(t.sum()) == 30.0
+    assert torch_ddl.empty_shared((2, 0)).shape == (2, 0)
+    assert torch_ddl.empty_shared(5, dtype=torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="non-negative"):
+        torch_ddl.empty_shared(-1)
+    with pytest.raises(TypeError, match="dtype"):
+        torch_ddl.empty_shared(4, dtype="float32")
+    before = torch_ddl._C.shared_buffers_live()
+    views = [torch_ddl.empty_shared(1 << 20)[10:] for _ in range(5)]
+    assert torch_ddl._C.shared_buffers_live() == before + 5
+    del views
+    assert torch_ddl._C.shared_buffers_live() == before
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_broadcast_and_all_gather_match_gloo(size):
     run_ranks(_broadcast_and_gather, size)
