@@ -5,7 +5,9 @@
 Per message size: time per op (median over rounds, after warm-up), algbw = bytes / time,
 busbw = algbw * 2(P-1)/P, and ddl/gloo ratios (busbw ratio > 1 and time ratio < 1 favour ddl).
 Both backends run in the same processes on the same tensors, interleaved size by size, so
-machine noise hits both alike.
+machine noise hits both alike. A third column times ddl on a tensor from torch_ddl.empty_shared
+(memory the ranks of one host map: the direct allreduce, no staging); the ddl column is a
+plain torch tensor.
 
 --reference adds, per size and in the same run, what this machine allows without torch: the
 library-free two-process allreduces of benchmarks/reference/ (shm_ring: copy-based over shared
@@ -111,11 +113,14 @@ def time_reference(command, nbytes, iters, rounds):
 def worker(rank, args):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    import torch_ddl  # noqa: F401  registers 'ddl'
+    import torch_ddl  # registers 'ddl'
 
     dist.init_process_group("ddl", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
                             world_size=args.world_size)
     groups = {"gloo": dist.new_group(backend="gloo"), "ddl": dist.group.WORLD}
+    if not args.no_shared:
+        # Its own group: whether a group's tensors are shared is remembered per group.
+        groups["shared"] = dist.new_group(backend="ddl")
     p = args.world_size
     factor = 2 * (p - 1) / p if p > 1 else 1
     rows = []
@@ -127,6 +132,10 @@ def worker(rank, args):
         for name in args.order:
             t = time_op(groups[name], tensor, args.rounds, args.budget)
             result[name] = t
+        if not args.no_shared:
+            shared = torch_ddl.empty_shared(n).fill_(1.0)
+            result["shared"] = time_op(groups["shared"], shared, args.rounds, args.budget)
+            del shared
         if args.reference:
             # Rank 0 runs the references while the others wait here (asleep, not polling).
             if rank == 0:
@@ -140,6 +149,9 @@ def worker(rank, args):
             algbw = lambda t: n * 4 / t / 1e9  # noqa: E731
             line = (f"{human(n * 4):>9} | {g * 1e6:10.1f} {algbw(g) * factor:8.3f} | "
                     f"{d * 1e6:10.1f} {algbw(d) * factor:8.3f} | {g / d:7.2f}x {d / g:7.3f}")
+            if "shared" in result:
+                s = result["shared"]
+                line += f" | {s * 1e6:10.1f} {g / s:7.2f}x {s / g:7.3f}"
             for name in references:
                 line += f" | {g / result[name]:9.2f}x"
             print(line, flush=True)
@@ -160,6 +172,8 @@ def main():
     parser.add_argument("--reference", action="store_true",
                         help="also run the reference allreduces of benchmarks/reference/ "
                         "(2 ranks only) and show their busbw x gloo")
+    parser.add_argument("--no-shared", action="store_true",
+                        help="leave out ddl on torch_ddl.empty_shared tensors")
     args = parser.parse_args()
     if args.reference and args.world_size != 2:
         parser.error("--reference compares two-process allreduces: use --world-size 2")
@@ -169,6 +183,8 @@ def main():
           f"busbw = algbw * 2(P-1)/P in GB/s; ratio = ddl/gloo busbw, time ratio = ddl/gloo time")
     header = (f"{'size':>9} | {'gloo us':>10} {'busbw':>8} | {'ddl us':>10} {'busbw':>8} | "
               f"{'busbw x':>8} {'time':>7}")
+    if not args.no_shared:
+        header += f" | {'shared us':>10} {'busbw x':>8} {'time':>7}"
     if args.reference:
         names = ["shm_ring", "shm_direct"] + (["mpi"] if have_mpi() else [])
         header += "".join(f" | {name + ' x':>10}" for name in names)
