@@ -65,11 +65,13 @@ def test_bench_prints_every_size_with_references():
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if "|" in line and "KiB" in line]
     assert [row.split("|")[0].strip() for row in rows] == ["1 KiB", "4 KiB", "16 KiB", "64 KiB"]
-    columns = 7 if shutil.which("mpicxx") and shutil.which("mpirun") else 6
+    columns = 8 if shutil.which("mpicxx") and shutil.which("mpirun") else 7
     for row in rows:
         cells = row.split("|")
         assert len(cells) == columns, row
-        assert all(cell.strip().endswith("x") for cell in cells[4:]), row
+        shared = cells[4].split()  # ddl on an empty_shared tensor: us, busbw x gloo, time ratio
+        assert len(shared) == 3 and float(shared[0]) > 0 and shared[1].endswith("x"), row
+        assert all(cell.strip().endswith("x") for cell in cells[5:]), row
 
 
 def test_bench_reference_needs_two_ranks():
