@@ -111,21 +111,28 @@ def test_all_reduce_matches_gloo(size):
     run_ranks(_allreduce_all, size)
 
 
-def _allreduce_algorithm(rank, size):
+def _sweep_against_gloo(rank, size, dtypes, op_names, allocate, label):
+    """all_reduce of `allocate(dtype, n)` filled with this rank's input, against gloo."""
     gloo = dist.new_group(backend="gloo")
-    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
-        for op_name in ("SUM", "AVG", "MAX"):
+    for dtype in dtypes:
+        for op_name in op_names:
             if not valid(dtype, op_name):
                 continue
             for n in (1, 7, 70001, (1 << 20) + 3):
                 x = make_input(dtype, op_name, rank, size, n)
-                got, want = x.clone(), x.clone()
+                got, want = allocate(dtype, n).copy_(x), x.clone()
                 dist.all_reduce(got, op=OPS[op_name])
                 try:
                     dist.all_reduce(want, op=OPS[op_name], group=gloo)
                 except (RuntimeError, ValueError):
                     want = reference(dtype, op_name, size, n)
-                assert_same(got, want, f"all_reduce {op_name} {dtype} n={n} P={size}")
+                assert_same(got, want, f"{label} {op_name} {dtype} n={n} P={size}")
+
+
+def _allreduce_algorithm(rank, size):
+    _sweep_against_gloo(rank, size, (torch.float32, torch.bfloat16, torch.int64, torch.uint8),
+                        ("SUM", "AVG", "MAX"), lambda dtype, n: torch.empty(n, dtype=dtype),
+                        "all_reduce")
     # In flight at once: the shared-memory ring serves them one after another.
     works = [dist.all_reduce(torch.full((300007 + i,), float(i)), async_op=True) for i in range(6)]
     for i, w in enumerate(works):
@@ -145,24 +152,15 @@ def test_all_reduce_algorithm_matches_gloo(size, algo, monkeypatch):
 def _allreduce_shared(rank, size):
     import torch_ddl
 
-    gloo = dist.new_group(backend="gloo")
-    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
-        for op_name in ("SUM", "AVG", "MAX", "PRODUCT", "BAND"):
-            if not valid(dtype, op_name):
-                continue
-            for n in (1, 7, 70001, (1 << 20) + 3):
-                x = make_input(dtype, op_name, rank, size, n)
-                # A view five elements into a shared buffer, as well as the buffer itself.
-                got = torch_ddl.empty_shared(n + 5, dtype=dtype)[5:] if n == 7 else \
-                    torch_ddl.empty_shared(n, dtype=dtype)
-                got.copy_(x)
-                want = x.clone()
-                dist.all_reduce(got, op=OPS[op_name])
-                try:
-                    dist.all_reduce(want, op=OPS[op_name], group=gloo)
-                except (RuntimeError, ValueError):
-                    want = reference(dtype, op_name, size, n)
-                assert_same(got, want, f"shared all_reduce {op_name} {dtype} n={n} P={size}")
+    def allocate(dtype, n):
+        # A view five elements into a shared buffer, as well as whole buffers.
+        if n == 7:
+            return torch_ddl.empty_shared(n + 5, dtype=dtype)[5:]
+        return torch_ddl.empty_shared(n, dtype=dtype)
+
+    _sweep_against_gloo(rank, size,
+                        (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool),
+                        ("SUM", "AVG", "MAX", "PRODUCT", "BAND"), allocate, "shared all_reduce")
     # A 2-D tensor, ops in flight on several, and twice on one before any wait.
     grid = torch_ddl.empty_shared(301, 997)
     grid.fill_(rank + 1.0)
