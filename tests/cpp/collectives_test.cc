@@ -2,8 +2,10 @@
 // primes and large, every dtype and op, each allreduce algorithm, and a tiny segment size that
 // forces the many-segment pipeline path.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "harness.h"
@@ -814,6 +816,67 @@ TEST(Direct, AGroupOfPrivateTensorsAsksAgainOnlyForLargeOnes) {
     EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
     fillAndSum(comm, floats(small), 100000, 3);  // the last answer was yes: direct
     EXPECT_EQ(world.windowsInUse(comm.rank()), 6u);
+  });
+}
+
+// Mappings of adopted memfds in this process (every rank's own and the peers').
+size_t memfdMappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:torch_ddl.") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TEST(Direct, AdoptableTensorsAreAdoptedAndReduceDirectly) {
+  // What the glue passes for a tensor it has seen allreduced before: the block holding it.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  constexpr size_t kCount = 700001;
+  SharedRingWorld world(3);
+  const size_t before = memfdMappings();
+  std::vector<size_t> during(3);
+  world.run([&](Communicator& comm) {
+    void* block = nullptr;
+    ASSERT_EQ(posix_memalign(&block, 64, kCount * sizeof(float)), 0);
+    float* data = static_cast<float*>(block);
+    for (float offset : {0.0f, 1.5f, 4.0f}) {
+      std::fill(data, data + kCount, comm.rank() + offset);
+      CallOptions options;
+      options.adoptable = Adoptable{block, kCount * sizeof(float)};
+      check(comm.allreduce(data + 5, kCount - 5, DataType::kFloat32, ReduceOp::kSum, options));
+      const float want = 3.0f + 3.0f * offset;
+      for (size_t i = 5; i < kCount; ++i) ASSERT_EQ(data[i], want) << "element " << i;
+      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(data[i], comm.rank() + offset);
+    }
+    EXPECT_EQ(comm.engine().sharedBuffers()->adopted(), 1u);
+    check(comm.barrier());
+    during[comm.rank()] = memfdMappings();
+    check(comm.barrier());
+    std::free(block);
+  });
+  // Each rank's block, and each rank's mappings of its two peers' blocks.
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(during[r], before + 9) << "rank " << r;
+}
+
+TEST(Direct, AdoptionWhereSomeRankCannotMeansTheRing) {
+  // Rank 1's tensor is not a block of its own: no direct path, the right sums all the same.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  constexpr size_t kCount = 300007;
+  SharedRingWorld world(2);
+  world.run([&](Communicator& comm) {
+    void* block = nullptr;
+    ASSERT_EQ(posix_memalign(&block, 64, (kCount + 16) * sizeof(float)), 0);
+    float* data = static_cast<float*>(block) + (comm.rank() == 1 ? 16 : 0);
+    for (float offset : {0.0f, 2.0f}) {
+      std::fill(data, data + kCount, comm.rank() + offset);
+      CallOptions options;
+      options.adoptable = Adoptable{data, kCount * sizeof(float)};
+      check(comm.allreduce(data, kCount, DataType::kFloat32, ReduceOp::kSum, options));
+      for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(data[i], 1.0f + 2 * offset);
+    }
+    EXPECT_EQ(comm.engine().sharedBuffers()->adopted(), comm.rank() == 0 ? 1u : 0u);
+    std::free(block);
   });
 }
 

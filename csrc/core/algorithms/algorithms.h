@@ -14,6 +14,13 @@
 
 namespace ddl {
 
+// An ordinary allocation (the block holding a tensor) that allreduceShared may move into shared
+// memory in place (SharedBuffers::adopt) before it offers the direct path.
+struct Adoptable {
+  void* base = nullptr;
+  size_t bytes = 0;
+};
+
 struct PipelineSettings {
   size_t segmentBytes = 256 << 10;
   size_t depth = 4;
@@ -33,7 +40,7 @@ Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp red
 // algorithm or fail on every rank.
 enum class SharedAllreduce { kAuto, kSharedRing, kDirect };
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, SharedAllreduce mode);
+                     PipelineSettings settings, SharedAllreduce mode, Adoptable adoptable = {});
 
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
 // Called by allreduceShared while it holds the ring's turn, which `releaseTurn` gives up; sets

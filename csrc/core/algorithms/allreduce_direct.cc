@@ -13,6 +13,11 @@
 // large allreduces and while the group's last round found every tensor shared (so a group whose
 // tensors are private pays it for large allreduces only). Peers' buffers stay mapped, cached per
 // group by (rank, serial), until the owner reports in a later offer that it released them.
+//
+// Buffers are UCX windows (torch_ddl.empty_shared) or adopted blocks (SharedBuffers::adopt). A
+// buffer some peer has not mapped yet may not map everywhere (an adopted one from another PID
+// namespace): offers mark it fresh, and a round of "mapped" answers follows; if any rank could
+// not map, all go on with the ring before any byte moves.
 #include <atomic>
 #include <cstring>
 
@@ -28,7 +33,7 @@ namespace ddl {
 namespace {
 
 constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;  // the shared ring's sub-phase
-constexpr uint32_t kOfferStep = 5, kDoneStep = 6;
+constexpr uint32_t kOfferStep = 5, kDoneStep = 6, kMappedStep = 7;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxReleased = 64;  // released serials reported per offer
 constexpr size_t kBlockBytes = 16 << 10;
@@ -39,7 +44,11 @@ struct OfferHeader {
   uint64_t offset;  // of the tensor in its buffer
   uint32_t released;
   uint32_t keyBytes;
+  uint32_t flags;
+  uint32_t reserved;
 };
+constexpr uint32_t kAdopted = 1;  // the key is for SharedBuffers::mapAdopted
+constexpr uint32_t kFresh = 2;    // not every peer has mapped this buffer yet
 constexpr size_t kMaxOffer = sizeof(OfferHeader) + kMaxReleased * sizeof(uint64_t) + kMaxKey;
 
 struct Offer {
@@ -68,9 +77,15 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
   SharedBuffers::Found mine;
   const bool shared = buffers.find(data, count * es, &mine) && mine.key.size() <= kMaxKey;
   std::vector<uint64_t> released = buffers.releasedSince(&ring.releasedSeen, kMaxReleased);
-  OfferHeader header{count, shared ? mine.serial : 0, mine.offset,
+  for (uint64_t serial : released) ring.offered.erase(serial);
+  const bool fresh = shared && ring.offered.count(mine.serial) == 0;
+  OfferHeader header{count,
+                     shared ? mine.serial : 0,
+                     mine.offset,
                      static_cast<uint32_t>(released.size()),
-                     static_cast<uint32_t>(shared ? mine.key.size() : 0)};
+                     static_cast<uint32_t>(shared ? mine.key.size() : 0),
+                     (shared && mine.adopted ? kAdopted : 0) | (fresh ? kFresh : 0),
+                     0};
   std::string offer(reinterpret_cast<const char*>(&header), sizeof(header));
   offer.append(reinterpret_cast<const char*>(released.data()), released.size() * sizeof(uint64_t));
   if (shared) offer += mine.key;
@@ -94,6 +109,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
   };
   std::vector<Offer> offers(n);
   std::vector<int> notShared, otherCount;
+  bool anyFresh = fresh;
   if (!shared) notShared.push_back(rank);
   for (int j = 0; j < n; ++j) {
     if (j == rank) continue;
@@ -114,13 +130,18 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
       std::memcpy(&serial, list + i * sizeof(uint64_t), sizeof(serial));
       auto it = ring.peerBuffers.find({j, serial});
       if (it != ring.peerBuffers.end()) {
-        transport.releaseWindow(it->second.window);
+        if (it->second.window != 0) {
+          transport.releaseWindow(it->second.window);
+        } else {
+          SharedBuffers::unmapAdopted(it->second.base, it->second.length);
+        }
         ring.peerBuffers.erase(it);
       }
     }
     o.key.assign(list + listBytes, o.header.keyBytes);
     if (o.header.count != count) otherCount.push_back(j);
     if (o.header.serial == 0) notShared.push_back(j);
+    if (o.header.flags & kFresh) anyFresh = true;
   }
   ring.lastAllShared = notShared.empty();
   if (!otherCount.empty()) {
@@ -138,7 +159,6 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     }
     co_return;  // the caller goes on with the ring
   }
-  *used = true;
 
   // Every peer's buffer, mapped here (or the reason it could not be).
   std::vector<char*> at(n);
@@ -146,22 +166,58 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
   std::string failure;
   for (int j = 0; j < n && failure.empty(); ++j) {
     if (j == rank) continue;
-    auto it = ring.peerBuffers.find({j, offers[j].header.serial});
+    const Offer& o = offers[j];
+    auto it = ring.peerBuffers.find({j, o.header.serial});
     if (it == ring.peerBuffers.end()) {
-      void* base = nullptr;
-      uint64_t window = transport.mapWindow(op.group().peers[j], offers[j].key, &base);
-      if (window == 0) {
+      SharedRing::Mapped mapped{0, nullptr, 0};
+      std::string why;
+      if (o.header.flags & kAdopted) {
+        mapped.base = SharedBuffers::mapAdopted(o.key, &mapped.length, &why);
+      } else {
+        void* base = nullptr;
+        mapped.window = transport.mapWindow(op.group().peers[j], o.key, &base);
+        mapped.base = mapped.window != 0 ? static_cast<char*>(base) : nullptr;
+      }
+      if (mapped.base == nullptr) {
         failure = "rank " + std::to_string(rank) + " cannot map the shared buffer of rank " +
-                  std::to_string(j);
+                  std::to_string(j) + (why.empty() ? "" : ": " + why);
         break;
       }
-      it = ring.peerBuffers
-               .emplace(std::make_pair(j, offers[j].header.serial),
-                        SharedRing::Mapped{window, static_cast<char*>(base)})
-               .first;
+      it = ring.peerBuffers.emplace(std::make_pair(j, o.header.serial), mapped).first;
     }
-    at[j] = it->second.base + offers[j].header.offset;
+    at[j] = it->second.base + o.header.offset;
   }
+
+  // A buffer offered for the first time may not be mappable everywhere (another machine,
+  // another PID namespace): then every rank learns it before any byte moves, and all go on
+  // with the ring.
+  if (anyFresh) {
+    const uint8_t mapped = failure.empty() ? 1 : 0;
+    std::vector<uint8_t> votes(n, 1);
+    requests.clear();
+    for (int j = 0; j < n; ++j) {
+      if (j == rank) continue;
+      requests.push_back(op.send(j, tag::slot(kPhase, kMappedStep), &mapped, 1));
+      requests.push_back(op.recv(j, tag::slot(kPhase, kMappedStep), &votes[j], 1));
+    }
+    co_await op.all(requests);
+    votes[rank] = mapped;
+    std::vector<int> unable;
+    for (int j = 0; j < n; ++j) {
+      if (!votes[j]) unable.push_back(j);
+    }
+    if (!unable.empty()) {
+      ring.lastAllShared = false;
+      if (required) {
+        throw refuse("TORCH_DDL_ALLREDUCE_ALGO=direct, but rank(s) " + listRanks(unable) +
+                     " cannot map their peers' shared buffers" +
+                     (failure.empty() ? std::string() : " (" + failure + ")"));
+      }
+      co_return;  // the caller goes on with the ring
+    }
+    if (shared) ring.offered.insert(mine.serial);
+  }
+  *used = true;
 
   if (failure.empty()) {
     const Range chunk = splitEven(count, n)[rank];

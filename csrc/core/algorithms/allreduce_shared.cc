@@ -21,6 +21,7 @@
 #include <deque>
 
 #include "../engine/engine.h"
+#include "../engine/shared_buffers.h"
 #include "../engine/tag.h"
 #include "../reduce/reduce.h"
 #include "../topology/ring_plan.h"
@@ -31,7 +32,13 @@ namespace ddl {
 
 SharedRing::~SharedRing() {
   std::vector<uint64_t> windows;
-  for (const auto& [owner, mapped] : peerBuffers) windows.push_back(mapped.window);
+  for (const auto& [owner, mapped] : peerBuffers) {
+    if (mapped.window != 0) {
+      windows.push_back(mapped.window);
+    } else {
+      SharedBuffers::unmapAdopted(mapped.base, mapped.length);
+    }
+  }
   if (outboxWindow != 0) windows.push_back(outboxWindow);
   if (inboxWindow != 0) windows.push_back(inboxWindow);
   if (windows.empty()) return;
@@ -178,7 +185,7 @@ Task setUp(Op& op, SharedRing& ring, PipelineSettings settings) {
 }  // namespace
 
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, SharedAllreduce mode) {
+                     PipelineSettings settings, SharedAllreduce mode, Adoptable adoptable) {
   const bool required = mode != SharedAllreduce::kAuto;
   const int n = op.size();
   if (n == 1 || count == 0) co_return;
@@ -198,6 +205,10 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     if (required) throw Error(unavailable(mode));
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
+  }
+  if (adoptable.base != nullptr) {
+    // Here, holding the turn, no earlier op of this group still writes the tensor.
+    op.group().engine->sharedBuffers()->adopt(adoptable.base, adoptable.bytes);
   }
   if (mode == SharedAllreduce::kDirect ||
       (mode == SharedAllreduce::kAuto &&

@@ -48,11 +48,14 @@ struct SharedRing {
   // Peers' shared buffers mapped by the direct allreduce (allreduce_direct.cc), by (group rank,
   // serial), and how far this group has reported this process's released buffers.
   struct Mapped {
-    uint64_t window;
+    uint64_t window;  // 0: an adopted buffer, mapped with SharedBuffers::mapAdopted
     char* base;
+    size_t length;
   };
   std::map<std::pair<int, uint64_t>, Mapped> peerBuffers;
   size_t releasedSeen = 0;
+  // Buffers of this rank that every peer has mapped (offers of others ask for a check).
+  std::set<uint64_t> offered;
   // Whether the last round of offers found every tensor in a shared buffer (the same on every
   // rank: all see all offers, and rounds happen in turn order).
   bool lastAllShared = true;

@@ -22,7 +22,8 @@ bool fits(size_t count, DataType type, size_t times = 1) {
          std::numeric_limits<size_t>::max() / elementSize(type) / std::max<size_t>(times, 1);
 }
 
-Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
+Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                   Adoptable adoptable) {
   const Config& c = config();
   size_t bytes = count * elementSize(type);
   bool small = c.allreduceAlgorithm == AllreduceAlgorithm::kRecursiveDoubling ||
@@ -36,7 +37,8 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
         c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
         : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
                                                                 : SharedAllreduce::kAuto;
-    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), mode);
+    if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
+    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), mode, adoptable);
   }
   if (reduce == ReduceOp::kAvg) finishAverage(type, data, count, static_cast<size_t>(op.size()));
 }
@@ -133,8 +135,9 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) throw Error(where("allreduce") + ": " + bad);
   checkedBytes("allreduce", count, type);
+  const Adoptable adoptable = options.adoptable;
   return start("allreduce", options,
-               [=](Op& op) { return allreduceTask(op, data, count, type, reduce); });
+               [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable); });
 }
 
 size_t Communicator::checkedBytes(const char* name, size_t count, DataType type,

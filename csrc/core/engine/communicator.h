@@ -20,6 +20,10 @@ struct CallOptions {
   std::chrono::milliseconds timeout{-1};  // negative: the group's timeout
   // The Work to finish; a caller that installs a completion hook creates it. Default: a new one.
   std::shared_ptr<Work> work;
+  // allreduce: the allocation holding the tensor, when the caller has seen it allreduced before.
+  // It may be moved into shared memory in place (SharedBuffers::adopt), so that this and later
+  // allreduces of it take the direct path.
+  Adoptable adoptable;
 };
 
 class Communicator {

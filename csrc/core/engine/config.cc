@@ -28,6 +28,10 @@ const std::vector<ConfigEntry> kTable = {
      "rings a large allreduce is split across; odd rings run the opposite direction"},
     {"TORCH_DDL_SPIN_US", "50",
      "microseconds the progress thread and a waiting caller poll before they sleep"},
+    {"TORCH_DDL_SHARE_TENSORS", "1",
+     "1: a CPU tensor of at least TORCH_DDL_DIRECT_MIN_BYTES allreduced a second time, whose "
+     "memory is a block of its own (glibc's large allocations), is moved into shared memory in "
+     "place (same address, same bytes), so that its allreduces take the direct path; 0: never"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -65,6 +69,11 @@ Config read() {
   c.rings = parseSize(kTable[5], 1);
   if (c.rings > 14) throw Error("ddl: TORCH_DDL_RINGS must be at most 14");
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
+  std::string share = configValue(kTable[7]);
+  if (share != "0" && share != "1") {
+    throw Error("ddl: TORCH_DDL_SHARE_TENSORS=" + share + " is not 0 or 1");
+  }
+  c.shareTensors = share == "1";
   return c;
 }
 

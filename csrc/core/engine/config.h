@@ -19,6 +19,7 @@ struct Config {
   size_t pipelineDepth = 0;   // receives in flight per ring step
   size_t rings = 0;           // rings a large allreduce is split across
   long spinMicros = 0;        // busy-poll time before the progress thread or a waiter sleeps
+  bool shareTensors = true;   // adopt large, reused allreduce tensors (shared_buffers.h)
 };
 
 struct ConfigEntry {

@@ -1,11 +1,121 @@
 #include "shared_buffers.h"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 
 #include "../types.h"
 #include "engine.h"
 
 namespace ddl {
+namespace {
+
+// A peer's handle on an adopted buffer: where to find the memfd and how to recognise it.
+struct AdoptedKey {
+  char magic[8];
+  char bootId[40];  // the same machine (PIDs are per machine)
+  int64_t pid;
+  int32_t fd;
+  int32_t reserved;
+  uint64_t inode;  // the same file (an fd number can be reused)
+  uint64_t length;
+};
+constexpr char kMagic[8] = {'d', 'd', 'l', 'm', 'e', 'm', 'f', 'd'};
+
+const std::string& bootId() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  return id;
+}
+
+// What /proc/self/map_files says is mapped at exactly [base, base + length): the name of the
+// file, or "" (anonymous memory, several mappings, nothing).
+std::string mappedAt(uintptr_t base, size_t length) {
+  char path[80];
+  char target[256];
+  std::snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx",
+                static_cast<unsigned long>(base), static_cast<unsigned long>(base + length));
+  ssize_t n = readlink(path, target, sizeof(target));
+  return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+}
+
+// The mapping holding `at`, from /proc/self/maps, if it is private anonymous read-write memory.
+bool anonymousMapping(uintptr_t at, uintptr_t* start, uintptr_t* end) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long begin = 0, finish = 0, offset = 0, inode = 0;
+    char perms[8] = {};
+    char device[32] = {};
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %31s %lu %n", &begin, &finish, perms, &offset,
+                    device, &inode, &consumed) < 6) {
+      continue;
+    }
+    if (at < begin || at >= finish) continue;
+    *start = begin;
+    *end = finish;
+    return std::strcmp(perms, "rw-p") == 0 && inode == 0 &&
+           line.find_first_not_of(' ', static_cast<size_t>(consumed)) == std::string::npos;
+  }
+  return false;
+}
+
+// Adopted blocks of this process, for the fork handler. Never freed: the handler runs until exit.
+struct Block {
+  uintptr_t base;
+  size_t length;
+  int fd;
+  std::string name;  // what mappedAt() says while it is mapped
+};
+std::mutex gBlocksMutex;
+std::vector<Block>* gBlocks = new std::vector<Block>();
+
+// In a forked child: every adopted block still mapped becomes private memory with the same
+// bytes, and the child lets go of the memfds.
+void privatizeInChild() {
+  for (const Block& b : *gBlocks) {
+    if (mappedAt(b.base, b.length) == b.name) {
+      void* copy =
+          mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (copy != MAP_FAILED) {
+        std::memcpy(copy, reinterpret_cast<void*>(b.base), b.length);
+        if (mremap(copy, b.length, b.length, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   reinterpret_cast<void*>(b.base)) == MAP_FAILED) {
+          munmap(copy, b.length);
+        }
+      }
+    }
+    close(b.fd);
+  }
+  gBlocks->clear();
+  gBlocksMutex.unlock();
+}
+
+void watchForks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork([] { gBlocksMutex.lock(); }, [] { gBlocksMutex.unlock(); }, privatizeInChild);
+  });
+}
+
+void forgetBlock(uintptr_t base) {
+  std::lock_guard<std::mutex> lock(gBlocksMutex);
+  std::erase_if(*gBlocks, [base](const Block& b) { return b.base == base; });
+}
+
+}  // namespace
 
 void* SharedBuffers::allocate(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);
@@ -25,7 +135,7 @@ void* SharedBuffers::allocate(size_t bytes) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   buffers_.emplace(reinterpret_cast<uintptr_t>(base),
-                   Buffer{bytes, window, nextSerial_++, std::move(key)});
+                   Buffer{bytes, window, nextSerial_++, std::move(key), -1, 0, {}});
   return base;
 }
 
@@ -40,7 +150,7 @@ void SharedBuffers::release(void* base) {
   if (e != nullptr) Engine::postIfAlive(e, [e, window] { e->transport().releaseWindow(window); });
 }
 
-bool SharedBuffers::find(const void* data, size_t bytes, Found* found) const {
+bool SharedBuffers::find(const void* data, size_t bytes, Found* found) {
   const auto at = reinterpret_cast<uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = buffers_.upper_bound(at);
@@ -48,14 +158,145 @@ bool SharedBuffers::find(const void* data, size_t bytes, Found* found) const {
   --it;
   const size_t offset = at - it->first;
   if (offset > it->second.bytes || bytes > it->second.bytes - offset) return false;
+  if (!stillMapped(it)) return false;
   found->serial = it->second.serial;
   found->offset = offset;
   found->key = it->second.key;
+  found->adopted = it->second.window == 0;
   return true;
 }
 
-std::vector<uint64_t> SharedBuffers::releasedSince(size_t* seen, size_t limit) const {
+bool SharedBuffers::stillMapped(std::map<uintptr_t, Buffer>::iterator it) {
+  Buffer& b = it->second;
+  if (b.window != 0) return true;
+  if (mappedAt(it->first, b.bytes) == b.name) return true;
+  // Freed (glibc unmapped the block): peers may let go of the memfd.
+  if (b.owner == getpid()) close(b.fd);
+  forgetBlock(it->first);
+  released_.push_back(b.serial);
+  buffers_.erase(it);
+  return false;
+}
+
+bool SharedBuffers::adopt(void* data, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
+  auto it = buffers_.upper_bound(at);
+  if (it != buffers_.begin()) {
+    --it;
+    if (at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first) &&
+        stillMapped(it)) {
+      return true;
+    }
+  }
+  // A block of its own: glibc serves a large malloc with an mmap of its own (neighbouring
+  // mappings may merge with it in /proc/self/maps, glibc's bookkeeping still names its bounds)
+  // and heads it with a chunk header right before the data: the lead from the mapping's start
+  // (prev_size) and the chunk's size with IS_MMAPPED and no other flag. The bounds must be
+  // page-aligned, inside one private anonymous mapping, and fit the data closely.
+  constexpr size_t kPage = 4096;
+  uintptr_t mapStart = 0, mapEnd = 0;
+  if (bytes == 0 || !anonymousMapping(at, &mapStart, &mapEnd) ||
+      at < mapStart + 2 * sizeof(size_t)) {
+    return false;
+  }
+  size_t lead = 0, size = 0;
+  std::memcpy(&lead, reinterpret_cast<void*>(at - 2 * sizeof(size_t)), sizeof(size_t));
+  std::memcpy(&size, reinterpret_cast<void*>(at - sizeof(size_t)), sizeof(size_t));
+  constexpr size_t kFlags = 7, kMmapped = 2;
+  const uintptr_t chunk = at - 2 * sizeof(size_t);
+  const uintptr_t start = chunk - lead;
+  const size_t total = lead + (size & ~kFlags);
+  if ((size & kFlags) != kMmapped || lead >= kPage || lead % 16 != 0 || start % kPage != 0 ||
+      total % kPage != 0 || start < mapStart || total > mapEnd - start || bytes > total ||
+      at + bytes > start + total || start + total - (at + bytes) > 2 * kPage) {
+    return false;
+  }
+  const uintptr_t end = start + total;
+  const size_t length = end - start;
+  const uint64_t serial = nextSerial_++;
+  const std::string memfdName =
+      "torch_ddl." + std::to_string(getpid()) + "." + std::to_string(serial);
+  int fd = memfd_create(memfdName.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* copy = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(length)) == 0 && fstat(fd, &st) == 0) {
+    copy = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  }
+  if (copy == MAP_FAILED) {
+    close(fd);
+    return false;
+  }
+  std::memcpy(copy, reinterpret_cast<void*>(start), length);
+  // Atomically in place of the private pages: no moment where the block is not mapped.
+  if (mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start)) ==
+      MAP_FAILED) {
+    munmap(copy, length);
+    close(fd);
+    return false;
+  }
+  const std::string name = mappedAt(start, length);
+  AdoptedKey key{};
+  std::memcpy(key.magic, kMagic, sizeof(kMagic));
+  std::snprintf(key.bootId, sizeof(key.bootId), "%s", bootId().c_str());
+  key.pid = getpid();
+  key.fd = fd;
+  key.inode = st.st_ino;
+  key.length = length;
+  buffers_.emplace(start, Buffer{length, 0, serial,
+                                 std::string(reinterpret_cast<const char*>(&key), sizeof(key)), fd,
+                                 getpid(), name});
+  watchForks();
+  std::lock_guard<std::mutex> blocks(gBlocksMutex);
+  gBlocks->push_back(Block{start, length, fd, name});
+  return true;
+}
+
+char* SharedBuffers::mapAdopted(const std::string& keyBytes, size_t* length, std::string* why) {
+  AdoptedKey key{};
+  if (keyBytes.size() != sizeof(key)) {
+    *why = "malformed key";
+    return nullptr;
+  }
+  std::memcpy(&key, keyBytes.data(), sizeof(key));
+  key.bootId[sizeof(key.bootId) - 1] = '\0';
+  if (std::memcmp(key.magic, kMagic, sizeof(kMagic)) != 0 || key.bootId != bootId()) {
+    *why = "it is on another machine";
+    return nullptr;
+  }
+  const std::string path = "/proc/" + std::to_string(key.pid) + "/fd/" + std::to_string(key.fd);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    *why = "cannot open " + path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  struct stat st {};
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_ino == key.inode &&
+      static_cast<uint64_t>(st.st_size) == key.length) {
+    base = mmap(nullptr, key.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) *why = std::string("mmap: ") + std::strerror(errno);
+  } else {
+    *why = path + " is not its buffer (another PID namespace?)";
+  }
+  close(fd);
+  if (base == MAP_FAILED) return nullptr;
+  *length = key.length;
+  return static_cast<char*>(base);
+}
+
+void SharedBuffers::unmapAdopted(char* base, size_t length) { munmap(base, length); }
+
+std::vector<uint64_t> SharedBuffers::releasedSince(size_t* seen, size_t limit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A few adopted buffers per call are checked for having been freed, round the registry.
+  for (int checked = 0; checked < 4 && !buffers_.empty(); ++checked) {
+    auto it = buffers_.upper_bound(pruneCursor_);
+    if (it == buffers_.end()) it = buffers_.begin();
+    pruneCursor_ = it->first;
+    stillMapped(it);
+  }
   const size_t from = std::min(*seen, released_.size());
   const size_t to = std::min(released_.size(), from + limit);
   *seen = to;
@@ -70,6 +311,12 @@ size_t SharedBuffers::releasedSoFar() const {
 size_t SharedBuffers::live() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return buffers_.size();
+}
+
+size_t SharedBuffers::adopted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<size_t>(std::count_if(buffers_.begin(), buffers_.end(),
+                                           [](const auto& b) { return b.second.window == 0; }));
 }
 
 void SharedBuffers::detach() {
