@@ -44,6 +44,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         torch::TensorOptions().dtype(torch::kUInt8));
   });
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
+  m.def("adopted_buffers", [] { return ddl::Engine::process().sharedBuffers()->adopted(); });
   m.def("ucx_version", &ddl::UcxTransport::version);
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },

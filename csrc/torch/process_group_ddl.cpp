@@ -8,7 +8,9 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
+#include "../core/engine/config.h"
 #include "compat.hpp"
 
 namespace ddl {
@@ -48,6 +50,55 @@ class CompletionThread {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+};
+
+// Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt): those
+// of storages allreduced before. A storage is remembered by weak reference, so that a new storage
+// at a recycled address is never taken for one seen before; each is offered for adoption once.
+class ReuseTracker {
+ public:
+  static ReuseTracker& instance() {
+    static auto* tracker = new ReuseTracker();  // never destroyed: may outlive interpreter exit
+    return *tracker;
+  }
+  Adoptable adoptable(const at::Tensor& tensor) {
+    const Config& c = config();
+    if (!c.shareTensors || tensor.nbytes() < c.directMinBytes ||
+        (c.allreduceAlgorithm != AllreduceAlgorithm::kAuto &&
+         c.allreduceAlgorithm != AllreduceAlgorithm::kDirect)) {
+      return {};
+    }
+    const c10::Storage& storage = tensor.storage();
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    void* base = const_cast<void*>(storage.data());
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = seen_.find(impl);
+    if (it != seen_.end()) {
+      c10::intrusive_ptr<c10::StorageImpl> alive = it->second.storage.lock();
+      if (alive.get() == impl && it->second.base == base) {
+        if (it->second.offered) return {};
+        it->second.offered = true;
+        return Adoptable{base, storage.nbytes()};
+      }
+      seen_.erase(it);
+    }
+    if (seen_.size() >= kCapacity) {
+      std::erase_if(seen_, [](const auto& e) { return e.second.storage.expired(); });
+      if (seen_.size() >= kCapacity) seen_.clear();
+    }
+    seen_.emplace(impl, Seen{storage.getWeakStorageImpl(), base, false});
+    return {};
+  }
+
+ private:
+  static constexpr size_t kCapacity = 1024;
+  struct Seen {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    void* base;
+    bool offered;
+  };
+  std::mutex mutex_;
+  std::unordered_map<c10::StorageImpl*, Seen> seen_;
 };
 
 class StoreAdapter : public KeyValueStore {
@@ -370,7 +421,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
-  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+  CallOptions options = callOptions(*work, "allreduce", opts.timeout);
+  if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr()) {
+    options.adoptable = ReuseTracker::instance().adoptable(buffer);
+  }
+  return launch(work, options, [&](CallOptions& o) {
     comm_->allreduce(buffer.data_ptr(), count(buffer), type, op, o);
   });
 }

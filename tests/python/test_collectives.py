@@ -184,6 +184,54 @@ def test_all_reduce_on_shared_tensors_matches_gloo(size, monkeypatch):
     run_ranks(_allreduce_shared, size)
 
 
+def _allreduce_reused(rank, size, share):
+    import os
+
+    import torch_ddl
+
+    gloo = dist.new_group(backend="gloo")
+    n = (1 << 21) + 5  # float32: just above TORCH_DDL_DIRECT_MIN_BYTES (8 MiB)
+    # Whole tensors, and a view into a larger one: the block holding it is what is adopted.
+    tensors = [torch.empty(n), torch.empty(n, dtype=torch.int64), torch.empty(n + 64)[64:]]
+    for t in tensors:
+        for op_name in ("SUM", "MAX", "SUM"):
+            x = make_input(t.dtype, op_name, rank, size, n)
+            t.copy_(x)
+            want = x.clone()
+            dist.all_reduce(t, op=OPS[op_name])
+            dist.all_reduce(want, op=OPS[op_name], group=gloo)
+            assert_same(t, want, f"reused {op_name} {t.dtype} P={size}")
+    adopted = torch_ddl._C.adopted_buffers()
+    assert adopted == (len(tensors) if share and size > 1 else 0), adopted
+    if not adopted:
+        return
+    # A forked child gets its own copy of an adopted tensor, as of any private memory.
+    t = tensors[0]
+    before = t.clone()
+    child = os.fork()
+    if child == 0:
+        t.fill_(-1.0)
+        os._exit(0 if bool((t == -1.0).all()) else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_same(t, before, "parent's tensor after the child wrote its copy")
+    del tensors, t
+    dist.barrier()
+    dist.all_reduce(torch.ones(n))  # notices the freed blocks
+    assert torch_ddl._C.adopted_buffers() == 0
+
+
+@pytest.mark.parametrize("share", ["1", "0"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_all_reduce_of_reused_ordinary_tensors_matches_gloo(size, share, monkeypatch):
+    # Large tensors allreduced again are adopted into shared memory (TORCH_DDL_SHARE_TENSORS).
+    monkeypatch.setenv("TORCH_DDL_SHARE_TENSORS", share)
+    # Every block from 1 MiB up mmapped, whatever the ranks freed before (README: glibc raises
+    # its threshold up to 32 MiB as programs free large blocks).
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    run_ranks(_allreduce_reused, size, share == "1")
+
+
 def test_empty_shared_checks_its_arguments_and_frees_with_the_tensor():
     import torch_ddl
 

@@ -69,3 +69,38 @@ def _ddp_parity(rank, size, variant):
 @pytest.mark.parametrize("variant", ["plain", "fp16_hook", "find_unused"])
 def test_ddp_matches_gloo(size, variant):
     run_ranks(_ddp_parity, size, variant)
+
+
+def _train_wide(group, steps, rank):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(20, 2048), nn.ReLU(), nn.Linear(2048, 1100), nn.ReLU(),
+                        nn.Linear(1100, 5))
+    model = DDP(net, process_group=group, bucket_cap_mb=25)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(16, 20, generator=gen)
+        y = torch.randint(0, 5, (16,), generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def _ddp_wide(rank, size):
+    import torch_ddl
+
+    gloo = dist.new_group(backend="gloo")
+    got = _train_wide(dist.group.WORLD, 8, rank)
+    # The bucket of the 2048x1100 weight (9 MiB) was adopted into shared memory.
+    assert torch_ddl._C.adopted_buffers() >= 1
+    want = _train_wide(gloo, 8, rank)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.allclose(g, w, rtol=1e-5, atol=1e-5), (
+            f"P={size}: parameter {i} differs by {(g - w).abs().max().item()}")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ddp_with_buckets_in_shared_memory_matches_gloo(size, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # see test_collectives.py
+    run_ranks(_ddp_wide, size)
