@@ -1,38 +1,19 @@
 // SharedBuffers::adopt: an ordinary block of glibc's malloc moved into shared memory in place,
 // mapped by a "peer" through its key, forgotten when freed, private again in a forked child.
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "../../csrc/core/engine/shared_buffers.h"
+#include "adoption.h"
 
 namespace ddl::test {
 namespace {
-
-// Mappings of adopted memfds in this process.
-size_t memfdMappings() {
-  std::ifstream maps("/proc/self/maps");
-  size_t n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("/memfd:torch_ddl.") != std::string::npos) ++n;
-  }
-  return n;
-}
-
-// A block of its own from glibc, as torch's CPU allocator asks for one (64-byte alignment).
-char* glibcBlock(size_t bytes) {
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // large blocks always mmapped, whatever came before
-  void* p = nullptr;
-  if (posix_memalign(&p, 64, bytes) != 0) std::abort();
-  return static_cast<char*>(p);
-}
 
 void fillPattern(char* p, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<char>(i * 131 + 7);

@@ -2,12 +2,11 @@
 // primes and large, every dtype and op, each allreduce algorithm, and a tiny segment size that
 // forces the many-segment pipeline path.
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
+#include "adoption.h"
 #include "harness.h"
 #include "values.h"
 
@@ -819,27 +818,15 @@ TEST(Direct, AGroupOfPrivateTensorsAsksAgainOnlyForLargeOnes) {
   });
 }
 
-// Mappings of adopted memfds in this process (every rank's own and the peers').
-size_t memfdMappings() {
-  std::ifstream maps("/proc/self/maps");
-  size_t n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("/memfd:torch_ddl.") != std::string::npos) ++n;
-  }
-  return n;
-}
-
 TEST(Direct, AdoptableTensorsAreAdoptedAndReduceDirectly) {
   // What the glue passes for a tensor it has seen allreduced before: the block holding it.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   constexpr size_t kCount = 700001;
   SharedRingWorld world(3);
   const size_t before = memfdMappings();
   std::vector<size_t> during(3);
   world.run([&](Communicator& comm) {
-    void* block = nullptr;
-    ASSERT_EQ(posix_memalign(&block, 64, kCount * sizeof(float)), 0);
-    float* data = static_cast<float*>(block);
+    char* block = glibcBlock(kCount * sizeof(float));
+    float* data = reinterpret_cast<float*>(block);
     for (float offset : {0.0f, 1.5f, 4.0f}) {
       std::fill(data, data + kCount, comm.rank() + offset);
       CallOptions options;
@@ -861,13 +848,11 @@ TEST(Direct, AdoptableTensorsAreAdoptedAndReduceDirectly) {
 
 TEST(Direct, AdoptionWhereSomeRankCannotMeansTheRing) {
   // Rank 1's tensor is not a block of its own: no direct path, the right sums all the same.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   constexpr size_t kCount = 300007;
   SharedRingWorld world(2);
   world.run([&](Communicator& comm) {
-    void* block = nullptr;
-    ASSERT_EQ(posix_memalign(&block, 64, (kCount + 16) * sizeof(float)), 0);
-    float* data = static_cast<float*>(block) + (comm.rank() == 1 ? 16 : 0);
+    char* block = glibcBlock((kCount + 16) * sizeof(float));
+    float* data = reinterpret_cast<float*>(block) + (comm.rank() == 1 ? 16 : 0);
     for (float offset : {0.0f, 2.0f}) {
       std::fill(data, data + kCount, comm.rank() + offset);
       CallOptions options;

@@ -184,6 +184,22 @@ def test_all_reduce_on_shared_tensors_matches_gloo(size, monkeypatch):
     run_ranks(_allreduce_shared, size)
 
 
+def _glibc_block(numel, dtype=torch.float32):
+    """An empty tensor whose storage glibc mmapped for it (what is adopted). Above the mmap
+    threshold glibc still serves a request from a free chunk or the heap's top when one is large
+    enough: those are held until glibc has to map a block of its own."""
+    import ctypes
+
+    held = []
+    for _ in range(64):
+        t = torch.empty(numel, dtype=dtype)
+        header = ctypes.c_size_t.from_address(t.untyped_storage().data_ptr() - 8).value
+        if header & 7 == 2:  # the chunk's size field: IS_MMAPPED
+            return t
+        held.append(t)
+    raise AssertionError("glibc mapped no block of its own")
+
+
 def _allreduce_reused(rank, size, share):
     import os
 
@@ -192,7 +208,7 @@ def _allreduce_reused(rank, size, share):
     gloo = dist.new_group(backend="gloo")
     n = (1 << 21) + 5  # float32: just above TORCH_DDL_DIRECT_MIN_BYTES (8 MiB)
     # Whole tensors, and a view into a larger one: the block holding it is what is adopted.
-    tensors = [torch.empty(n), torch.empty(n, dtype=torch.int64), torch.empty(n + 64)[64:]]
+    tensors = [_glibc_block(n), _glibc_block(n, torch.int64), _glibc_block(n + 64)[64:]]
     for t in tensors:
         for op_name in ("SUM", "MAX", "SUM"):
             x = make_input(t.dtype, op_name, rank, size, n)
