@@ -53,8 +53,12 @@ class CompletionThread {
 };
 
 // Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt): those
-// of storages allreduced before. A storage is remembered by weak reference, so that a new storage
-// at a recycled address is never taken for one seen before; each is offered for adoption once.
+// of storages allreduced before, and only when the tensor is its whole storage. The block is
+// copied while it moves; the op owns the tensor it reduces, but not the rest of a storage that a
+// view leaves out, which other threads may be writing then (a gradient buffer whose next bucket
+// backward still fills): such a write would be lost, so a view is never adopted. A storage is
+// remembered by weak reference, so that a new storage at a recycled address is never taken for one
+// seen before; each is offered for adoption once.
 class ReuseTracker {
  public:
   static ReuseTracker& instance() {
@@ -69,8 +73,9 @@ class ReuseTracker {
       return {};
     }
     const c10::Storage& storage = tensor.storage();
-    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
     void* base = const_cast<void*>(storage.data());
+    if (tensor.data_ptr() != base || tensor.nbytes() != storage.nbytes()) return {};
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = seen_.find(impl);
     if (it != seen_.end()) {

@@ -66,6 +66,29 @@ TEST(Adopt, MovesABlockInPlaceKeepingItsBytes) {
   EXPECT_EQ(released[0], found.serial);
 }
 
+TEST(Adopt, MovesABlockPieceByPieceIntoOneMapping) {
+  // Pieces of 1 MiB (and a last, shorter one): the bytes stay, and the block ends as one
+  // mapping of one memfd that a peer maps whole.
+  SharedBuffers buffers(nullptr);
+  char* p = glibcBlock(kBytes);
+  fillPattern(p, kBytes);
+  const size_t before = memfdMappings();
+  ASSERT_TRUE(buffers.adopt(p, kBytes, 1 << 20));
+  EXPECT_EQ(memfdMappings(), before + 1);
+  EXPECT_EQ(firstMismatch(p, kBytes), kBytes);
+  SharedBuffers::Found found;
+  ASSERT_TRUE(buffers.find(p, kBytes, &found));
+  size_t length = 0;
+  std::string why;
+  char* peer = SharedBuffers::mapAdopted(found.key, &length, &why);
+  ASSERT_NE(peer, nullptr) << why;
+  EXPECT_EQ(firstMismatch(peer + found.offset, kBytes), kBytes);
+  SharedBuffers::unmapAdopted(peer, length);
+  std::free(p);
+  EXPECT_FALSE(buffers.find(p, 1, &found));
+  EXPECT_EQ(buffers.adopted(), 0u);
+}
+
 TEST(Adopt, FreedBlocksAreNoticedWhileReportingReleases) {
   SharedBuffers buffers(nullptr);
   char* a = glibcBlock(kBytes);

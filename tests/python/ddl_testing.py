@@ -1,5 +1,6 @@
 """Helpers for the multi-process tests: launch ranks with a deadline, make inputs, compare."""
 
+import ctypes
 import os
 import tempfile
 import time
@@ -118,3 +119,74 @@ def assert_same(got, want, what):
         bad = (got.double() - want.double()).abs().argmax().item() if got.numel() else 0
         raise AssertionError(f"{what}: mismatch, e.g. element {bad}: got {got.flatten()[bad]}, "
                              f"want {want.flatten()[bad]}")
+
+
+def glibc_block(numel, dtype=torch.float32):
+    """An empty tensor whose storage glibc mmapped for it (what is adopted). Above the mmap
+    threshold glibc still serves a request from a free chunk or the heap's top when one is large
+    enough: those are held until glibc has to map a block of its own."""
+    held = []
+    for _ in range(64):
+        t = torch.empty(numel, dtype=dtype)
+        header = ctypes.c_size_t.from_address(t.untyped_storage().data_ptr() - 8).value
+        if header & 7 == 2:  # the chunk's size field: IS_MMAPPED
+            return t
+        held.append(t)
+    raise AssertionError("glibc mapped no block of its own")
+
+
+class MemoryCgroup:
+    """A memory cgroup (v1 or v2) below this process's own, with a limit. A process joins it by
+    writing its PID to `procs` (charges from then on count); peak() is the most it held.
+    create() raises OSError where none can be made; remove() once its members have exited."""
+
+    def __init__(self, limit_bytes):
+        self.limit = limit_bytes
+        self.path = None
+        self.version = None
+
+    @staticmethod
+    def _parent():
+        lines = open("/proc/self/cgroup").read().splitlines()
+        for line in lines:  # v1: "N:memory:/path"
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(",") and os.path.isdir("/sys/fs/cgroup/memory"):
+                return "v1", "/sys/fs/cgroup/memory" + path
+        for line in lines:  # v2: "0::/path", with the memory controller enabled below it
+            if line.startswith("0::"):
+                for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                    parent = mount + line[3:]
+                    try:
+                        if "memory" in open(os.path.join(parent, "cgroup.subtree_control")).read():
+                            return "v2", parent
+                    except OSError:
+                        pass
+        raise OSError("no memory cgroup controller")
+
+    def create(self):
+        self.version, parent = self._parent()
+        path = os.path.join(parent, f"torch_ddl_test_{os.getpid()}")
+        os.mkdir(path)
+        self.path = path
+        limit_file = "memory.limit_in_bytes" if self.version == "v1" else "memory.max"
+        with open(os.path.join(path, limit_file), "w") as f:
+            f.write(str(self.limit))
+        self.procs = os.path.join(path, "cgroup.procs")
+        return self
+
+    def peak(self):
+        name = "memory.max_usage_in_bytes" if self.version == "v1" else "memory.peak"
+        return int(open(os.path.join(self.path, name)).read())
+
+    def remove(self):
+        if self.path is None:
+            return
+        deadline = time.monotonic() + 10  # members that were killed may take a moment to go
+        while True:
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)

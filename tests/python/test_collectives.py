@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddl_testing import (ALL_TYPES, OPS, SIZES, assert_same, make_input, reference, run_ranks,
-                         valid)
+from ddl_testing import (ALL_TYPES, OPS, SIZES, assert_same, glibc_block, make_input, reference,
+                         run_ranks, valid)
 
 
 def _allreduce_all(rank, size):
@@ -184,22 +184,6 @@ def test_all_reduce_on_shared_tensors_matches_gloo(size, monkeypatch):
     run_ranks(_allreduce_shared, size)
 
 
-def _glibc_block(numel, dtype=torch.float32):
-    """An empty tensor whose storage glibc mmapped for it (what is adopted). Above the mmap
-    threshold glibc still serves a request from a free chunk or the heap's top when one is large
-    enough: those are held until glibc has to map a block of its own."""
-    import ctypes
-
-    held = []
-    for _ in range(64):
-        t = torch.empty(numel, dtype=dtype)
-        header = ctypes.c_size_t.from_address(t.untyped_storage().data_ptr() - 8).value
-        if header & 7 == 2:  # the chunk's size field: IS_MMAPPED
-            return t
-        held.append(t)
-    raise AssertionError("glibc mapped no block of its own")
-
-
 def _allreduce_reused(rank, size, share):
     import os
 
@@ -207,8 +191,10 @@ def _allreduce_reused(rank, size, share):
 
     gloo = dist.new_group(backend="gloo")
     n = (1 << 21) + 5  # float32: just above TORCH_DDL_DIRECT_MIN_BYTES (8 MiB)
-    # Whole tensors, and a view into a larger one: the block holding it is what is adopted.
-    tensors = [_glibc_block(n), _glibc_block(n, torch.int64), _glibc_block(n + 64)[64:]]
+    # Whole tensors are adopted; a view into a larger storage never is (the rest of the
+    # storage is not the op's, and a write to it while the block moved would be lost).
+    tensors = [glibc_block(n), glibc_block(n, torch.int64), glibc_block(n + 64)[64:],
+               glibc_block(n + 64)[:n]]
     for t in tensors:
         for op_name in ("SUM", "MAX", "SUM"):
             x = make_input(t.dtype, op_name, rank, size, n)
@@ -218,7 +204,7 @@ def _allreduce_reused(rank, size, share):
             dist.all_reduce(want, op=OPS[op_name], group=gloo)
             assert_same(t, want, f"reused {op_name} {t.dtype} P={size}")
     adopted = torch_ddl._C.adopted_buffers()
-    assert adopted == (len(tensors) if share and size > 1 else 0), adopted
+    assert adopted == (2 if share and size > 1 else 0), adopted
     if not adopted:
         return
     # A forked child gets its own copy of an adopted tensor, as of any private memory.

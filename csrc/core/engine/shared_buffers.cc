@@ -178,7 +178,7 @@ bool SharedBuffers::stillMapped(std::map<uintptr_t, Buffer>::iterator it) {
   return false;
 }
 
-bool SharedBuffers::adopt(void* data, size_t bytes) {
+bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
   const auto at = reinterpret_cast<uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = buffers_.upper_bound(at);
@@ -220,19 +220,38 @@ bool SharedBuffers::adopt(void* data, size_t bytes) {
   int fd = memfd_create(memfdName.c_str(), MFD_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
-  void* copy = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(length)) == 0 && fstat(fd, &st) == 0) {
-    copy = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  }
-  if (copy == MAP_FAILED) {
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0 || fstat(fd, &st) != 0) {
     close(fd);
     return false;
   }
-  std::memcpy(copy, reinterpret_cast<void*>(start), length);
-  // Atomically in place of the private pages: no moment where the block is not mapped.
-  if (mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start)) ==
-      MAP_FAILED) {
-    munmap(copy, length);
+  // Piece by piece, so that at most one piece is held twice: each piece of the memfd is filled
+  // from the private pages and then mapped in their place in one step (the private pages are
+  // freed there). If a piece fails, the pieces already moved stay file-backed with the same
+  // bytes (the mapping keeps the file alive until glibc unmaps the block): not adopted, nothing
+  // lost.
+  step = std::max(kPage, step / kPage * kPage);
+  for (size_t done = 0; done < length;) {
+    const size_t n = std::min(step, length - done);
+    void* piece = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                       static_cast<off_t>(done));
+    if (piece == MAP_FAILED) {
+      close(fd);
+      return false;
+    }
+    std::memcpy(piece, reinterpret_cast<void*>(start + done), n);
+    if (mremap(piece, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start + done)) ==
+        MAP_FAILED) {
+      munmap(piece, n);
+      close(fd);
+      return false;
+    }
+    done += n;
+  }
+  // One mapping of the whole file over the pieces (the same pages, so the same bytes), for
+  // /proc/self/map_files and for peers.
+  if (mappedAt(start, length).empty() &&
+      mmap(reinterpret_cast<void*>(start), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+           fd, 0) == MAP_FAILED) {
     close(fd);
     return false;
   }

@@ -7,10 +7,12 @@
 // Adopted memory: adopt() moves an ordinary allocation into shared memory in place. When the
 // block holding a tensor is a mapping of its own (glibc serves every large malloc with one
 // mmap, and frees it with munmap), its pages are copied into a memfd that is mapped over the
-// same addresses: the same bytes at the same address, from then on mappable by peers (they open
-// /proc/<pid>/fd/<fd>). Whoever holds a pointer into the block keeps a valid one. The block
-// leaves the registry when it is no longer mapped there (freed): found out on lookup. A forked
-// child gets private copies of every adopted block (pthread_atfork), as fork() promises for
+// same addresses, a bounded piece at a time: the same bytes at the same address, from then on
+// mappable by peers (they open /proc/<pid>/fd/<fd>). Only a block that nothing else writes
+// while it moves may be adopted: the torch glue offers a tensor's block only when the tensor
+// being allreduced is its whole storage. Whoever holds a pointer into the block keeps a valid one.
+// The block leaves the registry when it is no longer mapped there (freed): found out on lookup. A
+// forked child gets private copies of every adopted block (pthread_atfork), as fork() promises for
 // private memory.
 //
 // Thread-safe: buffers are allocated and freed on any thread (tensors die where Python drops
@@ -44,8 +46,12 @@ class SharedBuffers {
   void release(void* base);
   // Moves the allocation at [base, base + bytes) into shared memory in place (see above): true
   // when it is now (or already was) in a shared buffer, false when it is not a block of its own
-  // from glibc's malloc, or the system offers no memfd. Blocks until the bytes are copied.
-  bool adopt(void* base, size_t bytes);
+  // from glibc's malloc, or the system offers no memfd. Blocks until the bytes are copied, which
+  // happens `step` bytes at a time: the move never holds more than that much memory twice.
+  // The caller owns the whole block while it moves: a write another thread makes to it then may
+  // be lost (so [base, base + bytes) must be the whole allocation, nothing another thread uses).
+  static constexpr size_t kAdoptStep = 64 << 20;
+  bool adopt(void* base, size_t bytes, size_t step = kAdoptStep);
   // Maps a peer's adopted buffer from its key; nullptr (and why) when it cannot, e.g. the peer
   // is on another host or in another PID namespace. Unmap with unmapAdopted().
   static char* mapAdopted(const std::string& key, size_t* length, std::string* why);
