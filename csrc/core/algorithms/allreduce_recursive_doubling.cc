@@ -8,10 +8,9 @@
 //    every rank ends with bitwise the same result.
 // 3. Unfold: each odd rank below 2E sends the result back to the even rank it stood for.
 // log2(P2) + 2 message rounds; each moves the whole buffer.
-#include <vector>
+#include <memory>
 
 #include "../engine/tag.h"
-#include "../reduce/reduce.h"
 #include "algorithms.h"
 
 namespace ddl {
@@ -21,7 +20,8 @@ Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
   const int rank = op.rank();
   if (n == 1 || count == 0) co_return;
   const size_t bytes = count * elementSize(type);
-  std::vector<char> incoming(bytes);
+  std::shared_ptr<char> scratch = op.memory().allocate(bytes);
+  char* incoming = scratch.get();
   int p2 = 1;
   while (p2 * 2 <= n) p2 *= 2;
   const int extra = n - p2;
@@ -33,8 +33,8 @@ Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
       co_await op.all(op.send(rank + 1, tag::slot(0, kFold), data, bytes));
       virtualRank = -1;
     } else {
-      co_await op.all(op.recv(rank - 1, tag::slot(0, kFold), incoming.data(), bytes));
-      reduceInto(type, reduce, data, incoming.data(), count);
+      co_await op.all(op.recv(rank - 1, tag::slot(0, kFold), incoming, bytes));
+      op.memory().reduce(type, reduce, data, incoming, count);
       virtualRank = rank / 2;
     }
   }
@@ -44,9 +44,9 @@ Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
       int virtualPeer = virtualRank ^ mask;
       int peer = virtualPeer < extra ? virtualPeer * 2 + 1 : virtualPeer + extra;
       Request* s = op.send(peer, tag::slot(0, kExchange + round), data, bytes);
-      Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming.data(), bytes);
+      Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming, bytes);
       co_await op.all(s, r);
-      reduceInto(type, reduce, data, incoming.data(), count);
+      op.memory().reduce(type, reduce, data, incoming, count);
     }
   }
   if (rank < 2 * extra) {

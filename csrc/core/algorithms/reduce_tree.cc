@@ -6,11 +6,9 @@
 // 2. The root (v = 0) ends with the reduction of all P inputs after ceil(log2 P) rounds.
 // A rank with children accumulates in its own buffer (the root's output, else scratch), so no
 // caller's input is modified.
-#include <cstring>
-#include <vector>
+#include <memory>
 
 #include "../engine/tag.h"
-#include "../reduce/reduce.h"
 #include "algorithms.h"
 
 namespace ddl {
@@ -20,10 +18,11 @@ Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, 
   const int n = op.size();
   const size_t bytes = count * elementSize(type);
   const bool isRoot = op.rank() == root;
-  if (isRoot && bytes > 0 && out != in) std::memcpy(out, in, bytes);
+  if (isRoot && bytes > 0 && out != in) op.memory().copy(out, in, bytes);
   if (n == 1 || count == 0) co_return;
   const int v = (op.rank() - root + n) % n;
-  std::vector<char> accumulator, incoming(bytes);
+  Memory& memory = op.memory();
+  std::shared_ptr<char> accumulator, incoming = memory.allocate(bytes);
   const void* partial = isRoot ? out : in;
   uint32_t round = 0;
   for (int mask = 1; mask < n; mask <<= 1, ++round) {
@@ -33,13 +32,14 @@ Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, 
       break;
     }
     if (v + mask >= n) continue;
-    if (!isRoot && accumulator.empty()) {
-      accumulator.assign(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
-      partial = accumulator.data();
+    if (!isRoot && !accumulator) {
+      accumulator = memory.allocate(bytes);
+      memory.copy(accumulator.get(), in, bytes);
+      partial = accumulator.get();
     }
     int child = (v + mask + root) % n;
-    co_await op.all(op.recv(child, tag::slot(0, round), incoming.data(), bytes));
-    reduceInto(type, reduce, const_cast<void*>(partial), incoming.data(), count);
+    co_await op.all(op.recv(child, tag::slot(0, round), incoming.get(), bytes));
+    memory.reduce(type, reduce, const_cast<void*>(partial), incoming.get(), count);
   }
 }
 

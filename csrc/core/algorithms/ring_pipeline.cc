@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "../engine/tag.h"
-#include "../reduce/reduce.h"
 
 namespace ddl {
 
@@ -31,7 +30,7 @@ RingPipeline::RingPipeline(Op& op, RingSchedule schedule, void* buffer, DataType
   steps_.resize(schedule_.steps);
   if (schedule_.reduceSteps > 0 && segments_ > 0) {
     size_t slots = depth_ * static_cast<size_t>(std::min(schedule_.reduceSteps, 2));
-    scratch_.resize(slots * segment_ * elementSize_);
+    scratch_ = op.memory().allocate(slots * segment_ * elementSize_);
     for (size_t i = 0; i < slots; ++i) freeSlots_.push_back(static_cast<int>(i));
   }
 }
@@ -61,8 +60,8 @@ bool RingPipeline::advance() {
       while (!step.inFlight.empty() && step.inFlight.front().request->done) {
         Posted& p = step.inFlight.front();
         if (reducing) {
-          const char* incoming = scratch_.data() + p.slot * segment_ * elementSize_;
-          reduceInto(type_, reduce_, at(p.segment.offset), incoming, p.segment.length);
+          const char* incoming = scratch_.get() + p.slot * segment_ * elementSize_;
+          op_.memory().reduce(type_, reduce_, at(p.segment.offset), incoming, p.segment.length);
           freeSlots_.push_back(p.slot);
         }
         step.inFlight.pop_front();
@@ -88,7 +87,7 @@ bool RingPipeline::advance() {
         if (reducing) {
           slot = freeSlots_.back();
           freeSlots_.pop_back();
-          target = scratch_.data() + slot * segment_ * elementSize_;
+          target = scratch_.get() + slot * segment_ * elementSize_;
         }
         Request* r =
             op_.recv(prev_, tag::slot(schedule_.phase, s), target, seg.length * elementSize_);

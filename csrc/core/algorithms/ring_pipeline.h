@@ -83,7 +83,7 @@ class RingPipeline {
   int next_;
   int prev_;
   std::vector<Step> steps_;
-  std::vector<char> scratch_;
+  std::shared_ptr<char> scratch_;
   std::vector<int> freeSlots_;
   std::vector<Request*> sends_;
   bool done_ = false;

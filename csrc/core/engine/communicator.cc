@@ -3,17 +3,17 @@
 #include <limits>
 
 #include "../algorithms/shared_ring.h"
-#include "../reduce/reduce.h"
 #include "config.h"
 #include "tag.h"
 
 namespace ddl {
 namespace {
 
-PipelineSettings pipelineSettings() {
+PipelineSettings pipelineSettings(const Op& op) {
   const Config& c = config();
-  return PipelineSettings{c.segmentBytes, c.pipelineDepth, static_cast<int>(c.rings),
-                          c.directMinBytes};
+  const bool host = op.memory().kind() == MemoryKind::kHost;
+  return PipelineSettings{host ? c.segmentBytes : c.deviceSegmentBytes, c.pipelineDepth,
+                          static_cast<int>(c.rings), c.directMinBytes};
 }
 
 // False when `times` blocks of `count` elements of `type` do not fit in size_t.
@@ -28,28 +28,33 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
   size_t bytes = count * elementSize(type);
   bool small = c.allreduceAlgorithm == AllreduceAlgorithm::kRecursiveDoubling ||
                (c.allreduceAlgorithm == AllreduceAlgorithm::kAuto && bytes <= c.smallBytes);
+  // Device memory moves through the transport only (the shared-memory paths are for host
+  // memory): a forced shm_ring or direct means the ring there.
+  const bool host = op.memory().kind() == MemoryKind::kHost;
   if (small) {
     co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
-  } else if (c.allreduceAlgorithm == AllreduceAlgorithm::kRing) {
-    co_await allreduceRing(op, data, count, type, reduce, pipelineSettings());
+  } else if (c.allreduceAlgorithm == AllreduceAlgorithm::kRing || !host) {
+    co_await allreduceRing(op, data, count, type, reduce, pipelineSettings(op));
   } else {
     SharedAllreduce mode =
         c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
         : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
                                                                 : SharedAllreduce::kAuto;
     if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
-    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(), mode, adoptable);
+    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(op), mode, adoptable);
   }
-  if (reduce == ReduceOp::kAvg) finishAverage(type, data, count, static_cast<size_t>(op.size()));
+  if (reduce == ReduceOp::kAvg) {
+    op.memory().average(type, data, count, static_cast<size_t>(op.size()));
+  }
 }
 
 // Operation bodies are plain coroutine functions (never capturing lambdas): a coroutine's
 // parameters live in its frame, a lambda's captures would die with the closure.
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
-  co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings());
+  co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings(op));
   if (reduce == ReduceOp::kAvg) {
     char* mine = static_cast<char*>(data) + op.rank() * count * elementSize(type);
-    finishAverage(type, mine, count, static_cast<size_t>(op.size()));
+    op.memory().average(type, mine, count, static_cast<size_t>(op.size()));
   }
 }
 
@@ -57,7 +62,7 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
                 int root) {
   co_await reduceTree(op, in, out, count, type, reduce, root);
   if (reduce == ReduceOp::kAvg && op.rank() == root) {
-    finishAverage(type, out, count, static_cast<size_t>(op.size()));
+    op.memory().average(type, out, count, static_cast<size_t>(op.size()));
   }
 }
 
@@ -125,8 +130,15 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const char* name,
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
+  op->setMemory(memoryFor(options.memory, options.device));
   op->task = body(*op);
-  group_->engine->submit(std::move(op));
+  if (!options.deferStart) {
+    group_->engine->submit(std::move(op));
+    return work;
+  }
+  Engine* engine = group_->engine;
+  auto held = std::make_shared<std::unique_ptr<Op>>(std::move(op));
+  options.deferStart([engine, held] { Engine::submitIfAlive(engine, std::move(*held)); });
   return work;
 }
 
@@ -160,14 +172,14 @@ std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType
   checkRoot("broadcast", root);
   size_t bytes = checkedBytes("broadcast", count, type);
   return start("broadcast", options,
-               [=](Op& op) { return broadcastTree(op, data, bytes, root, pipelineSettings()); });
+               [=](Op& op) { return broadcastTree(op, data, bytes, root, pipelineSettings(op)); });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
   size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
   return start("allgather", options,
-               [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings()); });
+               [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings(op)); });
 }
 
 std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,
@@ -175,7 +187,7 @@ std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t byte
                                                      CallOptions options) {
   if (!out) throw Error(where("allgather") + ": no output blocks given");
   return start("allgather", options, [=](Op& op) {
-    return allgatherVaryingRing(op, in, bytes, out, pipelineSettings());
+    return allgatherVaryingRing(op, in, bytes, out, pipelineSettings(op));
   });
 }
 

@@ -24,6 +24,13 @@ struct CallOptions {
   // It may be moved into shared memory in place (SharedBuffers::adopt), so that this and later
   // allreduces of it take the direct path.
   Adoptable adoptable;
+  // Where the buffers live (a device kind needs a build with its module: see memory/memory.h).
+  MemoryKind memory = MemoryKind::kHost;
+  int device = 0;
+  // When set, the op is numbered now (its place in the group's order) but submitted only when
+  // deferStart calls the function it is given, from any thread: e.g. once a device stream has
+  // produced the input.
+  std::function<void(std::function<void()>)> deferStart;
 };
 
 class Communicator {

@@ -32,6 +32,9 @@ const std::vector<ConfigEntry> kTable = {
      "1: a CPU tensor of at least TORCH_DDL_DIRECT_MIN_BYTES allreduced a second time, whose "
      "memory is a block of its own (glibc's large allocations), is moved into shared memory in "
      "place (same address, same bytes), so that its allreduces take the direct path; 0: never"},
+    {"TORCH_DDL_DEVICE_SEGMENT_BYTES", "4194304",
+     "TORCH_DDL_SEGMENT_BYTES for tensors in device (CUDA) memory, whose every message costs "
+     "UCX a rendezvous"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -65,6 +68,7 @@ Config read() {
   c.smallBytes = parseSize(kTable[1], 0);
   c.directMinBytes = parseSize(kTable[2], 0);
   c.segmentBytes = parseSize(kTable[3], 1);
+  c.deviceSegmentBytes = parseSize(kTable[8], 1);
   c.pipelineDepth = parseSize(kTable[4], 1);
   c.rings = parseSize(kTable[5], 1);
   if (c.rings > 14) throw Error("ddl: TORCH_DDL_RINGS must be at most 14");

@@ -13,13 +13,14 @@ enum class AllreduceAlgorithm { kAuto, kDirect, kSharedRing, kRing, kRecursiveDo
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;
-  size_t smallBytes = 0;      // allreduce at most this large uses recursive doubling (auto)
-  size_t directMinBytes = 0;  // allreduce at least this large always offers the direct path
-  size_t segmentBytes = 0;    // pipeline segment of ring and tree algorithms
-  size_t pipelineDepth = 0;   // receives in flight per ring step
-  size_t rings = 0;           // rings a large allreduce is split across
-  long spinMicros = 0;        // busy-poll time before the progress thread or a waiter sleeps
-  bool shareTensors = true;   // adopt large, reused allreduce tensors (shared_buffers.h)
+  size_t smallBytes = 0;          // allreduce at most this large uses recursive doubling (auto)
+  size_t directMinBytes = 0;      // allreduce at least this large always offers the direct path
+  size_t segmentBytes = 0;        // pipeline segment of ring and tree algorithms
+  size_t deviceSegmentBytes = 0;  // the same for buffers in device memory
+  size_t pipelineDepth = 0;       // receives in flight per ring step
+  size_t rings = 0;               // rings a large allreduce is split across
+  long spinMicros = 0;            // busy-poll time before the progress thread or a waiter sleeps
+  bool shareTensors = true;       // adopt large, reused allreduce tensors (shared_buffers.h)
 };
 
 struct ConfigEntry {

@@ -70,6 +70,15 @@ void Engine::submit(std::unique_ptr<Op> op) {
   wake();
 }
 
+void Engine::submitIfAlive(Engine* engine, std::unique_ptr<Op> op) {
+  std::lock_guard<std::mutex> live(gLiveMutex);
+  if (gLive.count(engine) == 0) {
+    op->work->finish("ddl: " + op->name() + " started after the engine was shut down");
+    return;
+  }
+  engine->submit(std::move(op));
+}
+
 void Engine::call(const std::function<void()>& fn) {
   if (std::this_thread::get_id() == thread_.get_id()) return fn();
   std::promise<void> done;
@@ -128,6 +137,7 @@ bool Engine::drainSubmissions() {
   }
   for (auto& fn : calls) fn();
   for (auto& op : ops) {
+    op->startClock();
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
@@ -138,6 +148,7 @@ bool Engine::drainSubmissions() {
 }
 
 void Engine::resume(Op& op) {
+  op.memory().activate();
   op.seen_ = op.completions_;
   std::coroutine_handle<> point = op.resumePoint_ ? op.resumePoint_ : op.task.handle();
   op.resumePoint_ = {};

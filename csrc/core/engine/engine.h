@@ -41,6 +41,8 @@ class Engine {
 
   // Thread-safe. The op's task must be set; its Work finishes when the op ends.
   void submit(std::unique_ptr<Op> op);
+  // submit(), if `engine` still exists; otherwise the op's Work fails.
+  static void submitIfAlive(Engine* engine, std::unique_ptr<Op> op);
   // Runs fn on the progress thread and waits for it; rethrows what it throws.
   void call(const std::function<void()>& fn);
   // Runs fn on the progress thread later, if `engine` still exists and runs (fn is dropped

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../memory/memory.h"
 #include "../transport/transport.h"
 #include "task.h"
 #include "work.h"
@@ -45,6 +46,9 @@ class Op {
   int rank() const { return group_->rank; }
   int size() const { return group_->size; }
   const Group& group() const { return *group_; }
+  // Where the op's buffers live, and the copies, reductions and scratch that go with it.
+  Memory& memory() const { return *memory_; }
+  void setMemory(Memory& memory) { memory_ = &memory; }
 
   Request* send(int peer, uint64_t slot, const void* data, size_t bytes);
   Request* recv(int peer, uint64_t slot, void* data, size_t bytes);
@@ -82,6 +86,8 @@ class Op {
   uint32_t sequence() const { return sequence_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // The deadline counts from when the engine starts the op (a device op may wait for its stream).
+  void startClock() { deadline_ = std::chrono::steady_clock::now() + timeout_; }
   // A request failed: the first failure's description, empty while all is well.
   const std::string& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
@@ -103,6 +109,7 @@ class Op {
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
+  Memory* memory_ = &memoryFor(MemoryKind::kHost);
   std::vector<std::unique_ptr<Request>> requests_;
   uint64_t completions_ = 0;
   uint64_t seen_ = 0;     // completions_ when the coroutine last resumed
