@@ -460,6 +460,16 @@ at::Tensor packSparse(const at::Tensor& sparse) {
   return packed;
 }
 
+// "[2, 3]": a shape for a message. (Not c10::str: its ostream path for an ArrayRef crashed the
+// sparse tests' error cases against torch 2.11.)
+std::string shapeText(c10::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  return text + "]";
+}
+
 // The sum of every rank's block of `blocks` (as packSparse wrote them), coalesced; each block
 // must describe a tensor of `like`'s shape, sparse/dense split and dtype.
 at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) {
@@ -483,10 +493,9 @@ at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) 
         c10::IntArrayRef(sizes) != like.sizes()) {
       C10_THROW_ERROR(DistBackendError,
                       "ddl: all_reduce: rank " + std::to_string(r) + "'s sparse tensor has sizes " +
-                          c10::str(c10::IntArrayRef(sizes)) + " with sparse_dim " +
-                          std::to_string(fixed[0]) + "; this rank's has sizes " +
-                          c10::str(like.sizes()) + " with sparse_dim " +
-                          std::to_string(like.sparse_dim()));
+                          shapeText(sizes) + " with sparse_dim " + std::to_string(fixed[0]) +
+                          "; this rank's has sizes " + shapeText(like.sizes()) +
+                          " with sparse_dim " + std::to_string(like.sparse_dim()));
     }
     if (fixed[2] != static_cast<int64_t>(like.scalar_type())) {
       C10_THROW_ERROR(DistBackendError,
