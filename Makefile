@@ -8,7 +8,7 @@ ENV_STAMP := $(VENV)/.torch_ddl_env
 EXT_STAMP := build/.extension
 CORE_SRCS := $(shell find csrc/core -name '*.cc')
 CORE_HDRS := $(shell find csrc/core -name '*.h')
-TORCH_SRCS := $(wildcard csrc/torch/*.cpp csrc/torch/*.hpp)
+TORCH_SRCS := $(wildcard csrc/torch/*.cpp csrc/torch/*.hpp csrc/torch/cuda/*.cpp csrc/cuda/*.cu csrc/cuda/*.h)
 TEST_SRCS := $(wildcard tests/cpp/*.cc)
 CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))

@@ -1,7 +1,9 @@
 """Builds torch_ddl._C: the torch-free core (csrc/core) and the torch glue (csrc/torch).
 
 Install with `pip install --no-build-isolation -e .` so that pip builds against the torch that is
-already installed instead of fetching another one. UCX is found by tools/find_ucx.py.
+already installed instead of fetching another one. UCX is found by tools/find_ucx.py. The CUDA
+part (csrc/cuda, csrc/torch/cuda) is built when torch has CUDA and nvcc is found; the build says
+which in one line, and TORCH_DDL_CUDA=0 leaves it out.
 """
 
 import glob
@@ -24,17 +26,52 @@ print(f"torch_ddl: using UCX from {UCX_SOURCE} ({UCX_INCLUDE}, {UCX_LIB})")
 sources = sorted(glob.glob("csrc/core/**/*.cc", recursive=True)) + sorted(
     glob.glob("csrc/torch/*.cpp"))
 
+
+def cuda_toolkit():
+    """Why the CUDA part is left out ("" when it is built): it needs a torch built with CUDA and
+    nvcc (from CUDA_HOME, or on the PATH)."""
+    if os.environ.get("TORCH_DDL_CUDA", "auto") == "0":
+        return "TORCH_DDL_CUDA=0"
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} has no CUDA"
+    if CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):
+        return "nvcc was not found (set CUDA_HOME)"
+    return ""
+
+
+why_not = cuda_toolkit()
+common = dict(
+    include_dirs=[UCX_INCLUDE],
+    library_dirs=[UCX_LIB],
+    libraries=["ucp", "uct", "ucs"],
+    extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"],
+)
+if why_not:
+    print(f"torch_ddl: building without CUDA ({why_not})")
+    extension = CppExtension(
+        "torch_ddl._C",
+        sources,
+        extra_compile_args=["-O3", "-std=c++20", "-Wall"],
+        **common,
+    )
+else:
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
+
+    print(f"torch_ddl: building with CUDA (nvcc in {CUDA_HOME})")
+    sources = [s for s in sources if not s.endswith("no_device_streams.cpp")]
+    sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/torch/cuda/*.cpp"))
+    extension = CUDAExtension(
+        "torch_ddl._C",
+        sources,
+        extra_compile_args={"cxx": ["-O3", "-std=c++20", "-Wall"],
+                            "nvcc": ["-O3", "-std=c++20"]},
+        **common,
+    )
+
 setup(
-    ext_modules=[
-        CppExtension(
-            "torch_ddl._C",
-            sources,
-            include_dirs=[UCX_INCLUDE],
-            library_dirs=[UCX_LIB],
-            libraries=["ucp", "uct", "ucs"],
-            extra_compile_args=["-O3", "-std=c++20", "-Wall"],
-            extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"],
-        )
-    ],
+    ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -13,6 +13,10 @@ plain torch tensor.
 library-free two-process allreduces of benchmarks/reference/ (shm_ring: copy-based over shared
 memory, each byte copied once in user space; shm_direct: zero-copy, both buffers shared) and,
 where mpicxx and mpirun are installed, MPI_Allreduce. Each is shown as busbw x gloo.
+
+--device cuda times CUDA tensors (rank r on GPU r mod the GPUs visible; ranks may share one):
+gloo stages them through host memory, ddl moves device memory through UCX (cuda_ipc/cuda_copy)
+and reduces on the GPU. Each timed round ends with torch.cuda.synchronize().
 """
 
 import argparse
@@ -55,9 +59,11 @@ def time_op(group, tensor, rounds, budget_s):
     """Median seconds per allreduce over `rounds` rounds sized to fit the time budget."""
     # Warm-up (a fixed count: every rank must issue the same collectives), timed to size rounds.
     warm = 20 if tensor.numel() * 4 <= 1 << 20 else 3
+    sync = torch.cuda.synchronize if tensor.is_cuda else (lambda: None)
     start = time.perf_counter()
     for _ in range(warm):
         dist.all_reduce(tensor, group=group)
+    sync()
     per_op = (time.perf_counter() - start) / warm
     iters = max(1, min(5000, int(budget_s / rounds / per_op)))
     # Everyone must run the same number of iterations: take rank 0's.
@@ -70,6 +76,7 @@ def time_op(group, tensor, rounds, budget_s):
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(tensor, group=group)
+        sync()
         samples.append((time.perf_counter() - t0) / iters)
     return statistics.median(samples)
 
@@ -117,6 +124,10 @@ def worker(rank, args):
 
     dist.init_process_group("ddl", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
                             world_size=args.world_size)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     groups = {"gloo": dist.new_group(backend="gloo"), "ddl": dist.group.WORLD}
     if not args.no_shared:
         # Its own group: whether a group's tensors are shared is remembered per group.
@@ -127,7 +138,7 @@ def worker(rank, args):
     references = build_references() if args.reference and rank == 0 else {}
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = max(1, nbytes // 4)
-        tensor = torch.ones(n, dtype=torch.float32)
+        tensor = torch.ones(n, dtype=torch.float32, device=device)
         result = {}
         for name in args.order:
             t = time_op(groups[name], tensor, args.rounds, args.budget)
@@ -174,12 +185,18 @@ def main():
                         "(2 ranks only) and show their busbw x gloo")
     parser.add_argument("--no-shared", action="store_true",
                         help="leave out ddl on torch_ddl.empty_shared tensors")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the tensors live (cuda: ddl reduces on the GPU)")
     args = parser.parse_args()
+    if args.device == "cuda":
+        if args.reference:
+            parser.error("--reference compares host-memory allreduces: leave out --device cuda")
+        args.no_shared = True
     if args.reference and args.world_size != 2:
         parser.error("--reference compares two-process allreduces: use --world-size 2")
     args.order = ["gloo", "ddl"]
     p = args.world_size
-    print(f"allreduce, float32, {p} ranks, torch {torch.__version__}; "
+    print(f"allreduce, float32 on {args.device}, {p} ranks, torch {torch.__version__}; "
           f"busbw = algbw * 2(P-1)/P in GB/s; ratio = ddl/gloo busbw, time ratio = ddl/gloo time")
     header = (f"{'size':>9} | {'gloo us':>10} {'busbw':>8} | {'ddl us':>10} {'busbw':>8} | "
               f"{'busbw x':>8} {'time':>7}")

@@ -106,6 +106,7 @@ _allow_monitored_barrier()
 _name_backend_in_ddp_logging()
 
 if "ddl" not in dist.Backend.backend_list:
-    dist.Backend.register_backend("ddl", _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend("ddl", _create_backend, extended_api=True,
+                                  devices=["cpu", "cuda"])
     # Stop the progress thread and close UCX endpoints before the interpreter tears down.
     atexit.register(_C.shutdown)

@@ -46,6 +46,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
   m.def("adopted_buffers", [] { return ddl::Engine::process().sharedBuffers()->adopted(); });
   m.def("ucx_version", &ddl::UcxTransport::version);
+  m.def("cuda_built", [] { return ddl::cudaStreams() != nullptr; });
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },
       py::call_guard<py::gil_scoped_release>());

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -213,8 +214,8 @@ DataType checkTensor(const at::Tensor& t, const char* where) {
   if (t.layout() != c10::kStrided) {
     badInput(where, "sparse and other non-strided tensors are not supported (use .to_dense())");
   }
-  if (!t.device().is_cpu()) {
-    badInput(where, "the tensor is on " + t.device().str() + "; ddl handles CPU tensors");
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
+    badInput(where, "the tensor is on " + t.device().str() + "; ddl handles CPU and CUDA tensors");
   }
   return toDataType(t.scalar_type(), where);
 }
@@ -291,11 +292,13 @@ WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
 WorkDDL::~WorkDDL() = default;
 
 std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
+  name_ = name;
   core_ = std::make_shared<ddl::Work>(name);
   auto self = c10::intrusive_ptr<WorkDDL>::reclaim_copy(this);
-  // The hook holds `self` until it runs (once, on the progress thread).
+  // The hook holds `self` until it runs (once, on the progress thread). A device op is always
+  // finalized at once: the caller's streams may be waiting for it.
   core_->setCompletionHook([self] {
-    if (self->futureRequested_.load()) {
+    if (self->futureRequested_.load() || self->device_) {
       CompletionThread::instance().post([self] { self->finalize(); });
     }
   });
@@ -319,16 +322,23 @@ void WorkDDL::finalize() {
     return;
   }
   std::exception_ptr error;
-  if (core_->failed()) {
-    error = torch_compat::backendError(core_->error());
-  } else {
-    try {
-      at::NoGradGuard noGrad;
-      for (auto& [destination, source] : copies_) destination.copy_(source);
-      for (auto& fn : after_) fn();
-    } catch (...) {
-      error = std::current_exception();
+  auto finish = [&] {
+    if (core_->failed()) {
+      error = torch_compat::backendError(core_->error());
+      return;
     }
+    at::NoGradGuard noGrad;
+    for (auto& [destination, source] : copies_) destination.copy_(source);
+    for (auto& fn : after_) fn();
+  };
+  try {
+    if (device_) {
+      device_->finishOnHost(finish);
+    } else {
+      finish();
+    }
+  } catch (...) {
+    error = std::current_exception();
   }
   copies_.clear();
   keep_.clear();
@@ -362,6 +372,12 @@ std::exception_ptr WorkDDL::exception() const {
 }
 
 std::vector<at::Tensor> WorkDDL::result() { return outputs_; }
+
+void WorkDDL::onDevice(std::shared_ptr<DeviceCompletion> completion,
+                       c10::intrusive_ptr<c10::ivalue::Future> future) {
+  device_ = std::move(completion);
+  future_ = std::move(future);
+}
 
 bool WorkDDL::wait(std::chrono::milliseconds timeout) {
   bool unlimited = timeout == kNoTimeout || timeout.count() < 0;
@@ -399,14 +415,54 @@ CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
   return CallOptions{timeout, work.coreWork(name)};
 }
 
+void ProcessGroupDDL::placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>& tensors,
+                                    CallOptions& options) {
+  const char* where = work.name();
+  std::optional<at::Device> device;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (device && t.device() != *device) {
+      badInput(where, "tensors on " + device->str() + " and " + t.device().str() +
+                          " in one call; every tensor of a call must be on one device");
+    }
+    device = t.device();
+  }
+  if (!device || device->is_cpu()) return;
+  DeviceStreams* streams = cudaStreams();
+  if (streams == nullptr) {
+    badInput(where, "the tensor is on " + device->str() +
+                        ", but this build of torch_ddl has no CUDA support (it was built "
+                        "against a torch without CUDA, or without nvcc)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(deviceMutex_);
+    if (cudaDevice_ < 0) cudaDevice_ = device->index();
+    if (device->index() != cudaDevice_) {
+      badInput(where, "the tensor is on " + device->str() +
+                          ", but this group works on cuda:" + std::to_string(cudaDevice_) +
+                          " (the device of its first CUDA collective)");
+    }
+  }
+  options.memory = MemoryKind::kCuda;
+  options.device = device->index();
+  work.onDevice(streams->order(*device, where, &options.deferStart), streams->future(*device));
+}
+
 // Runs `submit` with the work's CallOptions; a core validation error becomes a ValueError and
 // finishes the core work (which releases the work's self-reference).
 template <typename Submit>
-c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
-                                      Submit&& submit) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDDL> work,
+                                                       CallOptions options, Submit&& submit) {
   // If the op fails while UCX still holds one of its messages, the engine keeps the core Work,
   // and with it these tensors, until UCX lets go.
-  options.work->retain(work->tensorsInUse());
+  auto tensors = std::static_pointer_cast<const std::vector<at::Tensor>>(work->tensorsInUse());
+  try {
+    placeOnDevice(*work, *tensors, options);
+  } catch (...) {
+    options.work->finish("ddl: the op was refused");
+    throw;
+  }
+  options.work->retain(tensors);
   try {
     submit(options);
   } catch (const ddl::Error& e) {
@@ -535,7 +591,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
   const char* where = "all_reduce";
   at::Tensor& tensor = tensors[0];
   if (!tensor.device().is_cpu()) {
-    badInput(where, "the tensor is on " + tensor.device().str() + "; ddl handles CPU tensors");
+    badInput(where, "the sparse tensor is on " + tensor.device().str() +
+                        "; ddl reduces sparse tensors on the CPU only");
   }
   if (opts.reduceOp.op_ != c10d::ReduceOp::SUM) {
     badInput(where, "sparse tensors are reduced with ReduceOp.SUM only");

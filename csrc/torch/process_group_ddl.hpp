@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../core/engine/communicator.h"
+#include "device_streams.hpp"
 
 namespace ddl {
 
@@ -45,6 +47,10 @@ class WorkDDL : public c10d::Work {
   // Every tensor the operation may touch (outputs, kept tensors, copies), for the core Work to
   // retain.
   std::shared_ptr<const void> tensorsInUse() const;
+  // A device op: completes through `completion`; its Future is `future` (device-aware).
+  void onDevice(std::shared_ptr<DeviceCompletion> completion,
+                c10::intrusive_ptr<c10::ivalue::Future> future);
+  const char* name() const { return name_; }
 
  private:
   void finalize();
@@ -54,6 +60,8 @@ class WorkDDL : public c10d::Work {
   std::vector<at::Tensor> keep_;
   std::vector<std::function<void()>> after_;
   std::shared_ptr<ddl::Work> core_;
+  const char* name_ = "collective";
+  std::shared_ptr<DeviceCompletion> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> futureRequested_{false};
   std::atomic<int> finalizeState_{0};  // 0 not started, 1 running, 2 done
@@ -130,12 +138,20 @@ class ProcessGroupDDL : public c10d::Backend {
 
  private:
   CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);
+  // Device tensors: checks that the call's tensors share one device, the group's, and orders
+  // the op on that device's streams (device_streams.hpp). Host tensors: nothing to do.
+  void placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>& tensors, CallOptions& options);
+  template <typename Submit>
+  c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
+                                        Submit&& submit);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          c10d::OpType type, const char* where);
 
   std::shared_ptr<Communicator> comm_;
+  std::mutex deviceMutex_;
+  int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };
 
 }  // namespace ddl
