@@ -1,18 +1,47 @@
 """torch_ddl: the 'ddl' backend for torch.distributed.
 
-    import torch_ddl
+    import torch_ddl                                   # optional: torch loads it for "ddl"
     torch.distributed.init_process_group(backend="ddl")
 """
 
 import atexit
 import functools
+import glob
+import importlib.util
 import math
+import os
+import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+
+def _load_extension():
+    """torch_ddl._C, from beside this file, or else from an installed torch_ddl that a source
+    checkout shadows on sys.path (the tests run from a checkout after `pip install .`)."""
+    try:
+        from . import _C
+
+        return _C
+    except ImportError as error:
+        here = os.path.dirname(os.path.abspath(__file__))
+        for entry in sys.path:
+            for path in glob.glob(os.path.join(entry or ".", "torch_ddl", "_C.*.so")):
+                if os.path.dirname(os.path.abspath(path)) == here:
+                    continue
+                spec = importlib.util.spec_from_file_location(f"{__name__}._C", path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+                return module
+        raise ImportError(
+            f"torch_ddl's extension is neither built in {here} nor installed elsewhere on "
+            "sys.path: build it with `pip install --no-build-isolation -e .` (or `make build`)"
+        ) from error
+
+
+_C = _load_extension()
 
 __version__ = "0.1.0"
 __all__ = ["ProcessGroupDDL", "empty_shared", "__version__"]
@@ -105,8 +134,10 @@ def _name_backend_in_ddp_logging():
 _allow_monitored_barrier()
 _name_backend_in_ddp_logging()
 
+# torch may have registered "ddl" already (torch_ddl_autoload), creating groups through this
+# module all the same.
 if "ddl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("ddl", _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
-    # Stop the progress thread and close UCX endpoints before the interpreter tears down.
-    atexit.register(_C.shutdown)
+# Stop the progress thread and close UCX endpoints before the interpreter tears down.
+atexit.register(_C.shutdown)
