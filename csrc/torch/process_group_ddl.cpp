@@ -18,39 +18,54 @@ namespace ddl {
 namespace {
 
 // Finalizes works whose Future someone holds, off the progress thread: Future callbacks (DDP's
-// comm hooks among them) run here, never on the thread that drives the network.
-class CompletionThread {
+// comm hooks among them) run here, never on the thread that drives the network. A callback may
+// start a collective and wait for its future (PowerSGD does), whose completion is posted here
+// too: so that it never waits behind the callback that waits for it, a worker is added whenever
+// more completions are queued than workers are idle (up to kMaxWorkers; idle ones stay).
+class CompletionThreads {
  public:
-  static CompletionThread& instance() {
-    static auto* thread = new CompletionThread();  // never destroyed: may outlive interpreter exit
-    return *thread;
+  static CompletionThreads& instance() {
+    static auto* threads = new CompletionThreads();  // never destroyed: may outlive exit
+    return *threads;
   }
   void post(std::function<void()> fn) {
+    bool spawn = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(fn));
+      spawn = queue_.size() > idle_ && workers_ < kMaxWorkers;
+      if (spawn) ++workers_;
     }
-    cv_.notify_one();
+    if (spawn) {
+      std::thread([this] { work(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
   }
 
  private:
-  CompletionThread() {
-    std::thread([this] {
-      while (true) {
-        std::function<void()> fn;
-        {
-          std::unique_lock<std::mutex> lock(mutex_);
-          cv_.wait(lock, [&] { return !queue_.empty(); });
-          fn = std::move(queue_.front());
-          queue_.pop_front();
-        }
-        fn();
+  static constexpr size_t kMaxWorkers = 64;
+
+  void work() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ++idle_;
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        --idle_;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
       }
-    }).detach();
+      fn();
+    }
   }
+
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+  size_t idle_ = 0;
+  size_t workers_ = 0;
 };
 
 // Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt): those
@@ -299,7 +314,7 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
   // finalized at once: the caller's streams may be waiting for it.
   core_->setCompletionHook([self] {
     if (self->futureRequested_.load() || self->device_) {
-      CompletionThread::instance().post([self] { self->finalize(); });
+      CompletionThreads::instance().post([self] { self->finalize(); });
     }
   });
   return core_;

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddl_testing import run_ranks
@@ -25,11 +25,13 @@ class Net(nn.Module):
 def _train(group, hook, find_unused, steps, rank):
     torch.manual_seed(0)
     net = Net()
-    # Small buckets: several allreduces per step, overlapping backward.
-    model = DDP(net, process_group=group, bucket_cap_mb=0.01,
+    # Small buckets: several allreduces per step, overlapping backward. PowerSGD's hooks wait
+    # inside their callbacks, which needs one bucket (over gloo too: several hang there).
+    one_bucket = hook is HOOKS["power_sgd"]
+    model = DDP(net, process_group=group, bucket_cap_mb=25 if one_bucket else 0.01,
                 find_unused_parameters=find_unused)
     if hook is not None:
-        model.register_comm_hook(group, hook)
+        model.register_comm_hook(*hook(group))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(steps):
@@ -42,10 +44,25 @@ def _train(group, hook, find_unused, steps, rank):
     return [p.detach().clone() for p in net.parameters()]
 
 
+def _power_sgd(group):
+    # PowerSGD's hook waits, inside a Future callback, on the futures of the allreduces it
+    # starts there: the completion of one ddl op must not wait for the callback of another.
+    # (torch 2.13's batched_powerSGD_hook fails in _orthogonalize over gloo as over ddl.)
+    state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=2,
+                                        start_powerSGD_iter=3, random_seed=0)
+    return state, powerSGD_hook.powerSGD_hook
+
+
+HOOKS = {
+    "fp16_hook": lambda group: (group, default_hooks.fp16_compress_hook),
+    "power_sgd": _power_sgd,
+}
+
+
 def _ddp_parity(rank, size, variant):
     gloo = dist.new_group(backend="gloo")
     ddl = dist.group.WORLD
-    hook = default_hooks.fp16_compress_hook if variant == "fp16_hook" else None
+    hook = HOOKS.get(variant)
     find_unused = variant == "find_unused"
     steps = 12
     got = _train(ddl, hook, find_unused, steps, rank)
@@ -66,9 +83,33 @@ def _ddp_parity(rank, size, variant):
 
 
 @pytest.mark.parametrize("size", [2, 3])
-@pytest.mark.parametrize("variant", ["plain", "fp16_hook", "find_unused"])
+@pytest.mark.parametrize("variant",
+                         ["plain", "fp16_hook", "find_unused", "power_sgd"])
 def test_ddp_matches_gloo(size, variant):
-    run_ranks(_ddp_parity, size, variant)
+    run_ranks(_ddp_parity, size, variant, timeout=120)
+
+
+def _callback_waits(rank, size):
+    # A Future callback that starts a collective and waits for its future, nested twice.
+    def inner(fut):
+        t = fut.value()[0] + 1
+        dist.all_reduce(t, async_op=True).get_future().wait()
+        return t
+
+    def outer(fut):
+        u = fut.value()[0] * 2
+        return dist.all_reduce(u, async_op=True).get_future().then(inner).wait()
+
+    x = torch.full((1000,), float(rank))
+    got = dist.all_reduce(x, async_op=True).get_future().then(outer).wait()
+    s = size * (size - 1) / 2
+    want = (2 * s * size + 1) * size
+    assert torch.equal(got, torch.full((1000,), want)), got[:3]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_future_callback_may_wait_on_another_collective(size):
+    run_ranks(_callback_waits, size, timeout=60)
 
 
 def _train_wide(group, steps, rank):
