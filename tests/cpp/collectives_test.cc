@@ -362,6 +362,29 @@ TEST(Collectives, TimeoutNamesTheMissingRank) {
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
+TEST(Collectives, RanksThatDisagreeOnSizesAllFailSayingSo) {
+  // Rank 0 reduces 100 elements, rank 1 200 (or doubles): neither returns a partial result.
+  for (DataType second : {DataType::kFloat32, DataType::kFloat64}) {
+    std::vector<std::string> errors(2);
+    runRanks(2, [&](Communicator& comm) {
+      const bool first = comm.rank() == 0;
+      const DataType type = first ? DataType::kFloat32 : second;
+      const size_t n = first || second != DataType::kFloat32 ? 100 : 200;
+      std::vector<double> buf(n, 1.0);
+      auto work = comm.allreduce(buf.data(), n, type, ReduceOp::kSum);
+      work->wait();
+      ASSERT_TRUE(work->failed()) << "rank " << comm.rank() << " returned";
+      errors[comm.rank()] = work->error();
+      // The group still works.
+      std::vector<float> ok(10, 1.0f);
+      check(comm.allreduce(ok.data(), ok.size(), DataType::kFloat32, ReduceOp::kSum));
+      EXPECT_EQ(ok[9], 2.0f);
+    });
+    const std::string& both = errors[0] + " | " + errors[1];
+    EXPECT_NE(both.find("different sizes or dtypes"), std::string::npos) << both;
+  }
+}
+
 // A loopback transport that, like UCX with a receive it has already matched, cannot cancel at
 // once: cancelled requests stay posted until the test lets go.
 class HoldingTransport : public Transport {

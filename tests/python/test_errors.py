@@ -90,3 +90,31 @@ def _wait_timeout(rank, size):
 
 def test_wait_with_timeout_gives_up_but_the_op_can_still_finish():
     run_ranks(_wait_timeout, 2)
+
+
+def _mismatched(rank, size):
+    # Ranks that call a collective with different sizes or dtypes raise; none returns a partial
+    # or garbled result, and the group goes on working. At 2 ranks both see the other's message
+    # and say so; at 3, a rank that only waits on one that failed still times out (the failure
+    # is not yet sent to every rank).
+    group = dist.new_group(backend="ddl", timeout=timedelta(seconds=3))
+    n = 100 if rank == 0 else 200
+    cases = [
+        ("all_reduce 100 vs 200", lambda: dist.all_reduce(torch.ones(n), group=group)),
+        ("all_reduce float32 vs float64", lambda: dist.all_reduce(
+            torch.ones(100, dtype=torch.float32 if rank == 0 else torch.float64), group=group)),
+        ("all_gather 100 vs 200", lambda: dist.all_gather(
+            [torch.empty(n) for _ in range(size)], torch.ones(n), group=group)),
+    ]
+    expected = "different sizes or dtypes" + ("" if size == 2 else "|Timed out")
+    for what, call in cases:
+        with pytest.raises(RuntimeError, match=expected):
+            call()
+        t = torch.ones(5)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((5,), float(size))), what
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_mismatched_calls_raise_on_every_rank(size):
+    run_ranks(_mismatched, size, timeout=120)

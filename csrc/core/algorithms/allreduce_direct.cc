@@ -97,7 +97,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     if (j == rank) continue;
     incoming[j].resize(kMaxOffer);
     requests.push_back(op.send(j, tag::slot(kPhase, kOfferStep), offer.data(), offer.size()));
-    requests.push_back(op.recv(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
+    requests.push_back(op.recvUpTo(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
   }
   co_await op.all(requests);
   std::atomic_thread_fence(std::memory_order_acquire);

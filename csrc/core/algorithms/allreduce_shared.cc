@@ -143,7 +143,7 @@ Task setUp(Op& op, SharedRing& ring, PipelineSettings settings) {
   if (ring.inboxWindow != 0) offer += key;
   std::vector<char> theirs(kMaxKey);
   Request* sent = op.send(prev, tag::slot(kPhase, kKeyStep), offer.data(), offer.size());
-  Request* got = op.recv(next, tag::slot(kPhase, kKeyStep), theirs.data(), theirs.size());
+  Request* got = op.recvUpTo(next, tag::slot(kPhase, kKeyStep), theirs.data(), theirs.size());
   co_await op.all(sent, got);
 
   Geometry nextGeometry{};

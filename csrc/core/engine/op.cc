@@ -34,9 +34,21 @@ void Op::observe(Request* req) {
   Op* op = static_cast<Op*>(req->owner);
   if (op == nullptr) return;
   ++op->completions_;
-  if (req->failed && op->failure_.empty()) {
+  if (!op->failure_.empty()) return;
+  const std::string disagree =
+      ": the ranks called " + op->name_ + " with different sizes or dtypes";
+  if (req->failed && !req->isSend && req->expectedBytes != Request::kAnySize &&
+      req->error.find("truncated") != std::string::npos) {
+    op->failure_ = "rank " + std::to_string(req->peer) + " sent more than the " +
+                   std::to_string(req->expectedBytes) + " bytes this rank expects" + disagree;
+  } else if (req->failed) {
     op->failure_ = std::string(req->isSend ? "send to" : "receive from") + " rank " +
                    std::to_string(req->peer) + " failed: " + req->error;
+  } else if (!req->isSend && req->expectedBytes != Request::kAnySize &&
+             req->receivedBytes != req->expectedBytes) {
+    op->failure_ = "rank " + std::to_string(req->peer) + " sent " +
+                   std::to_string(req->receivedBytes) + " bytes where this rank expects " +
+                   std::to_string(req->expectedBytes) + disagree;
   }
 }
 
@@ -48,7 +60,16 @@ Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
 }
 
 Request* Op::recv(int peer, uint64_t slot, void* data, size_t bytes) {
+  return postRecv(peer, slot, data, bytes, bytes);
+}
+
+Request* Op::recvUpTo(int peer, uint64_t slot, void* data, size_t bytes) {
+  return postRecv(peer, slot, data, bytes, Request::kAnySize);
+}
+
+Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected) {
   Request* req = newRequest(peer, false);
+  req->expectedBytes = expected;  // before posting: the transport may complete it at once
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(peer));
   group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;

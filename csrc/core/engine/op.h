@@ -51,7 +51,11 @@ class Op {
   void setMemory(Memory& memory) { memory_ = &memory; }
 
   Request* send(int peer, uint64_t slot, const void* data, size_t bytes);
+  // A message of exactly `bytes`; one of another size fails the op, naming the sender (the
+  // ranks called the collective with different sizes or dtypes).
   Request* recv(int peer, uint64_t slot, void* data, size_t bytes);
+  // A message of at most `bytes` (request->receivedBytes says how many arrived).
+  Request* recvUpTo(int peer, uint64_t slot, void* data, size_t bytes);
   // From whichever rank sends first; the sender is tag::source(request->senderTag).
   Request* recvAny(uint64_t slot, void* data, size_t bytes);
 
@@ -103,6 +107,7 @@ class Op {
   struct SharedRing;
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
+  Request* postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);
 
   std::shared_ptr<const Group> group_;
   uint32_t sequence_;

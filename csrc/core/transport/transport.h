@@ -22,8 +22,12 @@ struct Request {
   bool failed = false;
   std::string error;         // set when failed
   size_t receivedBytes = 0;  // receives: bytes that arrived
-  uint64_t senderTag = 0;    // receives: the full tag of the message matched
-  int peer = -1;             // group rank of the other side (for error messages)
+  // Receives: the exact size the receiver expects (kAnySize: up to the buffer). A message of
+  // another size fails the op: the ranks disagree on what they called.
+  static constexpr size_t kAnySize = ~size_t{0};
+  size_t expectedBytes = kAnySize;
+  uint64_t senderTag = 0;  // receives: the full tag of the message matched
+  int peer = -1;           // group rank of the other side (for error messages)
   bool isSend = false;
   void* owner = nullptr;  // the engine's operation waiting on it (nullptr once orphaned)
   RequestObserver observer = nullptr;
