@@ -30,6 +30,14 @@ Request* Op::newRequest(int peer, bool isSend) {
   return req;
 }
 
+bool Op::refuseAfterFailure(Request* req) {
+  // Nothing more leaves a failed op (a receive may complete inside the call that posts it, and
+  // the algorithm runs on until its next co_await): a peer must not get data built on it.
+  if (failure_.empty()) return false;
+  req->fail("not posted: the op had already failed");
+  return true;
+}
+
 void Op::observe(Request* req) {
   Op* op = static_cast<Op*>(req->owner);
   if (op == nullptr) return;
@@ -54,6 +62,7 @@ void Op::observe(Request* req) {
 
 Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
   Request* req = newRequest(peer, true);
+  if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
   group_->engine->transport().send(group_->peers.at(peer), t, data, bytes, req);
   return req;
@@ -70,6 +79,7 @@ Request* Op::recvUpTo(int peer, uint64_t slot, void* data, size_t bytes) {
 Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected) {
   Request* req = newRequest(peer, false);
   req->expectedBytes = expected;  // before posting: the transport may complete it at once
+  if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(peer));
   group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;

@@ -62,7 +62,9 @@ class Op {
   class Until {
    public:
     Until(Op* op, std::function<bool()> predicate) : op_(op), predicate_(std::move(predicate)) {}
-    bool await_ready() { return predicate_(); }
+    // A failed op suspends at its next co_await (the engine then ends it), even where what it
+    // waits for is done: what arrived may be what made it fail.
+    bool await_ready() { return op_->failure_.empty() && predicate_(); }
     void await_suspend(std::coroutine_handle<> handle);
     void await_resume() { op_->seen_ = op_->completions_; }
 
@@ -108,6 +110,7 @@ class Op {
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
   Request* postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);
+  bool refuseAfterFailure(Request* req);
 
   std::shared_ptr<const Group> group_;
   uint32_t sequence_;
