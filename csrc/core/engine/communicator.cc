@@ -111,6 +111,14 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
     if (r != rank) addresses[r] = store.get("ddl/address/" + std::to_string(r));
   }
   group->peers = engine.connect(addresses);
+  // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
+  store.set("ddl/process/" + std::to_string(rank), ProcessIdentity::self().encode());
+  std::vector<ProcessIdentity> identities(size);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank)
+      identities[r] = ProcessIdentity::decode(store.get("ddl/process/" + std::to_string(r)));
+  }
+  engine.watch(group->peers, identities);
   return std::shared_ptr<Communicator>(new Communicator(std::move(group), timeout));
 }
 

@@ -126,6 +126,48 @@ std::vector<PeerId> Engine::connect(const std::vector<std::string>& addresses) {
   return peers;
 }
 
+void Engine::watch(const std::vector<PeerId>& peers,
+                   const std::vector<ProcessIdentity>& identities) {
+  const ProcessIdentity me = ProcessIdentity::self();
+  call([&] {
+    for (size_t i = 0; i < peers.size() && i < identities.size(); ++i) {
+      if (peers[i] >= 0 && me.sameMachineAndNamespace(identities[i]) &&
+          identities[i].pid != me.pid) {
+        watch_.watch(peers[i], identities[i]);
+      }
+    }
+  });
+}
+
+std::string Engine::lostPeerOf(const Op& op) const {
+  if (lost_.empty()) return "";
+  const auto now = Clock::now();
+  const Group& g = op.group();
+  for (int r = 0; r < g.size; ++r) {
+    if (r == g.rank) continue;
+    auto it = lost_.find(g.peers[r]);
+    if (it != lost_.end() && now - it->second.since >= kLostGrace) {
+      return "rank " + std::to_string(r) + " is gone: " + it->second.why;
+    }
+  }
+  return "";
+}
+
+bool Engine::checkLiveness() {
+  bool found = false;
+  for (auto& [peer, why] : watch_.poll()) {
+    lost_.emplace(peer, Lost{why, Clock::now()});
+    found = true;
+  }
+  if (lost_.empty()) return found;
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    std::string why = lostPeerOf(**current);
+    if (!why.empty()) finishOp(current, why);
+  }
+  return found;
+}
+
 bool Engine::drainSubmissions() {
   std::vector<std::unique_ptr<Op>> ops;
   std::vector<std::function<void()>> calls;
@@ -139,6 +181,11 @@ bool Engine::drainSubmissions() {
   for (auto& op : ops) {
     op->startClock();
     active_.push_back(std::move(op));
+    std::string lost = lostPeerOf(*active_.back());
+    if (!lost.empty()) {
+      finishOp(std::prev(active_.end()), lost);
+      continue;
+    }
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
     resume(**it);
@@ -248,10 +295,15 @@ void Engine::sleep() {
     } else if (!orphans_.empty()) {
       timeoutMs = 1000;
     }
-    pollfd fds[2] = {{eventFd_, POLLIN, 0}, {transport_->wakeFd(), POLLIN, 0}};
-    int nfds = fds[1].fd >= 0 ? 2 : 1;
-    if (nfds == 1 && timeoutMs < 0) timeoutMs = 1;
-    poll(fds, nfds, timeoutMs);
+    if (!lost_.empty() && !active_.empty()) timeoutMs = std::clamp(timeoutMs, 0, 10);
+    std::vector<pollfd> fds = {{eventFd_, POLLIN, 0}};
+    if (transport_->wakeFd() >= 0) {
+      fds.push_back({transport_->wakeFd(), POLLIN, 0});
+    } else if (timeoutMs < 0) {
+      timeoutMs = 1;
+    }
+    for (int fd : watch_.fds()) fds.push_back({fd, POLLIN, 0});  // a watched peer exits
+    poll(fds.data(), fds.size(), timeoutMs);
   }
   sleeping_.store(false);
   uint64_t counter;
@@ -267,6 +319,7 @@ void Engine::run() {
     busy |= stepOps();
     auto now = Clock::now();
     if (now - lastDeadlineCheck > std::chrono::milliseconds(1)) {
+      busy |= checkLiveness();
       checkDeadlines();
       lastDeadlineCheck = now;
     }

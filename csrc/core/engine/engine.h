@@ -11,6 +11,7 @@
 #include <atomic>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "../transport/transport.h"
+#include "liveness.h"
 #include "op.h"
 #include "shared_buffers.h"
 
@@ -38,6 +40,9 @@ class Engine {
   std::string localAddress() const { return address_; }
   // Connects to every address (deduplicated by the transport). Blocks until done.
   std::vector<PeerId> connect(const std::vector<std::string>& addresses);
+  // Watches the peers whose identity shows them on this host (liveness.h): once one exits, the
+  // ops of every group that has it fail, now and later, naming it. Blocks until set up.
+  void watch(const std::vector<PeerId>& peers, const std::vector<ProcessIdentity>& identities);
 
   // Thread-safe. The op's task must be set; its Work finishes when the op ends.
   void submit(std::unique_ptr<Op> op);
@@ -66,6 +71,11 @@ class Engine {
   bool drainSubmissions();
   bool stepOps();
   void checkDeadlines();
+  // Peers that exited: fails the ops that need them (after kLostGrace, in which data they sent
+  // before exiting may still land). True when a peer was found gone.
+  bool checkLiveness();
+  // Why `op` cannot go on ("rank 2 is gone: ..."), or "" while every peer of its group lives.
+  std::string lostPeerOf(const Op& op) const;
   void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error);
   void resume(Op& op);
   void sleep();
@@ -96,6 +106,13 @@ class Engine {
     std::vector<std::unique_ptr<Request>> requests;
   };
   std::vector<Orphaned> orphans_;
+  PeerWatch watch_;
+  struct Lost {
+    std::string why;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<PeerId, Lost> lost_;
+  static constexpr std::chrono::milliseconds kLostGrace{50};
   std::thread thread_;
 };
 

@@ -1,0 +1,90 @@
+"""A peer that dies or exits fails the survivors' operations within seconds, naming it, not at
+the group's timeout; later operations of the group fail at once with the same cause."""
+
+import os
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT = timedelta(seconds=60)
+BOUND_S = 2.0
+
+
+def _rank(rank, size, victim, how, op, store, stamp):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    x = torch.ones(1 << 20)
+    outs = [torch.empty_like(x) for _ in range(size)]
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "broadcast": lambda: dist.broadcast(x, src=0),
+        "all_gather": lambda: dist.all_gather(outs, x),
+        "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),
+    }
+    call = calls[op]
+    for _ in range(5):
+        call()
+    if rank == victim:
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif how == "destroy":
+            dist.destroy_process_group()
+        os._exit(0)
+    try:
+        for _ in range(100000):
+            call()
+        raise AssertionError("the survivors never noticed")
+    except RuntimeError as error:
+        failed = time.time()
+        message = str(error)
+    died = float(open(stamp).read())
+    assert f"rank {victim} is gone" in message, message
+    assert failed - died < BOUND_S, f"noticed after {failed - died:.2f} s: {message}"
+    # Later calls fail at once with the cause.
+    start = time.time()
+    with pytest.raises(RuntimeError, match=f"rank {victim} is gone"):
+        call()
+    assert time.time() - start < 0.5
+
+
+def _entry(rank, *args):
+    try:
+        _rank(rank, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+@pytest.mark.parametrize("how", ["kill", "exit", "destroy"])
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+def test_a_peer_that_dies_fails_the_survivors_in_seconds(op, how):
+    size, victim = 3, (hash((op, how)) % 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = (size, victim, how, op, os.path.join(tmp, "store"), os.path.join(tmp, "stamp"))
+        ctx = mp.start_processes(_entry, args=args, nprocs=size, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + 90
+        try:
+            for p in ctx.processes:
+                p.join(max(0.1, deadline - time.monotonic()))
+            codes = [p.exitcode for p in ctx.processes]
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+    want = [0] * size
+    want[victim] = -signal.SIGKILL if how == "kill" else 0
+    assert codes == want, f"exit codes {codes}, want {want}"
