@@ -189,62 +189,50 @@ cudaError_t averageAs(void* buf, size_t n, size_t divisor, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
+// Calls fn(T{}) with the element type T of `type` (bool as uint8_t).
+template <typename Fn>
+cudaError_t forType(DataType type, Fn&& fn) {
+  switch (type) {
+    case DataType::kFloat32:
+      return fn(float{});
+    case DataType::kFloat64:
+      return fn(double{});
+    case DataType::kFloat16:
+      return fn(__half{});
+    case DataType::kBFloat16:
+      return fn(__nv_bfloat16{});
+    case DataType::kInt8:
+      return fn(int8_t{});
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return fn(uint8_t{});
+    case DataType::kInt16:
+      return fn(int16_t{});
+    case DataType::kInt32:
+      return fn(int32_t{});
+    case DataType::kInt64:
+      return fn(int64_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t launchReduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                          cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  switch (type) {
-    case DataType::kFloat32:
-      return reduceAs<float>(op, dst, src, count, stream);
-    case DataType::kFloat64:
-      return reduceAs<double>(op, dst, src, count, stream);
-    case DataType::kFloat16:
-      return reduceAs<__half>(op, dst, src, count, stream);
-    case DataType::kBFloat16:
-      return reduceAs<__nv_bfloat16>(op, dst, src, count, stream);
-    case DataType::kInt8:
-      return reduceAs<int8_t>(op, dst, src, count, stream);
-    case DataType::kUInt8:
-      return reduceAs<uint8_t>(op, dst, src, count, stream);
-    case DataType::kInt16:
-      return reduceAs<int16_t>(op, dst, src, count, stream);
-    case DataType::kInt32:
-      return reduceAs<int32_t>(op, dst, src, count, stream);
-    case DataType::kInt64:
-      return reduceAs<int64_t>(op, dst, src, count, stream);
-    case DataType::kBool:
-      return reduceBool(op, dst, src, count, stream);
-  }
-  return cudaErrorInvalidValue;
+  if (type == DataType::kBool) return reduceBool(op, dst, src, count, stream);
+  return forType(
+      type, [&](auto element) { return reduceAs<decltype(element)>(op, dst, src, count, stream); });
 }
 
 cudaError_t launchAverage(DataType type, void* buf, size_t count, size_t divisor,
                           cudaStream_t stream) {
   if (count == 0 || divisor <= 1) return cudaSuccess;
-  switch (type) {
-    case DataType::kFloat32:
-      return averageAs<float>(buf, count, divisor, stream);
-    case DataType::kFloat64:
-      return averageAs<double>(buf, count, divisor, stream);
-    case DataType::kFloat16:
-      return averageAs<__half>(buf, count, divisor, stream);
-    case DataType::kBFloat16:
-      return averageAs<__nv_bfloat16>(buf, count, divisor, stream);
-    case DataType::kInt8:
-      return averageAs<int8_t>(buf, count, divisor, stream);
-    case DataType::kUInt8:
-      return averageAs<uint8_t>(buf, count, divisor, stream);
-    case DataType::kInt16:
-      return averageAs<int16_t>(buf, count, divisor, stream);
-    case DataType::kInt32:
-      return averageAs<int32_t>(buf, count, divisor, stream);
-    case DataType::kInt64:
-      return averageAs<int64_t>(buf, count, divisor, stream);
-    case DataType::kBool:
-      return cudaErrorInvalidValue;
-  }
-  return cudaErrorInvalidValue;
+  if (type == DataType::kBool) return cudaErrorInvalidValue;
+  return forType(type, [&](auto element) {
+    return averageAs<decltype(element)>(buf, count, divisor, stream);
+  });
 }
 
 }  // namespace ddl::cuda
