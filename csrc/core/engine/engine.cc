@@ -181,13 +181,13 @@ bool Engine::drainSubmissions() {
   for (auto& op : ops) {
     op->startClock();
     active_.push_back(std::move(op));
-    std::string lost = lostPeerOf(*active_.back());
-    if (!lost.empty()) {
-      finishOp(std::prev(active_.end()), lost);
-      continue;
-    }
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
+    std::string lost = lostPeerOf(**it);
+    if (!lost.empty()) {
+      finishOp(it, lost);
+      continue;
+    }
     resume(**it);
     if ((*it)->task.done() || !(*it)->failure().empty()) finishOp(it, "");
   }
