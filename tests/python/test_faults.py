@@ -88,3 +88,44 @@ def test_a_peer_that_dies_fails_the_survivors_in_seconds(op, how):
     want = [0] * size
     want[victim] = -signal.SIGKILL if how == "kill" else 0
     assert codes == want, f"exit codes {codes}, want {want}"
+
+
+def _stopped(rank, size, store):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=3))
+    x = torch.ones(1 << 18)
+    dist.all_reduce(x)
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a stopped rank is alive: only the timeout names it
+        return
+    start = time.time()
+    with pytest.raises(RuntimeError, match=f"Timed out after 3000 ms.*rank {size - 1}"):
+        for _ in range(1000):
+            dist.all_reduce(x)
+    assert time.time() - start < 6
+
+
+def test_a_stopped_peer_gets_the_timeout_naming_it():
+    size = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(_entry_stopped, args=(size, os.path.join(tmp, "store")),
+                                 nprocs=size, join=False, start_method="spawn")
+        try:
+            ctx.processes[0].join(60)
+            code = ctx.processes[0].exitcode
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+    assert code == 0, code
+
+
+def _entry_stopped(rank, *args):
+    try:
+        _stopped(rank, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
