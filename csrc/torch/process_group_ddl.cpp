@@ -132,6 +132,7 @@ class StoreAdapter : public KeyValueStore {
     std::vector<uint8_t> value = store_->get(key);
     return std::string(value.begin(), value.end());
   }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
   uint64_t nextGroupNumber() override {
     return static_cast<uint64_t>(
         torch_compat::rootStore(store_)->add("torch_ddl/group_counter", 1) - 1);

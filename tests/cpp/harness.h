@@ -38,6 +38,13 @@ class MemoryStore : public KeyValueStore {
     }
     return values_[key];
   }
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t sum = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
+    values_[key] = std::to_string(sum);
+    cv_.notify_all();
+    return sum;
+  }
   uint64_t nextGroupNumber() override { return (*counter_)++; }
 
  private:

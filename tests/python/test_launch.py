@@ -66,6 +66,26 @@ def test_file_init_method_larger_worlds(size):
     run_ranks(_sum_check, size, timeout=300)
 
 
+def _reinit(rank, size, store):
+    import torch_ddl  # noqa: F401
+
+    # The same processes create the default group three times over one rendezvous: a FileStore
+    # keeps the keys of the groups before (as torchrun's store keeps a failed attempt's).
+    for k in range(3):
+        dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=20))
+        t = torch.full((100,), float(rank + k))
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((100,), float(size * (size - 1) // 2 + size * k))), k
+        dist.destroy_process_group()
+
+
+def test_destroy_and_init_again_in_the_same_processes():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_reinit, args=(3, os.path.join(tmp, "store")), nprocs=3,
+                           start_method="spawn")
+
+
 def _env(extra=None):
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)

@@ -96,27 +96,33 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   group->engine = &engine;
   group->rank = rank;
   group->size = size;
+  // The store may hold the keys of an earlier creation of a group with this prefix (a group
+  // destroyed and created again; a FileStore reused): every rank counts itself in, and the
+  // creation the count falls in names this one's keys, so nobody reads a stale value.
+  const int64_t joined = store.add("ddl/joined", 1);
+  const std::string key = "ddl/" + std::to_string((joined - 1) / size) + "/";
   if (rank == 0) {
     group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kMaxGroups);
-    store.set("ddl/group_id", std::to_string(group->id));
+    store.set(key + "group_id", std::to_string(group->id));
   } else {
-    group->id = static_cast<uint32_t>(std::stoul(store.get("ddl/group_id")));
+    group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
   }
   group->name = "group " + std::to_string(group->id);
   group->sharedRing = std::make_shared<SharedRing>(&engine);
   group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
-  store.set("ddl/address/" + std::to_string(rank), engine.localAddress());
+  store.set(key + "address/" + std::to_string(rank), engine.localAddress());
   std::vector<std::string> addresses(size);
   for (int r = 0; r < size; ++r) {
-    if (r != rank) addresses[r] = store.get("ddl/address/" + std::to_string(r));
+    if (r != rank) addresses[r] = store.get(key + "address/" + std::to_string(r));
   }
   group->peers = engine.connect(addresses);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
-  store.set("ddl/process/" + std::to_string(rank), ProcessIdentity::self().encode());
+  store.set(key + "process/" + std::to_string(rank), ProcessIdentity::self().encode());
   std::vector<ProcessIdentity> identities(size);
   for (int r = 0; r < size; ++r) {
-    if (r != rank)
-      identities[r] = ProcessIdentity::decode(store.get("ddl/process/" + std::to_string(r)));
+    if (r != rank) {
+      identities[r] = ProcessIdentity::decode(store.get(key + "process/" + std::to_string(r)));
+    }
   }
   engine.watch(group->peers, identities);
   return std::shared_ptr<Communicator>(new Communicator(std::move(group), timeout));

@@ -13,6 +13,8 @@ class KeyValueStore {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key exists (or the store's own timeout passes, which throws).
   virtual std::string get(const std::string& key) = 0;
+  // Adds `delta` to the number stored at `key` (0 when absent) and returns the sum, atomically.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // A number no other group of this job has been given: a counter shared by all groups.
   virtual uint64_t nextGroupNumber() = 0;
 };
