@@ -2,6 +2,7 @@
 the example under torchrun, and the info tool."""
 
 import importlib
+import importlib.metadata
 import os
 import socket
 import subprocess
@@ -101,6 +102,21 @@ def test_torchrun_example():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "backend ddl" in out.stdout
     assert "epoch 2/2" in out.stdout and "samples/s" in out.stdout
+
+
+def test_torchrun_restarts_a_job_whose_rank_failed():
+    # --max-restarts 1: rank 1 exits with code 1 in the first attempt; the second forms its group
+    # again over torchrun's store (which keeps the first attempt's keys) and finishes.
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not any(e.name == "torch_ddl" for e in importlib.metadata.entry_points(
+            group="torch.backends")):
+        pytest.skip("torch_ddl is not installed with its entry point (pip install .)")
+    cmd = [torchrun, "--nproc_per_node=2", "--max-restarts=1", f"--master_port={free_port()}",
+           os.path.join(ROOT, "tests", "python", "elastic_worker.py")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rank in range(2):
+        assert f"rank {rank} attempt 1 finished" in out.stdout, out.stdout + out.stderr
 
 
 def test_info_tool():
