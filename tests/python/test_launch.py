@@ -67,14 +67,15 @@ def test_file_init_method_larger_worlds(size):
     run_ranks(_sum_check, size, timeout=300)
 
 
-def _reinit(rank, size, store):
+def _reinit(rank, size, port):
     import torch_ddl  # noqa: F401
 
-    # The same processes create the default group three times over one rendezvous: a FileStore
-    # keeps the keys of the groups before (as torchrun's store keeps a failed attempt's).
+    # The same processes create the default group three times over one store that keeps the
+    # keys of the creations before (as torchrun's store keeps a failed attempt's).
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
     for k in range(3):
-        dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=20))
+        dist.init_process_group("ddl", store=dist.PrefixStore("job", store), rank=rank,
+                                world_size=size, timeout=timedelta(seconds=20))
         t = torch.full((100,), float(rank + k))
         dist.all_reduce(t)
         assert torch.equal(t, torch.full((100,), float(size * (size - 1) // 2 + size * k))), k
@@ -82,9 +83,11 @@ def _reinit(rank, size, store):
 
 
 def test_destroy_and_init_again_in_the_same_processes():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_reinit, args=(3, os.path.join(tmp, "store")), nprocs=3,
-                           start_method="spawn")
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    mp.start_processes(_reinit, args=(3, port), nprocs=3, start_method="spawn")
+    del server
 
 
 def _env(extra=None):
