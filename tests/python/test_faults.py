@@ -60,9 +60,9 @@ def _rank(rank, size, victim, how, op, store, stamp):
     assert time.time() - start < 0.5
 
 
-def _entry(rank, *args):
+def _entry(rank, fn, *args):
     try:
-        _rank(rank, *args)
+        fn(rank, *args)
     except Exception:
         traceback.print_exc()
         raise
@@ -74,7 +74,7 @@ def test_a_peer_that_dies_fails_the_survivors_in_seconds(op, how):
     size, victim = 3, (hash((op, how)) % 3)
     with tempfile.TemporaryDirectory() as tmp:
         args = (size, victim, how, op, os.path.join(tmp, "store"), os.path.join(tmp, "stamp"))
-        ctx = mp.start_processes(_entry, args=args, nprocs=size, join=False,
+        ctx = mp.start_processes(_entry, args=(_rank, *args), nprocs=size, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + 90
         try:
@@ -111,7 +111,7 @@ def _stopped(rank, size, store):
 def test_a_stopped_peer_gets_the_timeout_naming_it():
     size = 2
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry_stopped, args=(size, os.path.join(tmp, "store")),
+        ctx = mp.start_processes(_entry, args=(_stopped, size, os.path.join(tmp, "store")),
                                  nprocs=size, join=False, start_method="spawn")
         try:
             ctx.processes[0].join(60)
@@ -122,10 +122,3 @@ def test_a_stopped_peer_gets_the_timeout_naming_it():
                     p.kill()
     assert code == 0, code
 
-
-def _entry_stopped(rank, *args):
-    try:
-        _stopped(rank, *args)
-    except Exception:
-        traceback.print_exc()
-        raise
