@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 
 #include "../../core/types.h"
