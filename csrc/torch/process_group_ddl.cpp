@@ -68,7 +68,8 @@ class CompletionThreads {
   size_t workers_ = 0;
 };
 
-// Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt): those
+// Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt), of the
+// sizes the group offers for adoption (Communicator::offersAdoption): those
 // of storages allreduced before, and only when the tensor is its whole storage. The block is
 // copied while it moves; the op owns the tensor it reduces, but not the rest of a storage that a
 // view leaves out, which other threads may be writing then (a gradient buffer whose next bucket
@@ -82,12 +83,6 @@ class ReuseTracker {
     return *tracker;
   }
   Adoptable adoptable(const at::Tensor& tensor) {
-    const Config& c = config();
-    if (!c.shareTensors || tensor.nbytes() < c.directMinBytes ||
-        (c.allreduceAlgorithm != AllreduceAlgorithm::kAuto &&
-         c.allreduceAlgorithm != AllreduceAlgorithm::kDirect)) {
-      return {};
-    }
     const c10::Storage& storage = tensor.storage();
     void* base = const_cast<void*>(storage.data());
     if (tensor.data_ptr() != base || tensor.nbytes() != storage.nbytes()) return {};
@@ -499,7 +494,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
   CallOptions options = callOptions(*work, "allreduce", opts.timeout);
-  if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr()) {
+  if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() &&
+      comm_->offersAdoption(count(buffer), type)) {
     options.adoptable = ReuseTracker::instance().adoptable(buffer);
   }
   return launch(work, options, [&](CallOptions& o) {

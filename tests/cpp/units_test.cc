@@ -95,7 +95,7 @@ TEST(RingPlan, SplitEvenCoversEverythingOnce) {
 }
 
 TEST(Tag, FieldsDoNotOverlap) {
-  uint64_t t = tag::make(4095, 65535, tag::slot(15, 65535), 65535);
+  uint64_t t = tag::make(4095, 65535, tag::slot(63, 16383), 65535);
   EXPECT_EQ(t, ~uint64_t{0});
   EXPECT_EQ(tag::make(1, 0, 0, 0), uint64_t{1} << 52);
   EXPECT_EQ(tag::source(tag::make(3, 4, 5, 77)), 77u);

@@ -10,6 +10,7 @@
 
 #include "../engine/op.h"
 #include "../engine/task.h"
+#include "../topology/allreduce_plan.h"
 #include "../types.h"
 
 namespace ddl {
@@ -31,6 +32,11 @@ struct PipelineSettings {
 // allreduce_ring.cc: data split across `rings` rings; each runs reduce-scatter then allgather.
 Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    PipelineSettings settings);
+
+// allreduce_multidim.cc: the plan's lanes at once, each reduce-scattering stage by stage along
+// its dimension order and gathering back in reverse (allreduce_plan.h).
+Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
+                       std::shared_ptr<const AllreducePlan> plan, PipelineSettings settings);
 
 // allreduce_shared.cc: for ranks of one host. kAuto: the direct allreduce below when every rank's
 // tensor is in a shared buffer, else the ring through the group's shared-memory windows

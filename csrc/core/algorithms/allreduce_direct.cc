@@ -32,7 +32,7 @@
 namespace ddl {
 namespace {
 
-constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;  // the shared ring's sub-phase
+constexpr uint32_t kPhase = tag::kSharedPhase;  // the shared ring's sub-phase
 constexpr uint32_t kOfferStep = 5, kDoneStep = 6, kMappedStep = 7;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxReleased = 64;  // released serials reported per offer
@@ -97,7 +97,8 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     if (j == rank) continue;
     incoming[j].resize(kMaxOffer);
     requests.push_back(op.send(j, tag::slot(kPhase, kOfferStep), offer.data(), offer.size()));
-    requests.push_back(op.recvUpTo(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
+    requests.push_back(
+        op.recvUpTo(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
   }
   co_await op.all(requests);
   std::atomic_thread_fence(std::memory_order_acquire);

@@ -55,8 +55,7 @@ void SharedRing::advance() {
 
 namespace {
 
-// This algorithm's tag sub-phase: rings use the ones below it, point to point the one above.
-constexpr uint32_t kPhase = tag::kPointToPointPhase - 1;
+constexpr uint32_t kPhase = tag::kSharedPhase;
 constexpr uint32_t kKeyStep = 0, kVoteStep = 1, kVerdictStep = 2, kNoticeStep = 3, kFreeStep = 4;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kBlockBytes = 16 << 10;

@@ -72,8 +72,8 @@ bool RingPipeline::advance() {
       const int sendChunk = chunkSentAt(s);
       while (step.sent < segments_ && (s == 0 || step.sent < steps_[s - 1].completed)) {
         Range seg = segmentOf(sendChunk, step.sent);
-        sends_.push_back(op_.send(next_, tag::slot(schedule_.phase, s), at(seg.offset),
-                                  seg.length * elementSize_));
+        sends_.push_back(op_.send(next_, tag::slot(schedule_.phase, schedule_.stepBase + s),
+                                  at(seg.offset), seg.length * elementSize_));
         ++step.sent;
         moved = true;
       }
@@ -89,8 +89,8 @@ bool RingPipeline::advance() {
           freeSlots_.pop_back();
           target = scratch_.get() + slot * segment_ * elementSize_;
         }
-        Request* r =
-            op_.recv(prev_, tag::slot(schedule_.phase, s), target, seg.length * elementSize_);
+        Request* r = op_.recv(prev_, tag::slot(schedule_.phase, schedule_.stepBase + s), target,
+                              seg.length * elementSize_);
         step.inFlight.push_back(Posted{r, slot, seg});
         ++step.posted;
         moved = true;

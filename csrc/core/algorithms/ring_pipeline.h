@@ -32,7 +32,8 @@ namespace ddl {
 
 struct RingSchedule {
   RingPlan ring;
-  uint32_t phase = 0;  // tag sub-phase: one per ring running at the same time
+  uint32_t phase = 0;     // tag phase: one per ring running at the same time
+  uint32_t stepBase = 0;  // step s travels in tag step stepBase + s (rings sharing a phase)
   int steps = 0;
   int reduceSteps = 0;
   int shift = 0;

@@ -13,7 +13,7 @@ PipelineSettings pipelineSettings(const Op& op) {
   const Config& c = config();
   const bool host = op.memory().kind() == MemoryKind::kHost;
   return PipelineSettings{host ? c.segmentBytes : c.deviceSegmentBytes, c.pipelineDepth,
-                          static_cast<int>(c.rings), c.directMinBytes};
+                          static_cast<int>(std::max<size_t>(c.rings, 1)), c.directMinBytes};
 }
 
 // False when `times` blocks of `count` elements of `type` do not fit in size_t.
@@ -23,25 +23,37 @@ bool fits(size_t count, DataType type, size_t times = 1) {
 }
 
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                   Adoptable adoptable) {
+                   Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan) {
   const Config& c = config();
-  size_t bytes = count * elementSize(type);
-  bool small = c.allreduceAlgorithm == AllreduceAlgorithm::kRecursiveDoubling ||
-               (c.allreduceAlgorithm == AllreduceAlgorithm::kAuto && bytes <= c.smallBytes);
+  PipelineSettings settings = pipelineSettings(op);
   // Device memory moves through the transport only (the shared-memory paths are for host
   // memory): a forced shm_ring or direct means the ring there.
   const bool host = op.memory().kind() == MemoryKind::kHost;
-  if (small) {
-    co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
-  } else if (c.allreduceAlgorithm == AllreduceAlgorithm::kRing || !host) {
-    co_await allreduceRing(op, data, count, type, reduce, pipelineSettings(op));
-  } else {
-    SharedAllreduce mode =
-        c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
-        : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
-                                                                : SharedAllreduce::kAuto;
-    if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
-    co_await allreduceShared(op, data, count, type, reduce, pipelineSettings(op), mode, adoptable);
+  switch (plan->algorithm) {
+    case PlanAlgorithm::kTrivial:
+      break;
+    case PlanAlgorithm::kRecursiveDoubling:
+      co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
+      break;
+    case PlanAlgorithm::kRing:
+      settings.rings = plan->rings;
+      co_await allreduceRing(op, data, count, type, reduce, settings);
+      break;
+    case PlanAlgorithm::kMultiDim:
+      co_await allreduceMultiDim(op, data, type, reduce, plan, settings);
+      break;
+    case PlanAlgorithm::kShared:
+      if (!host) {
+        co_await allreduceRing(op, data, count, type, reduce, settings);
+        break;
+      }
+      SharedAllreduce mode =
+          c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
+          : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
+                                                                  : SharedAllreduce::kAuto;
+      if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
+      co_await allreduceShared(op, data, count, type, reduce, settings, mode, adoptable);
+      break;
   }
   if (reduce == ReduceOp::kAvg) {
     op.memory().average(type, data, count, static_cast<size_t>(op.size()));
@@ -67,7 +79,8 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
 }
 
 uint64_t pointToPointSlot(uint32_t userTag) {
-  return tag::slot(tag::kPointToPointPhase, userTag >> tag::kSequenceBits);
+  const uint32_t high = userTag >> tag::kSequenceBits;
+  return tag::slot(tag::kPointToPointPhase + (high >> tag::kStepBits), high);
 }
 
 Task sendTask(Op& op, const void* data, size_t bytes, int peer, uint32_t userTag) {
@@ -125,7 +138,74 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
     }
   }
   engine.watch(group->peers, identities);
-  return std::shared_ptr<Communicator>(new Communicator(std::move(group), timeout));
+  // Where every rank runs: the group's levels (topology.h), from facts, not from rank order.
+  const Config& c = config();
+  store.set(key + "locality/" + std::to_string(rank), Locality::self().encode());
+  std::vector<Locality> localities(size);
+  for (int r = 0; r < size; ++r) {
+    localities[r] = Locality::decode(store.get(key + "locality/" + std::to_string(r)));
+  }
+  Topology topology = buildTopology(localities, parseRackMap(c.topology));
+  return std::shared_ptr<Communicator>(
+      new Communicator(std::move(group), timeout, std::move(topology), parseLinks(c.links)));
+}
+
+Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
+                           Topology topology, LinkCosts links)
+    : group_(std::move(group)),
+      timeout_(timeout),
+      topology_(std::move(topology)),
+      links_(std::move(links)) {}
+
+PlanRequest Communicator::planRequest() {
+  const Config& c = config();
+  PlanRequest request;
+  switch (c.allreduceAlgorithm) {
+    case AllreduceAlgorithm::kAuto:
+      request.algorithm = PlanRequest::Algorithm::kAuto;
+      break;
+    case AllreduceAlgorithm::kDirect:
+    case AllreduceAlgorithm::kSharedRing:
+      request.algorithm = PlanRequest::Algorithm::kShared;
+      break;
+    case AllreduceAlgorithm::kRing:
+      request.algorithm = PlanRequest::Algorithm::kRing;
+      break;
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      request.algorithm = PlanRequest::Algorithm::kRecursiveDoubling;
+      break;
+    case AllreduceAlgorithm::kMultiDim:
+      request.algorithm = PlanRequest::Algorithm::kMultiDim;
+      break;
+  }
+  request.colors = static_cast<int>(c.colors);
+  request.rings = static_cast<int>(c.rings);
+  request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));
+  request.order = c.levelOrder;
+  request.smallBytes = c.smallBytes;
+  return request;
+}
+
+std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, DataType type) {
+  const std::pair<size_t, size_t> key{count, elementSize(type)};
+  std::lock_guard<std::mutex> lock(plansMutex_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  auto plan = std::make_shared<const AllreducePlan>(
+      planAllreduce(topology_, links_, count, elementSize(type), planRequest()));
+  if (plans_.size() >= kPlanCache) plans_.clear();
+  plans_.emplace(key, plan);
+  return plan;
+}
+
+bool Communicator::offersAdoption(size_t count, DataType type) {
+  const Config& c = config();
+  if (!c.shareTensors || count * elementSize(type) < c.directMinBytes ||
+      (c.allreduceAlgorithm != AllreduceAlgorithm::kAuto &&
+       c.allreduceAlgorithm != AllreduceAlgorithm::kDirect)) {
+    return false;
+  }
+  return allreducePlan(count, type)->algorithm == PlanAlgorithm::kShared;
 }
 
 std::string Communicator::where(const char* name) const {
@@ -162,8 +242,18 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   if (!bad.empty()) throw Error(where("allreduce") + ": " + bad);
   checkedBytes("allreduce", count, type);
   const Adoptable adoptable = options.adoptable;
-  return start("allreduce", options,
-               [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable); });
+  std::shared_ptr<const AllreducePlan> plan = options.plan;
+  if (!plan) {
+    plan = allreducePlan(count, type);
+  } else if (plan->count != count || plan->elementSize != elementSize(type)) {
+    throw Error(where("allreduce") + ": the plan given is for " + std::to_string(plan->count) +
+                " elements of " + std::to_string(plan->elementSize) + " bytes");
+  } else {
+    checkPlan(*plan, size());
+  }
+  return start("allreduce", options, [=](Op& op) {
+    return allreduceTask(op, data, count, type, reduce, adoptable, plan);
+  });
 }
 
 size_t Communicator::checkedBytes(const char* name, size_t count, DataType type,

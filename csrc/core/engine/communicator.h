@@ -6,10 +6,14 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "../algorithms/algorithms.h"
+#include "../topology/allreduce_plan.h"
+#include "../topology/topology.h"
 #include "engine.h"
 #include "store.h"
 #include "work.h"
@@ -31,6 +35,8 @@ struct CallOptions {
   // deferStart calls the function it is given, from any thread: e.g. once a device stream has
   // produced the input.
   std::function<void(std::function<void()>)> deferStart;
+  // allreduce: this plan instead of the group's (tests; every rank passes an equal one).
+  std::shared_ptr<const AllreducePlan> plan;
 };
 
 class Communicator {
@@ -47,6 +53,16 @@ class Communicator {
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Operations started on this group so far.
   uint64_t sequenceNumber() const { return sequence_.load(); }
+  // The levels found at creation, and the link costs the planner weighs.
+  const Topology& topology() const { return topology_; }
+  const LinkCosts& links() const { return links_; }
+  // The allreduce plan for `count` elements of `type` (cached per size), and the request the
+  // configuration makes of the planner.
+  std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);
+  static PlanRequest planRequest();
+  // Whether an allreduce of this size may take a buffer to adopt (CallOptions::adoptable): only
+  // where its plan is the shared-memory one and the configuration allows it.
+  bool offersAdoption(size_t count, DataType type);
 
   std::shared_ptr<Work> allreduce(void* data, size_t count, DataType type, ReduceOp op,
                                   CallOptions options = {});
@@ -86,8 +102,8 @@ class Communicator {
                              CallOptions options = {});
 
  private:
-  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout)
-      : group_(std::move(group)), timeout_(timeout) {}
+  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout, Topology topology,
+               LinkCosts links);
   std::shared_ptr<Work> start(const char* name, CallOptions& options,
                               const std::function<Task(Op&)>& body);
   std::shared_ptr<Work> startAt(uint32_t sequence, const char* name, CallOptions& options,
@@ -100,6 +116,11 @@ class Communicator {
   std::shared_ptr<const Group> group_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
+  const Topology topology_;
+  const LinkCosts links_;
+  static constexpr size_t kPlanCache = 256;
+  std::mutex plansMutex_;
+  std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;
 };
 
 }  // namespace ddl

@@ -1,22 +1,26 @@
 #include "config.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 
 #include "../types.h"
+#include "tag.h"
 
 namespace ddl {
 namespace {
 
 const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
-     "allreduce algorithm: auto, direct, shm_ring, ring or recursive_doubling (auto: recursive "
-     "doubling up to TORCH_DDL_SMALL_BYTES; above it, when every rank can map its neighbour's "
-     "shared memory, direct if every rank's tensor is in a shared buffer (torch_ddl.empty_shared), "
-     "else shm_ring; else ring. direct and shm_ring alone fail where they cannot be used)"},
+     "allreduce algorithm: auto, multidim, direct, shm_ring, ring or recursive_doubling (auto, one "
+     "host: recursive doubling up to TORCH_DDL_SMALL_BYTES; above it, when every rank can map its "
+     "neighbour's shared memory, direct if every rank's tensor is in a shared buffer "
+     "(torch_ddl.empty_shared), else shm_ring; else ring. auto, several hosts: the plan the cost "
+     "model finds cheapest, see python -m torch_ddl.info --plan. direct and shm_ring alone fail "
+     "where they cannot be used)"},
     {"TORCH_DDL_SMALL_BYTES", "65536",
-     "auto: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
+     "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
     {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
      "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
      "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes"},
@@ -24,8 +28,10 @@ const std::vector<ConfigEntry> kTable = {
      "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast; shm_ring slot"},
     {"TORCH_DDL_PIPELINE_DEPTH", "4",
      "receives in flight per ring step; shm_ring inboxes hold twice this many slots"},
-    {"TORCH_DDL_RINGS", "1",
-     "rings a large allreduce is split across; odd rings run the opposite direction"},
+    {"TORCH_DDL_RINGS", "0",
+     "rings a large allreduce is split across, odd ones running the opposite direction (flat "
+     "ring, and per colour of multidim); 0: 1 for the flat ring, the cost model's choice for "
+     "multidim"},
     {"TORCH_DDL_SPIN_US", "50",
      "microseconds the progress thread and a waiting caller poll before they sleep"},
     {"TORCH_DDL_SHARE_TENSORS", "1",
@@ -35,6 +41,18 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_DEVICE_SEGMENT_BYTES", "4194304",
      "TORCH_DDL_SEGMENT_BYTES for tensors in device (CUDA) memory, whose every message costs "
      "UCX a rendezvous"},
+    {"TORCH_DDL_COLORS", "0",
+     "colours of the multi-dimensional allreduce (colour c walks the dimensions starting at the "
+     "c-th); 0: the cost model's choice"},
+    {"TORCH_DDL_LEVEL_ORDER", "",
+     "dimensions colour 0 of multidim walks first, comma-separated (0 within a host, 1 across "
+     "hosts, 2 across racks); empty: innermost first"},
+    {"TORCH_DDL_TOPOLOGY", "",
+     "racks of hosts, 'rack: host host; rack: host ...' or @file with one rack per line; empty: "
+     "no level above the host"},
+    {"TORCH_DDL_LINKS", "",
+     "link latency and bandwidth per dimension for the cost model, e.g. '1:50us:117MB,2:80us:40MB' "
+     "(defaults 0:2us:5GB, 1:30us:1.25GB, 2:50us:1.25GB)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -61,17 +79,37 @@ Config read() {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRing;
   } else if (algo == "recursive_doubling") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
+  } else if (algo == "multidim") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kMultiDim;
   } else {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
-                " is not one of auto, direct, shm_ring, ring, recursive_doubling");
+                " is not one of auto, multidim, direct, shm_ring, ring, recursive_doubling");
   }
   c.smallBytes = parseSize(kTable[1], 0);
   c.directMinBytes = parseSize(kTable[2], 0);
   c.segmentBytes = parseSize(kTable[3], 1);
   c.deviceSegmentBytes = parseSize(kTable[8], 1);
   c.pipelineDepth = parseSize(kTable[4], 1);
-  c.rings = parseSize(kTable[5], 1);
-  if (c.rings > 14) throw Error("ddl: TORCH_DDL_RINGS must be at most 14");
+  c.rings = parseSize(kTable[5], 0);
+  c.colors = parseSize(kTable[9], 0);
+  if (std::max<size_t>(c.rings, 1) * std::max<size_t>(c.colors, 1) > tag::kPlanPhases) {
+    throw Error("ddl: TORCH_DDL_RINGS x TORCH_DDL_COLORS must be at most " +
+                std::to_string(tag::kPlanPhases));
+  }
+  std::string order = configValue(kTable[10]);
+  for (size_t at = 0; at < order.size();) {
+    size_t comma = std::min(order.find(',', at), order.size());
+    std::string item = order.substr(at, comma - at);
+    if (item.empty() || item.size() > 2 ||
+        item.find_first_not_of("0123456789") != std::string::npos) {
+      throw Error("ddl: TORCH_DDL_LEVEL_ORDER=" + order +
+                  " is not a comma-separated list of dimensions (e.g. 1,0)");
+    }
+    c.levelOrder.push_back(std::stoi(item));
+    at = comma + 1;
+  }
+  c.topology = configValue(kTable[11]);
+  c.links = configValue(kTable[12]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
   std::string share = configValue(kTable[7]);
   if (share != "0" && share != "1") {

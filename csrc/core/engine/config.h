@@ -9,7 +9,7 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kDirect, kSharedRing, kRing, kRecursiveDoubling };
+enum class AllreduceAlgorithm { kAuto, kDirect, kSharedRing, kRing, kRecursiveDoubling, kMultiDim };
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;
@@ -18,7 +18,11 @@ struct Config {
   size_t segmentBytes = 0;        // pipeline segment of ring and tree algorithms
   size_t deviceSegmentBytes = 0;  // the same for buffers in device memory
   size_t pipelineDepth = 0;       // receives in flight per ring step
-  size_t rings = 0;               // rings a large allreduce is split across
+  size_t rings = 0;               // rings a large allreduce is split across (0: the planner's)
+  size_t colors = 0;              // colours of the multi-dimensional ring (0: the planner's)
+  std::vector<int> levelOrder;    // dimensions of colour 0, innermost first when empty
+  std::string topology;           // TORCH_DDL_TOPOLOGY: racks of hosts (topology.h)
+  std::string links;              // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)
   long spinMicros = 0;            // busy-poll time before the progress thread or a waiter sleeps
   bool shareTensors = true;       // adopt large, reused allreduce tensors (shared_buffers.h)
 };

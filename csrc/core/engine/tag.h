@@ -6,9 +6,12 @@
 //
 // group:    the communicator's id, agreed through the store when the group is created.
 // sequence: the operation's number within its group, taken in program order.
-// slot:     which message of the operation: sub-phase (4 bits: ring, colour, phase) and step (16).
-//           Messages of one slot between one pair are matched in send order (FIFO), so segments
-//           of a pipelined step share a slot.
+// slot:     which message of the operation: phase (6 bits) and step (14 bits). Phases
+//           0..kPlanPhases-1 are handed out by an operation's plan (one per ring x colour running
+//           at once: topology/allreduce_plan.h); kSharedPhase is the shared-memory ring's and the
+//           direct path's; the top kPointToPointPhases carry point-to-point tags. Messages of one
+//           slot between one pair are matched in send order (FIFO), so segments of a pipelined
+//           step share a slot.
 // source:   the sender's rank in the group; a receive from any source masks it out.
 #pragma once
 
@@ -27,11 +30,18 @@ inline constexpr int kSlotShift = kSourceShift + kSourceBits;
 inline constexpr int kSequenceShift = kSlotShift + kSlotBits;
 inline constexpr int kGroupShift = kSequenceShift + kSequenceBits;
 
-inline constexpr int kStepBits = 16;
+inline constexpr int kStepBits = 14;
 inline constexpr int kPhaseBits = kSlotBits - kStepBits;
-// Point-to-point messages use the last sub-phase; their user tag (32 bits) fills the sequence
-// field (low half) and the step (high half). Collectives use sub-phases below it.
-inline constexpr uint32_t kPointToPointPhase = (1u << kPhaseBits) - 1;
+inline constexpr uint32_t kMaxSteps = uint32_t{1} << kStepBits;
+// Point-to-point messages use the top phases: their user tag (32 bits) fills the sequence field
+// (low 16 bits) and the step and the low bits of the phase (high 16 bits).
+inline constexpr uint32_t kPointToPointPhases = 4;
+inline constexpr uint32_t kPointToPointPhase = (1u << kPhaseBits) - kPointToPointPhases;
+static_assert((uint64_t{kPointToPointPhases} << kStepBits) >= (uint64_t{1} << 16));
+// The shared-memory ring and the direct allreduce (one at a time per group).
+inline constexpr uint32_t kSharedPhase = kPointToPointPhase - 1;
+// Phases a plan may hand out to rings and colours in flight at once.
+inline constexpr uint32_t kPlanPhases = kSharedPhase;
 
 inline constexpr uint64_t field(uint64_t value, int bits, int shift) {
   return (value & ((uint64_t{1} << bits) - 1)) << shift;
@@ -54,7 +64,8 @@ inline constexpr uint32_t source(uint64_t t) {
   return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));
 }
 
-inline constexpr uint32_t kMaxRanks = uint32_t{1} << kSourceBits;
+// A flat ring of P ranks takes 2(P-1) steps, each its own slot.
+inline constexpr uint32_t kMaxRanks = kMaxSteps / 2;
 inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 
 }  // namespace ddl::tag

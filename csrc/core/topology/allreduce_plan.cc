@@ -1,0 +1,583 @@
+#include "allreduce_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "../engine/tag.h"
+#include "../types.h"
+
+namespace ddl {
+namespace {
+
+// A range of elements one rank holds a partial sum of, over `weight` ranks.
+struct Held {
+  size_t begin;
+  size_t end;
+  int64_t weight;
+};
+using Holdings = std::vector<std::vector<Held>>;  // by rank
+
+Holdings initialHoldings(int size, Range range) {
+  Holdings h(size);
+  if (range.length > 0) {
+    for (auto& v : h) v.push_back(Held{range.offset, range.offset + range.length, 1});
+  }
+  return h;
+}
+
+// The weight with which `holdings` covers [begin, end) (uniformly), or -1.
+int64_t weightOver(const std::vector<Held>& holdings, size_t begin, size_t end) {
+  for (const Held& h : holdings) {
+    if (h.begin <= begin && end <= h.end) return h.weight;
+  }
+  return -1;
+}
+
+void removeRange(std::vector<Held>& holdings, size_t begin, size_t end) {
+  std::vector<Held> out;
+  for (const Held& h : holdings) {
+    if (h.end <= begin || end <= h.begin) {
+      out.push_back(h);
+      continue;
+    }
+    if (h.begin < begin) out.push_back(Held{h.begin, begin, h.weight});
+    if (end < h.end) out.push_back(Held{end, h.end, h.weight});
+  }
+  holdings = std::move(out);
+}
+
+void addRange(std::vector<Held>& holdings, Range r, int64_t weight) {
+  if (r.length == 0) return;
+  holdings.push_back(Held{r.offset, r.offset + r.length, weight});
+  std::sort(holdings.begin(), holdings.end(),
+            [](const Held& a, const Held& b) { return a.begin < b.begin; });
+  std::vector<Held> merged;
+  for (const Held& h : holdings) {
+    if (!merged.empty() && merged.back().end == h.begin && merged.back().weight == h.weight) {
+      merged.back().end = h.end;
+    } else {
+      merged.push_back(h);
+    }
+  }
+  holdings = std::move(merged);
+}
+
+// Applies one ring's reduce-scatter to the holdings; throws when a member does not hold the
+// piece.
+void applyRing(Holdings& holdings, const StageRing& ring) {
+  const size_t begin = ring.chunks.front().offset;
+  const size_t end = ring.chunks.back().offset + ring.chunks.back().length;
+  int64_t sum = 0;
+  for (int rank : ring.order) {
+    int64_t w = weightOver(holdings[rank], begin, end);
+    if (w < 0) {
+      throw Error("ddl: plan has rank " + std::to_string(rank) + " reduce elements [" +
+                  std::to_string(begin) + ", " + std::to_string(end) + ") it does not hold");
+    }
+    sum += w;
+    removeRange(holdings[rank], begin, end);
+  }
+  for (size_t p = 0; p < ring.order.size(); ++p)
+    addRange(holdings[ring.order[p]], ring.chunks[p], sum);
+}
+
+// One stage: within each group of `rings` (ranks in ring order), every piece held by two or more
+// members with the same weights becomes a ring. Updates `holdings` and the lane's step counter.
+Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, int dimension,
+               bool reversed, uint32_t& nextStep) {
+  Stage stage;
+  stage.dimension = dimension;
+  for (const std::vector<int>& members : rings) {
+    std::vector<size_t> cuts;
+    for (int r : members) {
+      for (const Held& h : holdings[r]) {
+        cuts.push_back(h.begin);
+        cuts.push_back(h.end);
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    using Key = std::vector<std::pair<int, int64_t>>;
+    std::vector<std::pair<Range, Key>> pieces;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      Key key;
+      for (int r : members) {
+        int64_t w = weightOver(holdings[r], cuts[i], cuts[i + 1]);
+        if (w >= 0) key.emplace_back(r, w);
+      }
+      Range range{cuts[i], cuts[i + 1] - cuts[i]};
+      if (!pieces.empty() && pieces.back().second == key &&
+          pieces.back().first.offset + pieces.back().first.length == range.offset) {
+        pieces.back().first.length += range.length;
+      } else {
+        pieces.emplace_back(range, std::move(key));
+      }
+    }
+    for (auto& [piece, key] : pieces) {
+      if (key.size() < 2 || piece.length == 0) continue;
+      StageRing ring;
+      for (auto& [r, w] : key) ring.order.push_back(r);
+      if (reversed) std::reverse(ring.order.begin(), ring.order.end());
+      ring.chunks = splitEven(piece.length, ring.order.size());
+      for (Range& c : ring.chunks) c.offset += piece.offset;
+      ring.firstStep = nextStep;
+      nextStep += 2 * static_cast<uint32_t>(ring.order.size() - 1);
+      applyRing(holdings, ring);
+      stage.rings.push_back(std::move(ring));
+    }
+  }
+  return stage;
+}
+
+std::vector<int> allRanks(int size) {
+  std::vector<int> v(size);
+  for (int r = 0; r < size; ++r) v[r] = r;
+  return v;
+}
+
+// The dimension of a message from a to b: 0 on one host, else the lowest level whose block holds
+// both, plus one (the number of levels when only the whole group does).
+int edgeDimension(const Topology& t, int a, int b) {
+  for (size_t k = 0; k < t.levels.size(); ++k) {
+    if (t.levels[k].blockOf[a] == t.levels[k].blockOf[b]) return static_cast<int>(k);
+  }
+  return static_cast<int>(t.levels.size());
+}
+
+// Bytes through each link (dimension, block it leaves or enters, direction).
+class Loads {
+ public:
+  explicit Loads(const Topology& t) : t_(t) {}
+  void transfer(int from, int to, double bytes) {
+    int k = edgeDimension(t_, from, to);
+    maxDimension_ = std::max(maxDimension_, k);
+    if (k == 0) {
+      bytes_[{0, from, true}] += bytes;
+      bytes_[{0, to, false}] += bytes;
+      return;
+    }
+    for (int j = 1; j <= k; ++j) {
+      bytes_[{j, t_.levels[j - 1].blockOf[from], true}] += bytes;
+      bytes_[{j, t_.levels[j - 1].blockOf[to], false}] += bytes;
+    }
+  }
+  void add(const Loads& other, double factor) {
+    for (auto& [key, b] : other.bytes_) bytes_[key] += b * factor;
+    maxDimension_ = std::max(maxDimension_, other.maxDimension_);
+  }
+  double seconds(const LinkCosts& links) const {
+    double worst = 0;
+    for (auto& [key, b] : bytes_) worst = std::max(worst, b / links.at(std::get<0>(key)).bandwidth);
+    return worst;
+  }
+  double latency(const LinkCosts& links) const { return links.at(maxDimension_).latency; }
+
+ private:
+  const Topology& t_;
+  int maxDimension_ = 0;
+  std::map<std::tuple<int, int, bool>, double> bytes_;
+};
+
+// A flat ring in `order` carrying `bytes` (2(P-1) steps of bytes/P).
+void ringLoads(Loads& loads, const std::vector<int>& order, double bytes) {
+  const size_t n = order.size();
+  for (size_t p = 0; p < n; ++p) {
+    loads.transfer(order[p], order[(p + 1) % n], 2.0 * bytes * (n - 1) / n);
+  }
+}
+
+double predictRing(const Topology& t, const LinkCosts& links, double bytes, int rings) {
+  Loads total(t);
+  for (int r = 0; r < rings; ++r) {
+    RingPlan ring = naturalRing(t.size, r % 2 == 1);
+    ringLoads(total, ring.order, bytes / rings);
+  }
+  return total.seconds(links) + 2.0 * (t.size - 1) * total.latency(links);
+}
+
+double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, double bytes) {
+  int p2 = 1;
+  while (p2 * 2 <= t.size) p2 *= 2;
+  double seconds = 0;
+  if (p2 < t.size) {  // fold and unfold: rank p2 + i pairs with a rank below p2
+    Loads fold(t);
+    for (int r = p2; r < t.size; ++r) fold.transfer(r, r - p2, bytes);
+    seconds += 2 * (fold.seconds(links) + fold.latency(links));
+  }
+  for (int d = 1; d < p2; d *= 2) {
+    Loads round(t);
+    for (int r = 0; r < p2; ++r) round.transfer(r, r ^ d, bytes);
+    seconds += round.seconds(links) + round.latency(links);
+  }
+  return seconds;
+}
+
+double parseNumber(const std::string& text, const std::string& entry, size_t& used) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  used = static_cast<size_t>(end - text.c_str());
+  if (used == 0 || !(v > 0) || !std::isfinite(v)) {
+    throw Error("ddl: TORCH_DDL_LINKS entry '" + entry +
+                "' is not 'dimension:latency:bandwidth' (e.g. '1:50us:117MB')");
+  }
+  return v;
+}
+
+}  // namespace
+
+const LinkCost& LinkCosts::at(int dimension) const {
+  static const LinkCosts defaults = defaultLinks();
+  if (dimension < static_cast<int>(byDimension.size())) return byDimension[dimension];
+  if (!byDimension.empty()) return byDimension.back();
+  return defaults.at(dimension);
+}
+
+std::string LinkCosts::describe() const {
+  std::ostringstream out;
+  for (size_t k = 0; k < byDimension.size(); ++k) {
+    if (k > 0) out << ",";
+    out << k << ":" << byDimension[k].latency * 1e6 << "us:" << byDimension[k].bandwidth / 1e6
+        << "MB";
+  }
+  return out.str();
+}
+
+LinkCosts defaultLinks() { return LinkCosts{{{2e-6, 5e9}, {30e-6, 1.25e9}, {50e-6, 1.25e9}}}; }
+
+LinkCosts parseLinks(const std::string& spec) {
+  LinkCosts links = defaultLinks();
+  std::string all = spec;
+  std::replace(all.begin(), all.end(), ';', ',');
+  std::istringstream entries(all);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    entry.erase(std::remove_if(entry.begin(), entry.end(), ::isspace), entry.end());
+    if (entry.empty()) continue;
+    size_t a = entry.find(':');
+    size_t b = a == std::string::npos ? a : entry.find(':', a + 1);
+    if (b == std::string::npos) {
+      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry +
+                  "' is not 'dimension:latency:bandwidth' (e.g. '1:50us:117MB')");
+    }
+    std::string dim = entry.substr(0, a);
+    if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 2) {
+      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "' does not start with a dimension");
+    }
+    int k = std::stoi(dim);
+    std::string lat = entry.substr(a + 1, b - a - 1);
+    std::string bw = entry.substr(b + 1);
+    size_t used = 0;
+    double latency = parseNumber(lat, entry, used);
+    std::string unit = lat.substr(used);
+    if (unit == "s") {
+    } else if (unit == "ms") {
+      latency *= 1e-3;
+    } else if (unit == "us" || unit.empty()) {
+      latency *= 1e-6;
+    } else if (unit == "ns") {
+      latency *= 1e-9;
+    } else {
+      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': latency unit '" + unit +
+                  "' is not s, ms, us or ns");
+    }
+    double bandwidth = parseNumber(bw, entry, used);
+    unit = bw.substr(used);
+    if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+    if (!unit.empty() && unit.back() == '/') unit.pop_back();
+    if (unit == "K") {
+      bandwidth *= 1e3;
+    } else if (unit == "M") {
+      bandwidth *= 1e6;
+    } else if (unit == "G") {
+      bandwidth *= 1e9;
+    } else if (!unit.empty()) {
+      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': bandwidth unit '" + unit +
+                  "' is not B, KB, MB or GB");
+    }
+    if (static_cast<int>(links.byDimension.size()) <= k) {
+      links.byDimension.resize(k + 1, links.byDimension.back());
+    }
+    links.byDimension[k] = LinkCost{latency, bandwidth};
+  }
+  return links;
+}
+
+const char* planAlgorithmName(PlanAlgorithm algorithm) {
+  switch (algorithm) {
+    case PlanAlgorithm::kTrivial:
+      return "trivial";
+    case PlanAlgorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+    case PlanAlgorithm::kRing:
+      return "ring";
+    case PlanAlgorithm::kShared:
+      return "shared";
+    case PlanAlgorithm::kMultiDim:
+      return "multidim";
+  }
+  return "?";
+}
+
+std::string AllreducePlan::describe() const {
+  std::ostringstream out;
+  out << planAlgorithmName(algorithm);
+  if (algorithm == PlanAlgorithm::kRing) out << " rings=" << rings;
+  if (algorithm == PlanAlgorithm::kMultiDim) {
+    out << " colors=" << colors << " rings=" << rings;
+    if (!lanes.empty()) {
+      out << " order=";
+      for (size_t i = 0; i < lanes[0].order.size(); ++i) {
+        out << (i ? "," : "") << lanes[0].order[i];
+      }
+    }
+  }
+  return out.str();
+}
+
+AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, int colors,
+                           int rings, const std::vector<int>& order) {
+  colors = std::max(colors, 1);
+  rings = std::max(rings, 1);
+  if (colors * rings > static_cast<int>(tag::kPlanPhases)) {
+    throw Error("ddl: " + std::to_string(colors) + " colours x " + std::to_string(rings) +
+                " rings need more than the " + std::to_string(tag::kPlanPhases) +
+                " tag phases a plan has");
+  }
+  const Grid grid = gridOf(t);
+  std::vector<int> dims;
+  for (int k : order) {
+    if (k < 0 || k >= static_cast<int>(grid.dims.size())) {
+      throw Error("ddl: level order names dimension " + std::to_string(k) + "; this topology has " +
+                  std::to_string(grid.dims.size()) + " (0 within a host, 1 across hosts, ...)");
+    }
+    if (std::find(dims.begin(), dims.end(), k) != dims.end()) {
+      throw Error("ddl: level order names dimension " + std::to_string(k) + " twice");
+    }
+    dims.push_back(k);
+  }
+  for (int k = 0; k < static_cast<int>(grid.dims.size()); ++k) {
+    if (std::find(dims.begin(), dims.end(), k) == dims.end()) dims.push_back(k);
+  }
+  std::erase_if(dims, [&](int k) { return grid.dims[k] < 2; });
+  std::vector<std::vector<std::vector<int>>> ringsOf(grid.dims.size());
+  for (int k : dims) ringsOf[k] = dimensionRings(t, grid, k);
+
+  AllreducePlan plan;
+  plan.algorithm = PlanAlgorithm::kMultiDim;
+  plan.count = count;
+  plan.elementSize = elementSize;
+  plan.colors = colors;
+  plan.rings = rings;
+  std::vector<Range> shares = splitEven(count, static_cast<size_t>(colors * rings));
+  for (int c = 0; c < colors; ++c) {
+    for (int r = 0; r < rings; ++r) {
+      Lane lane;
+      lane.range = shares[c * rings + r];
+      lane.phase = static_cast<uint32_t>(c * rings + r);
+      lane.reversed = r % 2 == 1;
+      lane.order = dims;
+      if (!dims.empty()) {
+        std::rotate(lane.order.begin(), lane.order.begin() + c % dims.size(), lane.order.end());
+      }
+      Holdings holdings = initialHoldings(t.size, lane.range);
+      uint32_t nextStep = 0;
+      for (int k : lane.order) {
+        Stage stage = runStage(holdings, ringsOf[k], k, lane.reversed, nextStep);
+        if (!stage.rings.empty()) lane.stages.push_back(std::move(stage));
+      }
+      Stage closing = runStage(holdings, {allRanks(t.size)}, -1, lane.reversed, nextStep);
+      if (!closing.rings.empty()) lane.stages.push_back(std::move(closing));
+      plan.lanes.push_back(std::move(lane));
+    }
+  }
+  return plan;
+}
+
+double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCosts& links) {
+  const double bytes = static_cast<double>(plan.count) * plan.elementSize;
+  switch (plan.algorithm) {
+    case PlanAlgorithm::kTrivial:
+      return 0;
+    case PlanAlgorithm::kRecursiveDoubling:
+      return predictRecursiveDoubling(t, links, bytes);
+    case PlanAlgorithm::kRing:
+    case PlanAlgorithm::kShared:
+      return predictRing(t, links, bytes, plan.rings);
+    case PlanAlgorithm::kMultiDim:
+      break;
+  }
+  Loads total(t);
+  double slowestLane = 0;
+  for (const Lane& lane : plan.lanes) {
+    double laneSeconds = 0;
+    for (const Stage& stage : lane.stages) {
+      Loads loads(t);
+      size_t longest = 0;
+      for (const StageRing& ring : stage.rings) {
+        const size_t n = ring.order.size();
+        longest = std::max(longest, n);
+        double piece = 0;
+        for (const Range& c : ring.chunks) piece += static_cast<double>(c.length);
+        piece *= static_cast<double>(plan.elementSize);
+        for (size_t p = 0; p < n; ++p) {
+          loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
+        }
+      }
+      // Reduce-scatter and allgather move the same bytes.
+      laneSeconds += 2 * (loads.seconds(links) + (longest - 1) * loads.latency(links));
+      total.add(loads, 2);
+    }
+    slowestLane = std::max(slowestLane, laneSeconds);
+  }
+  return std::max(slowestLane, total.seconds(links));
+}
+
+namespace {
+
+AllreducePlan simplePlan(PlanAlgorithm algorithm, size_t count, size_t elementSize, int rings = 1) {
+  AllreducePlan plan;
+  plan.algorithm = algorithm;
+  plan.count = count;
+  plan.elementSize = elementSize;
+  plan.rings = rings;
+  return plan;
+}
+
+}  // namespace
+
+std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
+                                               size_t count, size_t elementSize,
+                                               const PlanRequest& request) {
+  using A = PlanRequest::Algorithm;
+  std::vector<AllreducePlan> out;
+  if (t.size == 1 || count == 0) {
+    out.push_back(simplePlan(PlanAlgorithm::kTrivial, count, elementSize));
+    return out;
+  }
+  const size_t bytes = count * elementSize;
+  const Grid grid = gridOf(t);
+  int dims = 0;
+  for (int d : grid.dims) dims += d > 1 ? 1 : 0;
+  auto multiDim = [&](int colors, int rings) {
+    out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order));
+  };
+  auto multiDimChoices = [&] {
+    std::vector<int> colorChoices, ringChoices;
+    for (int c = 1; c <= std::max(dims, 1); ++c) {
+      if (request.colors == 0 || request.colors == c) colorChoices.push_back(c);
+    }
+    if (colorChoices.empty()) colorChoices.push_back(request.colors);
+    for (int r = 1; r <= 2; ++r) {
+      if (request.rings == 0 || request.rings == r) ringChoices.push_back(r);
+    }
+    if (ringChoices.empty()) ringChoices.push_back(request.rings);
+    for (int c : colorChoices) {
+      for (int r : ringChoices) multiDim(c, r);
+    }
+  };
+  switch (request.algorithm) {
+    case A::kRecursiveDoubling:
+      out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
+      break;
+    case A::kRing:
+      out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
+      break;
+    case A::kShared:
+      out.push_back(simplePlan(PlanAlgorithm::kShared, count, elementSize));
+      break;
+    case A::kMultiDim:
+      multiDimChoices();
+      break;
+    case A::kAuto:
+      if (t.hosts() == 1) {
+        out.push_back(simplePlan(bytes <= request.smallBytes ? PlanAlgorithm::kRecursiveDoubling
+                                                             : PlanAlgorithm::kShared,
+                                 count, elementSize));
+        break;
+      }
+      out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
+      if (static_cast<size_t>(dims) > 0) multiDimChoices();
+      break;
+  }
+  for (AllreducePlan& plan : out) plan.predicted = predictSeconds(plan, t, links);
+  // The cheapest first; among equals the earlier (simpler) one.
+  std::stable_sort(out.begin(), out.end(), [](const AllreducePlan& a, const AllreducePlan& b) {
+    return a.predicted < b.predicted * 0.999;
+  });
+  return out;
+}
+
+AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t count,
+                            size_t elementSize, const PlanRequest& request) {
+  std::vector<AllreducePlan> candidates =
+      allreduceCandidates(t, links, count, elementSize, request);
+  AllreducePlan plan = std::move(candidates.front());
+  if (plan.algorithm == PlanAlgorithm::kMultiDim) checkPlan(plan, t.size);
+  return plan;
+}
+
+void checkPlan(const AllreducePlan& plan, int size) {
+  if (plan.algorithm != PlanAlgorithm::kMultiDim) return;
+  size_t covered = 0;
+  std::vector<bool> phaseUsed(tag::kPlanPhases, false);
+  for (const Lane& lane : plan.lanes) {
+    if (lane.range.offset != covered) throw Error("ddl: plan lanes do not tile the buffer");
+    covered += lane.range.length;
+    if (lane.phase >= tag::kPlanPhases || phaseUsed[lane.phase]) {
+      throw Error("ddl: plan lane phase " + std::to_string(lane.phase) + " is reused or too large");
+    }
+    phaseUsed[lane.phase] = true;
+    Holdings holdings = initialHoldings(size, lane.range);
+    std::vector<std::pair<uint32_t, uint32_t>> steps;
+    for (const Stage& stage : lane.stages) {
+      for (const StageRing& ring : stage.rings) {
+        const size_t n = ring.order.size();
+        if (n < 2 || ring.chunks.size() != n) {
+          throw Error("ddl: plan ring of " + std::to_string(n) + " ranks has " +
+                      std::to_string(ring.chunks.size()) + " chunks");
+        }
+        checkRing(RingPlan{ring.order}, size, false);
+        for (size_t p = 1; p < n; ++p) {
+          if (ring.chunks[p].offset != ring.chunks[p - 1].offset + ring.chunks[p - 1].length) {
+            throw Error("ddl: plan ring chunks are not contiguous");
+          }
+        }
+        uint64_t last = uint64_t{ring.firstStep} + 2 * (n - 1);
+        if (last > tag::kMaxSteps) {
+          throw Error("ddl: plan needs " + std::to_string(last) + " tag steps in one lane; " +
+                      std::to_string(tag::kMaxSteps) + " fit");
+        }
+        steps.emplace_back(ring.firstStep, static_cast<uint32_t>(last));
+        applyRing(holdings, ring);
+      }
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 1; i < steps.size(); ++i) {
+      if (steps[i].first < steps[i - 1].second) throw Error("ddl: plan rings share tag steps");
+    }
+    std::vector<Held> all;
+    for (const auto& h : holdings) all.insert(all.end(), h.begin(), h.end());
+    std::sort(all.begin(), all.end(),
+              [](const Held& a, const Held& b) { return a.begin < b.begin; });
+    size_t at = lane.range.offset;
+    for (const Held& h : all) {
+      if (h.begin != at || h.weight != size) {
+        throw Error("ddl: plan leaves elements [" + std::to_string(h.begin) + ", " +
+                    std::to_string(h.end) + ") with a sum over " + std::to_string(h.weight) +
+                    " of " + std::to_string(size) + " ranks, or held twice");
+      }
+      at = h.end;
+    }
+    if (at != lane.range.offset + lane.range.length) {
+      throw Error("ddl: plan leaves elements from " + std::to_string(at) + " unreduced");
+    }
+  }
+  if (covered != plan.count) throw Error("ddl: plan lanes do not cover the buffer");
+}
+
+}  // namespace ddl

@@ -1,0 +1,133 @@
+// Allreduce plans as data: which algorithm, and for the multi-dimensional ring every ring of every
+// stage of every lane, computed by pure functions from the topology, then checked; a cost model
+// predicts each candidate's time and the planner picks the cheapest.
+//
+// Vocabulary (see ring_pipeline.h for chunk, segment and step):
+//   dimension  a coordinate of the grid (topology.h): 0 within a host, 1 across the hosts of a
+//              rack, 2 across racks. A dimension ring joins ranks that differ in it alone.
+//   stage      one dimension's turn: every rank reduce-scatters what it owns with its ring of
+//              that dimension; the allgather runs the stages backwards.
+//   piece      a contiguous range owned by the same ranks of a ring (on a regular grid, the whole
+//              of what each owns; uneven hosts cut it into several pieces, each its own ring).
+//   lane       a contiguous share of the buffer walking the dimensions in one order: colour c
+//              starts at dimension c (rotated order), so while one colour is on the host level
+//              another is on the network; lanes of odd ring index run their rings backwards.
+//   phase      the tag phase of a lane (tag.h): lanes run at once, each in its own phase; within
+//              a lane every ring has its own range of steps.
+//
+// Correctness does not rest on the grid being regular: the planner tracks, for every element,
+// which ranks hold a partial sum of it and over how many ranks; a stage merges the holders within
+// each ring; when the chosen order leaves some element with more than one holder (uneven hosts
+// walked in a rotated order), a last stage over the whole group merges them. checkPlan replays
+// the plan and demands exactly one holder of every element, holding the sum over all ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ring_plan.h"
+#include "topology.h"
+
+namespace ddl {
+
+// Latency (seconds) and bandwidth (bytes per second, per direction) of one dimension's links.
+struct LinkCost {
+  double latency = 0;
+  double bandwidth = 0;
+};
+// By dimension. Defaults: 0 (shared memory) 2 us, 5 GB/s; 1 (hosts) 30 us, 1.25 GB/s (10 Gbit/s);
+// 2 and above (racks) 50 us, 1.25 GB/s.
+struct LinkCosts {
+  std::vector<LinkCost> byDimension;
+  const LinkCost& at(int dimension) const;
+  std::string describe() const;
+};
+LinkCosts defaultLinks();
+// "1:50us:117MB,2:100us:40MB" (TORCH_DDL_LINKS): per dimension, its latency (s, ms, us or ns)
+// and bandwidth (bytes/s with optional K, M, G, each 1000x; e.g. 117MB or 1.2GB); dimensions not
+// named keep their defaults. Throws naming the malformed entry.
+LinkCosts parseLinks(const std::string& spec);
+
+enum class PlanAlgorithm {
+  kTrivial,            // one rank or nothing to reduce
+  kRecursiveDoubling,  // latency: log2(P) exchanges of the whole buffer
+  kRing,               // flat ring over every rank (allreduce_ring.cc)
+  kShared,             // one host: the shared-memory ring or direct path (allreduce_shared.cc)
+  kMultiDim,           // the stages below (allreduce_multidim.cc)
+};
+const char* planAlgorithmName(PlanAlgorithm algorithm);
+
+// One ring of one stage: it reduce-scatters a piece and, mirrored, gathers it back.
+struct StageRing {
+  std::vector<int> order;     // group ranks, by position
+  std::vector<Range> chunks;  // by position: the part of the piece that position ends holding
+  uint32_t firstStep = 0;     // tag steps [firstStep, firstStep + 2(n-1))
+};
+struct Stage {
+  int dimension = 0;  // -1: the closing stage over the whole group
+  std::vector<StageRing> rings;
+};
+struct Lane {
+  Range range;  // elements
+  uint32_t phase = 0;
+  bool reversed = false;      // rings run backwards
+  std::vector<int> order;     // dimensions in the order of its reduce-scatter
+  std::vector<Stage> stages;  // reduce-scatter stages; the allgather runs them backwards
+};
+
+struct AllreducePlan {
+  PlanAlgorithm algorithm = PlanAlgorithm::kTrivial;
+  size_t count = 0;
+  size_t elementSize = 1;
+  int colors = 1;
+  int rings = 1;
+  std::vector<Lane> lanes;  // kMultiDim only
+  double predicted = 0;     // seconds, by the cost model
+
+  // "multidim colors=2 rings=1 order=0,1" etc.
+  std::string describe() const;
+};
+
+// What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
+// chooses.
+struct PlanRequest {
+  enum class Algorithm { kAuto, kShared, kRing, kRecursiveDoubling, kMultiDim };
+  Algorithm algorithm = Algorithm::kAuto;
+  int colors = 0;
+  int rings = 0;
+  std::vector<int> order;     // dimensions of colour 0 (empty: innermost first)
+  size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
+  int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
+};
+
+// The multi-dimensional plan: `colors` lanes walking rotated orders, each split into `rings`
+// lanes whose odd members run backwards. `order` lists dimensions for colour 0 (missing ones
+// are appended, innermost first; dimensions of extent 1 are skipped).
+AllreducePlan planMultiDim(const Topology& topology, size_t count, size_t elementSize, int colors,
+                           int rings, const std::vector<int>& order = {});
+// The plan the group runs for `count` elements: what `request` forces, else the candidate the
+// cost model finds cheapest (on one host: recursive doubling up to smallBytes, then kShared, as
+// before the planner; across hosts: recursive doubling, flat rings and multi-dimensional plans of
+// 1..dims colours and 1..2 rings, each predicted with `links`).
+AllreducePlan planAllreduce(const Topology& topology, const LinkCosts& links, size_t count,
+                            size_t elementSize, const PlanRequest& request);
+// Every candidate the planner weighs for this size (with predictions), the chosen one first.
+std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const LinkCosts& links,
+                                               size_t count, size_t elementSize,
+                                               const PlanRequest& request);
+
+// Seconds the plan should take: per lane, the sum over its stages of each stage's latency and
+// its busiest link's bytes over that link's bandwidth; lanes overlap, limited by the total
+// load on each link. A message across dimension k loads the links of dimensions 1..k of the
+// blocks it leaves and enters (a rack crossing also crosses the host's link).
+double predictSeconds(const AllreducePlan& plan, const Topology& topology, const LinkCosts& links);
+
+// Throws ddl::Error unless every ring is a permutation of distinct group ranks, its chunks tile
+// its piece, steps fit the tag and do not overlap within a lane, phases are distinct and fit,
+// lanes tile [0, count), and replaying the plan leaves every element with one holder of the sum
+// over every rank.
+void checkPlan(const AllreducePlan& plan, int size);
+
+}  // namespace ddl

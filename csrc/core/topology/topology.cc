@@ -1,0 +1,271 @@
+#include "topology.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "../types.h"
+
+namespace ddl {
+namespace {
+
+std::string readFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string linkTarget(const char* path) {
+  char buffer[128] = {};
+  ssize_t n = readlink(path, buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, n) : std::string("?");
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+// Groups ranks by `key` (blocks numbered in order of their lowest rank).
+Level levelFrom(const std::string& name, const std::vector<std::string>& keyOf,
+                const std::vector<std::string>& nameOf) {
+  Level level;
+  level.name = name;
+  std::map<std::string, int> index;
+  for (size_t r = 0; r < keyOf.size(); ++r) {
+    auto [it, added] = index.emplace(keyOf[r], level.blocks());
+    if (added) level.blockNames.push_back(nameOf[r]);
+    level.blockOf.push_back(it->second);
+  }
+  return level;
+}
+
+}  // namespace
+
+Locality Locality::self() {
+  Locality l;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  l.hostName = host;
+  struct stat shm {};
+  std::string shmDevice = stat("/dev/shm", &shm) == 0 ? std::to_string(shm.st_dev) : "?";
+  l.machineKey = readFirstLine("/proc/sys/kernel/random/boot_id") + "/" +
+                 linkTarget("/proc/self/ns/net") + "/shm:" + shmDevice;
+  return l;
+}
+
+std::string Locality::encode() const { return hostName + "\n" + machineKey; }
+
+Locality Locality::decode(const std::string& text) {
+  size_t cut = text.find('\n');
+  if (cut == std::string::npos) throw Error("ddl: malformed locality record '" + text + "'");
+  return Locality{text.substr(0, cut), text.substr(cut + 1)};
+}
+
+Topology Topology::singleHost(int size, const std::string& hostName) {
+  Topology t;
+  t.size = size;
+  Level host;
+  host.name = "host";
+  host.blockOf.assign(size, 0);
+  host.blockNames = {hostName};
+  t.levels.push_back(std::move(host));
+  return t;
+}
+
+std::vector<std::vector<int>> Topology::members(int level) const {
+  std::vector<std::vector<int>> blocks(levels[level].blocks());
+  for (int r = 0; r < size; ++r) blocks[levels[level].blockOf[r]].push_back(r);
+  return blocks;
+}
+
+std::string Topology::describe() const {
+  std::ostringstream out;
+  for (size_t k = 0; k < levels.size(); ++k) {
+    if (k > 0) out << "; ";
+    const Level& level = levels[k];
+    auto blocks = members(static_cast<int>(k));
+    out << level.blocks() << " " << level.name << (level.blocks() == 1 ? "" : "s") << " (";
+    for (int b = 0; b < level.blocks(); ++b) {
+      if (b > 0) out << ", ";
+      out << level.blockNames[b] << ":";
+      if (k == 0) {
+        for (int r : blocks[b]) out << " " << r;
+      } else {
+        std::set<int> inner;
+        for (int r : blocks[b]) inner.insert(levels[k - 1].blockOf[r]);
+        for (int i : inner) out << " " << levels[k - 1].blockNames[i];
+      }
+    }
+    out << ")";
+  }
+  return out.str();
+}
+
+RackMap parseRackMap(const std::string& spec) {
+  std::string text = spec;
+  if (!text.empty() && text[0] == '@') {
+    std::ifstream in(text.substr(1));
+    if (!in)
+      throw Error("ddl: TORCH_DDL_TOPOLOGY names " + text.substr(1) + ", which cannot be read");
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  RackMap racks;
+  std::string entry;
+  std::string all;
+  for (char c : text) all += (c == ';') ? '\n' : c;
+  std::istringstream lines(all);
+  while (std::getline(lines, entry)) {
+    entry = trim(entry.substr(0, entry.find('#')));
+    if (entry.empty()) continue;
+    size_t colon = entry.find(':');
+    std::string rack = colon == std::string::npos ? "" : trim(entry.substr(0, colon));
+    if (rack.empty() || rack.find_first_of(" \t,") != std::string::npos) {
+      throw Error("ddl: TORCH_DDL_TOPOLOGY entry '" + entry +
+                  "' is not 'rack: host host ...' (e.g. 'r0: node1 node2; r1: node3 node4')");
+    }
+    std::string hosts = entry.substr(colon + 1);
+    std::replace(hosts.begin(), hosts.end(), ',', ' ');
+    std::istringstream names(hosts);
+    std::string host;
+    int count = 0;
+    while (names >> host) {
+      auto [it, added] = racks.emplace(host, rack);
+      if (!added && it->second != rack) {
+        throw Error("ddl: TORCH_DDL_TOPOLOGY puts host " + host + " in racks " + it->second +
+                    " and " + rack);
+      }
+      ++count;
+    }
+    if (count == 0) throw Error("ddl: TORCH_DDL_TOPOLOGY rack " + rack + " names no host");
+  }
+  return racks;
+}
+
+Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks) {
+  Topology t;
+  t.size = static_cast<int>(ranks.size());
+  std::vector<std::string> hostKey, hostName;
+  for (const Locality& l : ranks) {
+    hostKey.push_back(l.hostName + "\n" + l.machineKey);
+    hostName.push_back(l.hostName);
+  }
+  t.levels.push_back(levelFrom("host", hostKey, hostName));
+  // Hosts that share a name but not memory (containers) keep their own blocks; name them apart.
+  Level& host = t.levels[0];
+  std::map<std::string, int> seen;
+  for (std::string& name : host.blockNames) {
+    int n = seen[name]++;
+    if (n > 0) name += "#" + std::to_string(n);
+  }
+  if (!racks.empty()) {
+    std::vector<std::string> rackOf;
+    for (int r = 0; r < t.size; ++r) {
+      auto it = racks.find(hostName[r]);
+      if (it == racks.end()) {
+        throw Error("ddl: TORCH_DDL_TOPOLOGY does not name host " + hostName[r] + " (rank " +
+                    std::to_string(r) + ")");
+      }
+      rackOf.push_back(it->second);
+    }
+    Level rack = levelFrom("rack", rackOf, rackOf);
+    bool groups = rack.blocks() > 1 && rack.blocks() < host.blocks();
+    if (groups) t.levels.push_back(std::move(rack));
+  }
+  checkTopology(t);
+  return t;
+}
+
+void checkTopology(const Topology& t) {
+  if (t.levels.empty()) throw Error("ddl: a topology needs a host level");
+  for (size_t k = 0; k < t.levels.size(); ++k) {
+    const Level& level = t.levels[k];
+    if (static_cast<int>(level.blockOf.size()) != t.size) {
+      throw Error("ddl: topology level " + level.name + " places " +
+                  std::to_string(level.blockOf.size()) + " of " + std::to_string(t.size) +
+                  " ranks");
+    }
+    std::vector<int> used(level.blocks(), 0);
+    for (int r = 0; r < t.size; ++r) {
+      int b = level.blockOf[r];
+      if (b < 0 || b >= level.blocks()) {
+        throw Error("ddl: topology level " + level.name + " puts rank " + std::to_string(r) +
+                    " in block " + std::to_string(b) + " of " + std::to_string(level.blocks()));
+      }
+      ++used[b];
+      if (k > 0) {  // nested: every rank of one inner block lies in one outer block
+        const Level& inner = t.levels[k - 1];
+        for (int q = 0; q < r; ++q) {
+          if (inner.blockOf[q] == inner.blockOf[r] && level.blockOf[q] != b) {
+            throw Error("ddl: topology level " + level.name + " splits " + inner.name + " " +
+                        inner.blockNames[inner.blockOf[r]]);
+          }
+        }
+      }
+    }
+    for (int b = 0; b < level.blocks(); ++b) {
+      if (used[b] == 0) throw Error("ddl: topology level " + level.name + " has an empty block");
+    }
+  }
+}
+
+Grid gridOf(const Topology& t) {
+  const int levels = static_cast<int>(t.levels.size());
+  Grid grid;
+  grid.dims.assign(levels + 1, 1);
+  grid.coords.assign(t.size, std::vector<int>(levels + 1, 0));
+  // Coordinate k: the index of the rank's level-(k-1) block (k = 0: the rank itself) among those
+  // of its level-k block (k = levels: the whole group), in order of their lowest rank.
+  for (int k = 0; k <= levels; ++k) {
+    std::map<int, std::vector<int>> innerSeen;  // outer block -> inner ids in order
+    std::vector<std::set<int>> shapes;
+    for (int r = 0; r < t.size; ++r) {
+      int outer = k < levels ? t.levels[k].blockOf[r] : 0;
+      int inner = k == 0 ? r : t.levels[k - 1].blockOf[r];
+      std::vector<int>& ids = innerSeen[outer];
+      auto it = std::find(ids.begin(), ids.end(), inner);
+      int index = static_cast<int>(it - ids.begin());
+      if (it == ids.end()) ids.push_back(inner);
+      grid.coords[r][k] = index;
+    }
+    size_t extent = 0;
+    for (auto& [outer, ids] : innerSeen) {
+      if (extent != 0 && ids.size() != extent) grid.regular = false;
+      extent = std::max(extent, ids.size());
+    }
+    grid.dims[k] = static_cast<int>(extent);
+  }
+  return grid;
+}
+
+std::vector<std::vector<int>> dimensionRings(const Topology& t, const Grid& grid, int k) {
+  std::map<std::vector<int>, std::vector<int>> rings;
+  for (int r = 0; r < t.size; ++r) {
+    std::vector<int> key = grid.coords[r];
+    key[k] = -1;
+    rings[key].push_back(r);
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& [key, ranks] : rings) {
+    if (ranks.size() < 2) continue;
+    std::sort(ranks.begin(), ranks.end(),
+              [&](int a, int b) { return grid.coords[a][k] < grid.coords[b][k]; });
+    out.push_back(ranks);
+  }
+  // Deterministic order on every rank: by lowest member.
+  std::sort(out.begin(), out.end(), [](const std::vector<int>& a, const std::vector<int>& b) {
+    return *std::min_element(a.begin(), a.end()) < *std::min_element(b.begin(), b.end());
+  });
+  return out;
+}
+
+}  // namespace ddl

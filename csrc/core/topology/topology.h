@@ -1,0 +1,91 @@
+// The machine a group runs on, as data: levels of locality, each a partition of the group's
+// ranks, innermost first. Level 0 groups the ranks of one host (they share memory); level 1, when
+// the user describes racks (TORCH_DDL_TOPOLOGY), groups hosts into racks; the whole group sits
+// above the last level. Levels are nested: the ranks of one block of level k lie in one block of
+// level k+1.
+//
+// Hosts are found from facts every rank publishes at group creation (Locality): ranks are on one
+// host when they can map each other's shared memory and share a network namespace — never from
+// rank order or LOCAL_WORLD_SIZE, and not from host names alone (hosts emulated with namespaces
+// share a kernel and a boot id, containers may share a host name).
+//
+// The grid view gives each rank coordinates (its index in its host, its host's index in its
+// rack, ...). A dimension ring links the ranks that agree on every coordinate but one: dimension
+// 0 rings are the hosts, dimension 1 rings join the ranks of equal local index across the hosts of
+// a rack, and so on. When every block of a level has the same shape the grid is regular; uneven
+// hosts (3 ranks on one, 1 on another) make dimension rings of different lengths, which the
+// planner (allreduce_plan.h) handles.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddl {
+
+// What one rank publishes about where it runs.
+struct Locality {
+  std::string hostName;  // gethostname(): the UTS namespace's name
+  // Boot id, network namespace and the device of /dev/shm (a private /dev/shm is another
+  // device): ranks whose keys are equal can map each other's shared memory over one network
+  // stack.
+  std::string machineKey;
+
+  static Locality self();
+  std::string encode() const;
+  static Locality decode(const std::string& text);
+  bool sameHost(const Locality& other) const {
+    return hostName == other.hostName && machineKey == other.machineKey;
+  }
+};
+
+struct Level {
+  std::string name;          // "host", "rack", "level2", ...
+  std::vector<int> blockOf;  // by group rank: the index of its block (0, 1, ... in rank order)
+  std::vector<std::string> blockNames;  // by block, for messages and `info --plan`
+
+  int blocks() const { return static_cast<int>(blockNames.size()); }
+};
+
+struct Topology {
+  int size = 1;
+  std::vector<Level> levels;  // levels[0] is the host level; never empty
+
+  // One host holding every rank.
+  static Topology singleHost(int size, const std::string& hostName = "localhost");
+  int hosts() const { return levels[0].blocks(); }
+  // The ranks of each block of `level`, in rank order.
+  std::vector<std::vector<int>> members(int level) const;
+  // "2 hosts (a: 0 1, b: 2 3)" and, per level above, its blocks.
+  std::string describe() const;
+};
+
+// Host names to rack names: from TORCH_DDL_TOPOLOGY, either the text itself or "@path" naming a
+// file holding it. Lines (or ';'-separated entries) "rack: host host ..." (commas or spaces
+// between hosts); '#' starts a comment. Throws on malformed text, naming the entry.
+using RackMap = std::map<std::string, std::string>;
+RackMap parseRackMap(const std::string& spec);
+
+// Builds the levels from every rank's locality (by group rank) and the user's rack map. Hosts
+// that the map does not name are an error when it names any (a silent rack of its own would skew
+// every plan). A level that would not group anything (every rack one host, one rack in all) is
+// left out.
+Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks = {});
+
+// Throws ddl::Error unless the levels are nested partitions of [0, size).
+void checkTopology(const Topology& topology);
+
+// Coordinates: coords[rank][k] is the rank's index within its block of level k among the blocks
+// of level k-1 (k = 0: its index among the ranks of its host). dims[k] is the largest extent.
+struct Grid {
+  std::vector<int> dims;
+  std::vector<std::vector<int>> coords;
+  bool regular = true;  // every block of every level has the same shape
+};
+Grid gridOf(const Topology& topology);
+
+// The dimension rings of dimension k: ranks that agree on every coordinate but coordinate k,
+// each ring in order of that coordinate. Rings of one rank are left out.
+std::vector<std::vector<int>> dimensionRings(const Topology& topology, const Grid& grid, int k);
+
+}  // namespace ddl

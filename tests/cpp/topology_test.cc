@@ -1,0 +1,301 @@
+// Topologies and allreduce plans: discovery from locality facts, racks, the grid, every plan
+// checked by replay over simulated topologies (1 to 3 levels, uneven, interleaved, 1 to 16
+// ranks), the cost model's choices, and the multi-dimensional allreduce run over the loopback
+// transport from plans for simulated topologies, against the expected sums.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "harness.h"
+#include "values.h"
+
+namespace ddl::test {
+namespace {
+
+// Ranks on hosts "h<i>" (hostOf[rank] = i), hosts in racks "r<j>" when rackOf is given.
+Topology simulated(const std::vector<int>& hostOf, const std::vector<int>& rackOf = {}) {
+  std::vector<Locality> ranks;
+  for (int h : hostOf) ranks.push_back(Locality{"h" + std::to_string(h), "m" + std::to_string(h)});
+  RackMap racks;
+  for (size_t h = 0; h < rackOf.size(); ++h) {
+    racks["h" + std::to_string(h)] = "r" + std::to_string(rackOf[h]);
+  }
+  return buildTopology(ranks, racks);
+}
+
+struct Shape {
+  std::vector<int> hostOf;
+  std::vector<int> rackOf;
+};
+
+// Regular, uneven, interleaved and three-level shapes.
+std::vector<Shape> shapes() {
+  return {
+      {{0}},
+      {{0, 1}},
+      {{0, 0, 1, 1}},
+      {{0, 1, 0, 1}},
+      {{0, 0, 0, 1}},
+      {{1, 0, 0, 0}},
+      {{0, 0, 1, 1, 1, 2}},
+      {{0, 0, 0, 0, 1, 1, 1, 1}},
+      {{0, 1, 2, 0, 1, 2, 0, 1, 2}},
+      {{0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1}},
+      {{0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4}, {0, 0, 1, 1, 1}},
+      {{0, 1, 1, 2, 2, 2, 3, 3, 3, 3, 0, 1, 2}, {0, 0, 1, 1}},
+      {{0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7}, {0, 0, 1, 1, 2, 2, 3, 3}},
+  };
+}
+
+TEST(Topology, HostsComeFromLocalityNotRankOrder) {
+  Topology t = simulated({0, 1, 0, 0});
+  ASSERT_EQ(t.hosts(), 2);
+  EXPECT_EQ(t.members(0), (std::vector<std::vector<int>>{{0, 2, 3}, {1}}));
+  Grid g = gridOf(t);
+  EXPECT_FALSE(g.regular);
+  EXPECT_EQ(g.dims, (std::vector<int>{3, 2}));
+  EXPECT_EQ(dimensionRings(t, g, 1), (std::vector<std::vector<int>>{{0, 1}}));
+  EXPECT_EQ(dimensionRings(t, g, 0), (std::vector<std::vector<int>>{{0, 2, 3}}));
+  EXPECT_EQ(t.describe(), "2 hosts (h0: 0 2 3, h1: 1)");
+}
+
+TEST(Topology, SameHostNameButNotSameMemoryIsAnotherHost) {
+  Topology t = buildTopology({{"node", "a"}, {"node", "a"}, {"node", "b"}});
+  ASSERT_EQ(t.hosts(), 2);
+  EXPECT_EQ(t.levels[0].blockNames, (std::vector<std::string>{"node", "node#1"}));
+}
+
+TEST(Topology, LocalityRoundTripsAndNamesThisHost) {
+  Locality self = Locality::self();
+  EXPECT_FALSE(self.hostName.empty());
+  EXPECT_TRUE(Locality::decode(self.encode()).sameHost(self));
+  EXPECT_THROW(Locality::decode("no newline"), Error);
+}
+
+TEST(Topology, RacksFromTheUsersMap) {
+  RackMap racks = parseRackMap("r0: h0, h1  # first\n r1: h2 h3; r2: h4");
+  EXPECT_EQ(racks.size(), 5u);
+  EXPECT_EQ(racks["h3"], "r1");
+  Topology t = simulated({0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1});
+  ASSERT_EQ(t.levels.size(), 2u);
+  EXPECT_EQ(t.levels[1].blocks(), 2);
+  Grid g = gridOf(t);
+  EXPECT_TRUE(g.regular);
+  EXPECT_EQ(g.dims, (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(dimensionRings(t, g, 2),
+            (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // One rack in all, or one host per rack, adds no level.
+  EXPECT_EQ(simulated({0, 1, 2}, {0, 0, 0}).levels.size(), 1u);
+  EXPECT_EQ(simulated({0, 1, 2}, {0, 1, 2}).levels.size(), 1u);
+}
+
+TEST(Topology, BadRackMapsSayWhatIsWrong) {
+  auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { parseRackMap("h0 h1"); }).find("'h0 h1'"), std::string::npos);
+  EXPECT_NE(message([] { parseRackMap("r0: h0; r1: h0"); }).find("host h0 in racks r0 and r1"),
+            std::string::npos);
+  EXPECT_NE(message([] { parseRackMap("r0:"); }).find("names no host"), std::string::npos);
+  EXPECT_NE(message([] { parseRackMap("@/nonexistent/topology"); }).find("cannot be read"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              simulated({0, 1}, {0});
+            }).find("does not name host h1 (rank 1)"),
+            std::string::npos);
+  Topology bad = simulated({0, 0, 1, 1});
+  bad.levels.push_back(Level{"rack", {0, 1, 1, 1}, {"a", "b"}});
+  EXPECT_NE(message([&] { checkTopology(bad); }).find("splits host h0"), std::string::npos);
+}
+
+TEST(Plan, EveryShapeColourAndRingCountReplaysToOneFullSum) {
+  for (const Shape& shape : shapes()) {
+    Topology t = simulated(shape.hostOf, shape.rackOf);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
+      for (int colors = 1; colors <= 3; ++colors) {
+        for (int rings = 1; rings <= 2; ++rings) {
+          AllreducePlan plan = planMultiDim(t, count, 4, colors, rings);
+          SCOPED_TRACE(t.describe() + " count " + std::to_string(count) + " " + plan.describe());
+          EXPECT_NO_THROW(checkPlan(plan, t.size));
+          EXPECT_EQ(plan.lanes.size(), static_cast<size_t>(colors * rings));
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, RegularGridStagesCarryWhatSurvivedTheLevelBelow) {
+  Topology t = simulated({0, 0, 1, 1});
+  AllreducePlan plan = planMultiDim(t, 1000, 4, 1, 1);
+  ASSERT_EQ(plan.lanes.size(), 1u);
+  const Lane& lane = plan.lanes[0];
+  ASSERT_EQ(lane.stages.size(), 2u);  // no closing stage on a regular grid
+  EXPECT_EQ(lane.stages[0].dimension, 0);
+  ASSERT_EQ(lane.stages[0].rings.size(), 2u);
+  EXPECT_EQ(lane.stages[0].rings[0].order, (std::vector<int>{0, 1}));
+  EXPECT_EQ(lane.stages[1].dimension, 1);
+  ASSERT_EQ(lane.stages[1].rings.size(), 2u);
+  EXPECT_EQ(lane.stages[1].rings[0].order, (std::vector<int>{0, 2}));
+  // The network stage reduces half the buffer per ring: what each rank held after its host.
+  EXPECT_EQ(lane.stages[1].rings[0].chunks[0].length + lane.stages[1].rings[0].chunks[1].length,
+            500u);
+  // Two colours: colour 1 starts across hosts.
+  AllreducePlan colored = planMultiDim(t, 1000, 4, 2, 1);
+  EXPECT_EQ(colored.lanes[1].order, (std::vector<int>{1, 0}));
+  EXPECT_EQ(colored.lanes[1].stages[0].dimension, 1);
+  EXPECT_NO_THROW(checkPlan(colored, 4));
+  // Odd rings run backwards.
+  AllreducePlan twoRings = planMultiDim(t, 1000, 4, 1, 2);
+  EXPECT_TRUE(twoRings.lanes[1].reversed);
+  EXPECT_EQ(twoRings.lanes[1].stages[0].rings[0].order, (std::vector<int>{1, 0}));
+}
+
+TEST(Plan, UnevenHostsInRotatedOrderCloseOverTheWholeGroup) {
+  Topology t = simulated({0, 0, 0, 1});
+  AllreducePlan plan = planMultiDim(t, 999, 4, 1, 1, {1, 0});
+  EXPECT_EQ(plan.lanes[0].stages.back().dimension, -1);
+  EXPECT_NO_THROW(checkPlan(plan, 4));
+}
+
+TEST(Plan, CheckRejectsBrokenPlans) {
+  Topology t = simulated({0, 0, 1, 1});
+  AllreducePlan good = planMultiDim(t, 100, 4, 1, 1);
+  AllreducePlan dropped = good;
+  dropped.lanes[0].stages.pop_back();
+  EXPECT_THROW(checkPlan(dropped, 4), Error);
+  AllreducePlan repeated = good;
+  repeated.lanes[0].stages[0].rings[0].order = {0, 0};
+  EXPECT_THROW(checkPlan(repeated, 4), Error);
+  AllreducePlan sharedSteps = good;
+  sharedSteps.lanes[0].stages[1].rings[0].firstStep = 0;
+  sharedSteps.lanes[0].stages[0].rings[0].order = {0, 1};
+  EXPECT_THROW(checkPlan(sharedSteps, 4), Error);
+  AllreducePlan twice = planMultiDim(t, 100, 4, 2, 1);
+  twice.lanes[1].phase = 0;
+  EXPECT_THROW(checkPlan(twice, 4), Error);
+  EXPECT_THROW(planMultiDim(t, 100, 4, 1, 1, {2}), Error);
+  EXPECT_THROW(planMultiDim(t, 100, 4, 1, 1, {0, 0}), Error);
+}
+
+TEST(Plan, LinksParseWithUnitsAndRejectNonsense) {
+  LinkCosts links = parseLinks("1:50us:117MB, 2:1ms:40M");
+  EXPECT_DOUBLE_EQ(links.at(1).latency, 50e-6);
+  EXPECT_DOUBLE_EQ(links.at(1).bandwidth, 117e6);
+  EXPECT_DOUBLE_EQ(links.at(2).latency, 1e-3);
+  EXPECT_DOUBLE_EQ(links.at(2).bandwidth, 40e6);
+  EXPECT_DOUBLE_EQ(links.at(0).bandwidth, defaultLinks().at(0).bandwidth);
+  EXPECT_DOUBLE_EQ(links.at(5).bandwidth, 40e6);  // deeper dimensions: the outermost given
+  EXPECT_THROW(parseLinks("1:50us"), Error);
+  EXPECT_THROW(parseLinks("x:50us:1GB"), Error);
+  EXPECT_THROW(parseLinks("1:50parsecs:1GB"), Error);
+  EXPECT_THROW(parseLinks("1:50us:-3GB"), Error);
+}
+
+TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
+  const LinkCosts links = parseLinks("0:2us:5GB,1:50us:117MB");
+  PlanRequest automatic;
+  Topology twoByTwo = simulated({0, 0, 1, 1});
+  const size_t big = 16 << 20;  // float32 elements: 64 MiB
+  AllreducePlan chosen = planAllreduce(twoByTwo, links, big, 4, automatic);
+  EXPECT_EQ(chosen.algorithm, PlanAlgorithm::kMultiDim) << chosen.describe();
+  AllreducePlan flat =
+      planAllreduce(twoByTwo, links, big, 4, PlanRequest{PlanRequest::Algorithm::kRing});
+  // A flat ring carries 2N(P-1)/P over each host link and direction, the 2-level ring 2N(H-1)/H.
+  EXPECT_NEAR(flat.predicted / chosen.predicted, 1.5, 0.1);
+  EXPECT_EQ(planAllreduce(twoByTwo, links, 2, 4, automatic).algorithm,
+            PlanAlgorithm::kRecursiveDoubling);
+  Topology twoByFour = simulated({0, 0, 0, 0, 1, 1, 1, 1});
+  chosen = planAllreduce(twoByFour, links, big, 4, automatic);
+  flat = planAllreduce(twoByFour, links, big, 4, PlanRequest{PlanRequest::Algorithm::kRing});
+  EXPECT_NEAR(flat.predicted / chosen.predicted, 1.75, 0.1);
+  // One host: recursive doubling up to the small size, then the shared-memory algorithms.
+  Topology one = Topology::singleHost(4);
+  EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).algorithm,
+            PlanAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, PlanAlgorithm::kShared);
+  // Knobs force: colours, rings and order.
+  PlanRequest forced{PlanRequest::Algorithm::kMultiDim, 2, 2, {1, 0}};
+  AllreducePlan f = planAllreduce(twoByTwo, links, big, 4, forced);
+  EXPECT_EQ(f.describe(), "multidim colors=2 rings=2 order=1,0");
+  // Every candidate comes with a prediction, the chosen one first.
+  auto candidates = allreduceCandidates(twoByTwo, links, big, 4, automatic);
+  ASSERT_GE(candidates.size(), 4u);
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    EXPECT_LE(candidates[0].predicted, candidates[i].predicted);
+  }
+}
+
+// The multi-dimensional allreduce over the loopback, from plans for simulated topologies.
+void runPlanned(const Topology& t, int colors, int rings, const std::vector<size_t>& counts,
+                size_t segmentBytes = 0) {
+  std::unique_ptr<ScopedEnv> env;
+  if (segmentBytes > 0) {
+    env = std::make_unique<ScopedEnv>(std::initializer_list<std::pair<std::string, std::string>>{
+        {"TORCH_DDL_SEGMENT_BYTES", std::to_string(segmentBytes)}});
+  }
+  runRanks(t.size, [&](Communicator& comm) {
+    for (DataType type : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16}) {
+      for (ReduceOp op : kAllOps) {
+        if (!checkReduceOp(type, op).empty()) continue;
+        for (size_t count : counts) {
+          const size_t es = elementSize(type);
+          std::vector<char> buf(count * es + 1);
+          for (size_t i = 0; i < count; ++i) {
+            storeValue(type, buf.data(), i, inputValue(type, op, comm.rank(), i));
+          }
+          CallOptions options;
+          options.plan =
+              std::make_shared<const AllreducePlan>(planMultiDim(t, count, es, colors, rings));
+          check(comm.allreduce(buf.data(), count, type, op, options));
+          for (size_t i = 0; i < count; ++i) {
+            double want = expectedValue(type, op, comm.size(), i);
+            double got = loadValue(type, buf.data(), i);
+            if (std::fabs(got - want) > tolerance(type, op, want)) {
+              std::ostringstream s;
+              s << t.describe() << " colors=" << colors << " rings=" << rings << " rank "
+                << comm.rank() << " " << dataTypeName(type) << " " << reduceOpName(op) << " count "
+                << count << " element " << i << ": got " << got << ", want " << want;
+              throw Error(s.str());
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(MultiDim, EveryShapeMatchesTheExpectedSums) {
+  for (const Shape& shape : shapes()) {
+    Topology t = simulated(shape.hostOf, shape.rackOf);
+    for (int colors = 1; colors <= 2; ++colors) {
+      for (int rings = 1; rings <= 2; ++rings) {
+        runPlanned(t, colors, rings, {0, 1, 13, 1009});
+      }
+    }
+  }
+}
+
+TEST(MultiDim, LargeAndManySegments) {
+  runPlanned(simulated({0, 0, 1, 1}), 2, 1, {100003}, 4096);
+  runPlanned(simulated({0, 0, 0, 1, 1, 2}), 1, 2, {65537}, 1000);
+  runPlanned(simulated({0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1}), 3, 1, {200003});
+}
+
+TEST(MultiDim, AGivenPlanForAnotherSizeIsRefused) {
+  runRanks(2, [](Communicator& comm) {
+    std::vector<float> data(10);
+    CallOptions options;
+    options.plan =
+        std::make_shared<const AllreducePlan>(planMultiDim(simulated({0, 1}), 11, 4, 1, 1));
+    EXPECT_THROW(comm.allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum, options),
+                 Error);
+  });
+}
+
+}  // namespace
+}  // namespace ddl::test
