@@ -1,5 +1,14 @@
-"""python -m torch_ddl.info: versions, UCX transports, settings and the allreduce plan."""
+"""python -m torch_ddl.info: versions, UCX transports and settings; with --plan, the topology and
+the allreduce plans the cost model weighs per message size.
 
+    python -m torch_ddl.info                             # versions, transports, settings
+    torchrun --nproc_per_node 4 -m torch_ddl.info --plan # the job's topology and plans (rank 0)
+    python -m torch_ddl.info --plan --hosts 2x4 --links 1:50us:117MB
+    python -m torch_ddl.info --plan --hosts a,a,a,b --topology "r0: a; r1: b"
+"""
+
+import argparse
+import os
 import socket
 
 import torch
@@ -15,7 +24,73 @@ def _size(n):
         n /= 1024
 
 
+DEFAULT_SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _hosts(spec):
+    """'2x4' (hosts x ranks each), '2x2x4' (racks x hosts x ranks; the racks go with it) or one
+    host name per rank, comma-separated. Returns the host of each rank and the racks."""
+    if "x" in spec and "," not in spec:
+        dims = [int(v) for v in spec.split("x")]
+        if len(dims) == 2:
+            return [f"host{h}" for h in range(dims[0]) for _ in range(dims[1])], ""
+        if len(dims) == 3:
+            racks, hosts, ranks = dims
+            names = [[f"r{r}h{h}" for h in range(hosts)] for r in range(racks)]
+            topology = "; ".join(f"r{r}: " + " ".join(names[r]) for r in range(racks))
+            return [n for rack in names for n in rack for _ in range(ranks)], topology
+        raise SystemExit(f"--hosts {spec}: give HOSTSxRANKS or RACKSxHOSTSxRANKS")
+    return [h.strip() for h in spec.split(",") if h.strip()], ""
+
+
+def print_plans(topology, links, rows):
+    print(f"topology   {topology}")
+    print(f"links      {links}  (dimension:latency:bandwidth; 0 within a host, 1 across hosts)")
+    for size, candidates in rows:
+        print(f"\n{_size(size)}:")
+        best = candidates[0][1]
+        for i, (plan, seconds) in enumerate(candidates):
+            mark = "  <- chosen" if i == 0 else ""
+            ratio = f"{seconds / best:5.2f}x" if best > 0 else "     "
+            print(f"  {plan:<40} {seconds * 1e3:10.3f} ms  {ratio}{mark}")
+
+
+def plan_main(args):
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    if args.hosts:
+        hosts, racks = _hosts(args.hosts)
+        if args.topology is not None:
+            racks = args.topology
+        topology, links, rows = _C.plan_offline(
+            hosts, racks, args.links if args.links is not None else
+            os.environ.get("TORCH_DDL_LINKS", ""), sizes)
+        print_plans(topology, links, rows)
+        return
+    if "WORLD_SIZE" not in os.environ:
+        raise SystemExit("--plan needs a job (run it under torchrun) or --hosts, e.g. --hosts 2x4")
+    import torch.distributed as dist
+
+    dist.init_process_group("ddl")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    rows = backend.plan_rows(sizes)
+    if dist.get_rank() == 0:
+        print_plans(backend.topology(), backend.links(), rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
+    parser = argparse.ArgumentParser(prog="python -m torch_ddl.info", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", action="store_true", help="print the topology and the plans")
+    parser.add_argument("--hosts", help="offline: '2x4' or one host name per rank, a,a,b,b")
+    parser.add_argument("--topology", help="offline: racks, as TORCH_DDL_TOPOLOGY")
+    parser.add_argument("--links", help="offline: link costs, as TORCH_DDL_LINKS")
+    parser.add_argument("--sizes", help="message sizes in bytes, comma-separated")
+    args = parser.parse_args()
+    if args.plan:
+        plan_main(args)
+        return
     print(f"torch_ddl  {torch_ddl.__version__}")
     print(f"torch      {torch.__version__}")
     print(f"UCX        {_C.ucx_version()}")
@@ -30,20 +105,7 @@ def main():
         mark = "" if value == default else "   (set)"
         print(f"  {name:<{width}}  {value:<10} default {default:<8}{mark}")
         print(f"  {'':<{width}}  {description}")
-    values = {r[0]: r[1] for r in rows}
-    algo = values["TORCH_DDL_ALLREDUCE_ALGO"]
-    small = int(values["TORCH_DDL_SMALL_BYTES"])
-    ring = (f"ring, {values['TORCH_DDL_RINGS']} ring(s), segments of "
-            f"{_size(int(values['TORCH_DDL_SEGMENT_BYTES']))}, "
-            f"{values['TORCH_DDL_PIPELINE_DEPTH']} in flight per step")
-    print("\nAllreduce plan:")
-    if algo == "auto":
-        print(f"  up to {_size(small)}: recursive doubling")
-        print(f"  above {_size(small)}: {ring}")
-    elif algo == "ring":
-        print(f"  every size: {ring}")
-    else:
-        print("  every size: recursive doubling")
+    print("\nAllreduce plans: python -m torch_ddl.info --plan (inside a job, or --hosts 2x4 offline)")
     print("\nUCX itself is configured with UCX_* variables (e.g. UCX_TLS, UCX_NET_DEVICES).")
 
 

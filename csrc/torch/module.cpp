@@ -4,10 +4,40 @@
 
 #include "../core/engine/config.h"
 #include "../core/engine/engine.h"
+#include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
 
 namespace py = pybind11;
+
+namespace {
+
+// For each size in bytes: (bytes, [(plan, predicted seconds), ...]), the chosen plan first.
+py::list planRows(const ddl::Topology& topology, const ddl::LinkCosts& links,
+                  const std::vector<int64_t>& sizes) {
+  py::list rows;
+  for (int64_t bytes : sizes) {
+    py::list candidates;
+    size_t count = static_cast<size_t>(bytes) / 4;  // float32
+    for (const ddl::AllreducePlan& plan :
+         ddl::allreduceCandidates(topology, links, count, 4, ddl::Communicator::planRequest())) {
+      candidates.append(py::make_tuple(plan.describe(), plan.predicted));
+    }
+    rows.append(py::make_tuple(bytes, candidates));
+  }
+  return rows;
+}
+
+template <typename Fn>
+auto valueErrors(Fn fn) {
+  try {
+    return fn();
+  } catch (const ddl::Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");
@@ -15,7 +45,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "ProcessGroupDDL")
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("topology",
+           [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->topology().describe(); })
+      .def("links",
+           [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->links().describe(); })
+      .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
+        return valueErrors([&] {
+          return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);
+        });
+      });
+
+  // Offline: the topology of ranks on the named hosts (by rank), racks and links as in
+  // TORCH_DDL_TOPOLOGY and TORCH_DDL_LINKS.
+  m.def("plan_offline", [](const std::vector<std::string>& hostOf, const std::string& racks,
+                           const std::string& links, const std::vector<int64_t>& sizes) {
+    return valueErrors([&] {
+      std::vector<ddl::Locality> ranks;
+      for (const std::string& h : hostOf) ranks.push_back(ddl::Locality{h, h});
+      ddl::Topology topology = ddl::buildTopology(ranks, ddl::parseRackMap(racks));
+      ddl::LinkCosts costs = ddl::parseLinks(links);
+      return py::make_tuple(topology.describe(), costs.describe(),
+                            planRows(topology, costs, sizes));
+    });
+  });
 
   m.def("config_table", [] {
     py::list rows;

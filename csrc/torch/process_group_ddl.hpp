@@ -135,6 +135,8 @@ class ProcessGroupDDL : public c10d::Backend {
   // is in sync from creation on: there is nothing to agree on through the store.
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
+  // The core communicator (torch_ddl.info: topology and plans).
+  const std::shared_ptr<Communicator>& communicator() const { return comm_; }
 
  private:
   CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);

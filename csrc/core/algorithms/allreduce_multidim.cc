@@ -7,6 +7,8 @@
 //    a stage needs only what the previous one left here, so a rank moves on as soon as its own
 //    rings are done. After the last stage this rank holds the full sum of its part.
 // 3. The allgather runs the same rings backwards, last stage first, storing instead of reducing.
+// 4. Waves of a lane keep their order on each rank: wave w starts a stage (of either half) only
+//    once wave w-1 has finished it here, so the waves pipeline through the levels.
 // A slow level carries only what survived the levels below it: with H hosts of L ranks, the
 // network stage moves 2N(H-1)/H bytes per host link and direction, where a flat ring moves
 // 2N(P-1)/P; colours keep the host and network levels busy at the same time.
@@ -20,15 +22,24 @@ namespace {
 
 class LaneRun {
  public:
-  LaneRun(Op& op, const Lane& lane, void* data, DataType type, ReduceOp reduce,
-          const PipelineSettings& settings)
-      : op_(op), lane_(lane), data_(data), type_(type), reduce_(reduce), settings_(settings) {}
+  LaneRun(Op& op, const Lane& lane, const LaneRun* before, void* data, DataType type,
+          ReduceOp reduce, const PipelineSettings& settings)
+      : op_(op),
+        lane_(lane),
+        before_(before),
+        data_(data),
+        type_(type),
+        reduce_(reduce),
+        settings_(settings) {}
 
   // True once both halves of every stage are done here.
   bool advance() {
     const int stages = static_cast<int>(lane_.stages.size());
     while (turn_ < 2 * stages) {
-      if (!started_) start(turn_ < stages ? turn_ : 2 * stages - 1 - turn_, turn_ < stages);
+      if (!started_) {
+        if (before_ != nullptr && before_->turn_ <= turn_) return false;  // the wave ahead first
+        start(turn_ < stages ? turn_ : 2 * stages - 1 - turn_, turn_ < stages);
+      }
       bool done = true;
       for (auto& p : pipelines_) done = p->advance() && done;
       if (!done) return false;
@@ -68,6 +79,7 @@ class LaneRun {
 
   Op& op_;
   const Lane& lane_;
+  const LaneRun* before_;
   void* data_;
   DataType type_;
   ReduceOp reduce_;
@@ -83,10 +95,12 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
                        std::shared_ptr<const AllreducePlan> plan, PipelineSettings settings) {
   std::vector<std::unique_ptr<LaneRun>> lanes;
   for (const Lane& lane : plan->lanes) {
-    lanes.push_back(std::make_unique<LaneRun>(op, lane, data, type, reduce, settings));
+    const LaneRun* before = lane.after >= 0 ? lanes[lane.after].get() : nullptr;
+    lanes.push_back(std::make_unique<LaneRun>(op, lane, before, data, type, reduce, settings));
   }
   while (true) {
     bool done = true;
+    // In lane order, so that a wave that frees the stage for the next one lets it start now.
     for (auto& lane : lanes) done = lane->advance() && done;
     if (done) break;
     co_await op.next();

@@ -155,7 +155,8 @@ Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::millisecon
     : group_(std::move(group)),
       timeout_(timeout),
       topology_(std::move(topology)),
-      links_(std::move(links)) {}
+      links_(std::move(links)),
+      request_(planRequest()) {}
 
 PlanRequest Communicator::planRequest() {
   const Config& c = config();
@@ -182,6 +183,7 @@ PlanRequest Communicator::planRequest() {
   request.rings = static_cast<int>(c.rings);
   request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));
   request.order = c.levelOrder;
+  request.waves = static_cast<int>(c.waves);
   request.smallBytes = c.smallBytes;
   return request;
 }
@@ -192,7 +194,7 @@ std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, D
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   auto plan = std::make_shared<const AllreducePlan>(
-      planAllreduce(topology_, links_, count, elementSize(type), planRequest()));
+      planAllreduce(topology_, links_, count, elementSize(type), request_));
   if (plans_.size() >= kPlanCache) plans_.clear();
   plans_.emplace(key, plan);
   return plan;

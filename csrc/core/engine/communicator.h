@@ -57,7 +57,7 @@ class Communicator {
   const Topology& topology() const { return topology_; }
   const LinkCosts& links() const { return links_; }
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
-  // configuration makes of the planner.
+  // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);
   static PlanRequest planRequest();
   // Whether an allreduce of this size may take a buffer to adopt (CallOptions::adoptable): only
@@ -118,6 +118,7 @@ class Communicator {
   std::atomic<uint64_t> sequence_{0};
   const Topology topology_;
   const LinkCosts links_;
+  const PlanRequest request_;
   static constexpr size_t kPlanCache = 256;
   std::mutex plansMutex_;
   std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;

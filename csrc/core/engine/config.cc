@@ -47,6 +47,9 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_LEVEL_ORDER", "",
      "dimensions colour 0 of multidim walks first, comma-separated (0 within a host, 1 across "
      "hosts, 2 across racks); empty: innermost first"},
+    {"TORCH_DDL_WAVES", "0",
+     "waves each multidim lane is cut into, following each other through the levels so that one "
+     "is on the network while the next is on the host; 0: the cost model's choice"},
     {"TORCH_DDL_TOPOLOGY", "",
      "racks of hosts, 'rack: host host; rack: host ...' or @file with one rack per line; empty: "
      "no level above the host"},
@@ -92,8 +95,10 @@ Config read() {
   c.pipelineDepth = parseSize(kTable[4], 1);
   c.rings = parseSize(kTable[5], 0);
   c.colors = parseSize(kTable[9], 0);
-  if (std::max<size_t>(c.rings, 1) * std::max<size_t>(c.colors, 1) > tag::kPlanPhases) {
-    throw Error("ddl: TORCH_DDL_RINGS x TORCH_DDL_COLORS must be at most " +
+  c.waves = parseSize(kTable[11], 0);
+  if (std::max<size_t>(c.rings, 1) * std::max<size_t>(c.colors, 1) * std::max<size_t>(c.waves, 1) >
+      tag::kPlanPhases) {
+    throw Error("ddl: TORCH_DDL_RINGS x TORCH_DDL_COLORS x TORCH_DDL_WAVES must be at most " +
                 std::to_string(tag::kPlanPhases));
   }
   std::string order = configValue(kTable[10]);
@@ -108,8 +113,8 @@ Config read() {
     c.levelOrder.push_back(std::stoi(item));
     at = comma + 1;
   }
-  c.topology = configValue(kTable[11]);
-  c.links = configValue(kTable[12]);
+  c.topology = configValue(kTable[12]);
+  c.links = configValue(kTable[13]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
   std::string share = configValue(kTable[7]);
   if (share != "0" && share != "1") {

@@ -216,11 +216,12 @@ double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, doubl
   return seconds;
 }
 
-double parseNumber(const std::string& text, const std::string& entry, size_t& used) {
+double parseNumber(const std::string& text, const std::string& entry, size_t& used,
+                   bool zeroAllowed) {
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
   used = static_cast<size_t>(end - text.c_str());
-  if (used == 0 || !(v > 0) || !std::isfinite(v)) {
+  if (used == 0 || !(v > 0 || (zeroAllowed && v == 0)) || !std::isfinite(v)) {
     throw Error("ddl: TORCH_DDL_LINKS entry '" + entry +
                 "' is not 'dimension:latency:bandwidth' (e.g. '1:50us:117MB')");
   }
@@ -271,7 +272,7 @@ LinkCosts parseLinks(const std::string& spec) {
     std::string lat = entry.substr(a + 1, b - a - 1);
     std::string bw = entry.substr(b + 1);
     size_t used = 0;
-    double latency = parseNumber(lat, entry, used);
+    double latency = parseNumber(lat, entry, used, true);
     std::string unit = lat.substr(used);
     if (unit == "s") {
     } else if (unit == "ms") {
@@ -284,7 +285,7 @@ LinkCosts parseLinks(const std::string& spec) {
       throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': latency unit '" + unit +
                   "' is not s, ms, us or ns");
     }
-    double bandwidth = parseNumber(bw, entry, used);
+    double bandwidth = parseNumber(bw, entry, used, false);
     unit = bw.substr(used);
     if (!unit.empty() && unit.back() == 'B') unit.pop_back();
     if (!unit.empty() && unit.back() == '/') unit.pop_back();
@@ -327,7 +328,7 @@ std::string AllreducePlan::describe() const {
   out << planAlgorithmName(algorithm);
   if (algorithm == PlanAlgorithm::kRing) out << " rings=" << rings;
   if (algorithm == PlanAlgorithm::kMultiDim) {
-    out << " colors=" << colors << " rings=" << rings;
+    out << " colors=" << colors << " rings=" << rings << " waves=" << waves;
     if (!lanes.empty()) {
       out << " order=";
       for (size_t i = 0; i < lanes[0].order.size(); ++i) {
@@ -339,13 +340,14 @@ std::string AllreducePlan::describe() const {
 }
 
 AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, int colors,
-                           int rings, const std::vector<int>& order) {
+                           int rings, const std::vector<int>& order, int waves) {
   colors = std::max(colors, 1);
   rings = std::max(rings, 1);
-  if (colors * rings > static_cast<int>(tag::kPlanPhases)) {
+  waves = std::max(waves, 1);
+  if (colors * rings * waves > static_cast<int>(tag::kPlanPhases)) {
     throw Error("ddl: " + std::to_string(colors) + " colours x " + std::to_string(rings) +
-                " rings need more than the " + std::to_string(tag::kPlanPhases) +
-                " tag phases a plan has");
+                " rings x " + std::to_string(waves) + " waves need more than the " +
+                std::to_string(tag::kPlanPhases) + " tag phases a plan has");
   }
   const Grid grid = gridOf(t);
   std::vector<int> dims;
@@ -372,26 +374,31 @@ AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, 
   plan.elementSize = elementSize;
   plan.colors = colors;
   plan.rings = rings;
-  std::vector<Range> shares = splitEven(count, static_cast<size_t>(colors * rings));
+  plan.waves = waves;
+  std::vector<Range> shares = splitEven(count, static_cast<size_t>(colors * rings * waves));
   for (int c = 0; c < colors; ++c) {
     for (int r = 0; r < rings; ++r) {
-      Lane lane;
-      lane.range = shares[c * rings + r];
-      lane.phase = static_cast<uint32_t>(c * rings + r);
-      lane.reversed = r % 2 == 1;
-      lane.order = dims;
-      if (!dims.empty()) {
-        std::rotate(lane.order.begin(), lane.order.begin() + c % dims.size(), lane.order.end());
+      for (int w = 0; w < waves; ++w) {
+        const int index = (c * rings + r) * waves + w;
+        Lane lane;
+        lane.range = shares[index];
+        lane.phase = static_cast<uint32_t>(index);
+        lane.after = w > 0 ? index - 1 : -1;
+        lane.reversed = r % 2 == 1;
+        lane.order = dims;
+        if (!dims.empty()) {
+          std::rotate(lane.order.begin(), lane.order.begin() + c % dims.size(), lane.order.end());
+        }
+        Holdings holdings = initialHoldings(t.size, lane.range);
+        uint32_t nextStep = 0;
+        for (int k : lane.order) {
+          Stage stage = runStage(holdings, ringsOf[k], k, lane.reversed, nextStep);
+          if (!stage.rings.empty()) lane.stages.push_back(std::move(stage));
+        }
+        Stage closing = runStage(holdings, {allRanks(t.size)}, -1, lane.reversed, nextStep);
+        if (!closing.rings.empty()) lane.stages.push_back(std::move(closing));
+        plan.lanes.push_back(std::move(lane));
       }
-      Holdings holdings = initialHoldings(t.size, lane.range);
-      uint32_t nextStep = 0;
-      for (int k : lane.order) {
-        Stage stage = runStage(holdings, ringsOf[k], k, lane.reversed, nextStep);
-        if (!stage.rings.empty()) lane.stages.push_back(std::move(stage));
-      }
-      Stage closing = runStage(holdings, {allRanks(t.size)}, -1, lane.reversed, nextStep);
-      if (!closing.rings.empty()) lane.stages.push_back(std::move(closing));
-      plan.lanes.push_back(std::move(lane));
     }
   }
   return plan;
@@ -410,14 +417,20 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     case PlanAlgorithm::kMultiDim:
       break;
   }
-  Loads total(t);
-  double slowestLane = 0;
-  for (const Lane& lane : plan.lanes) {
-    double laneSeconds = 0;
-    for (const Stage& stage : lane.stages) {
+  // Lanes advance in step: the i-th stage of every lane runs at once, so lanes of one order
+  // share that dimension's links, while colours (rotated orders) load different ones.
+  size_t stages = 0;
+  for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
+  double sum = 0;
+  double slowest = 0;
+  Loads total(t);  // every lane's bytes: no schedule beats its busiest link
+  for (size_t i = 0; i < stages; ++i) {
+    Loads first(t);  // the first waves' bytes in stage i
+    size_t longest = 0;
+    for (const Lane& lane : plan.lanes) {
+      if (i >= lane.stages.size()) continue;
       Loads loads(t);
-      size_t longest = 0;
-      for (const StageRing& ring : stage.rings) {
+      for (const StageRing& ring : lane.stages[i].rings) {
         const size_t n = ring.order.size();
         longest = std::max(longest, n);
         double piece = 0;
@@ -427,13 +440,14 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
           loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
         }
       }
-      // Reduce-scatter and allgather move the same bytes.
-      laneSeconds += 2 * (loads.seconds(links) + (longest - 1) * loads.latency(links));
       total.add(loads, 2);
+      if (lane.after < 0) first.add(loads, 1);
     }
-    slowestLane = std::max(slowestLane, laneSeconds);
+    double stage = first.seconds(links) + (longest - 1) * first.latency(links);
+    sum += 2 * stage;  // reduce-scatter and allgather move the same bytes
+    slowest = std::max(slowest, stage);
   }
-  return std::max(slowestLane, total.seconds(links));
+  return std::max(sum + (plan.waves - 1) * slowest, total.seconds(links));
 }
 
 namespace {
@@ -462,8 +476,8 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
   const Grid grid = gridOf(t);
   int dims = 0;
   for (int d : grid.dims) dims += d > 1 ? 1 : 0;
-  auto multiDim = [&](int colors, int rings) {
-    out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order));
+  auto multiDim = [&](int colors, int rings, int waves) {
+    out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order, waves));
   };
   auto multiDimChoices = [&] {
     std::vector<int> colorChoices, ringChoices;
@@ -475,8 +489,14 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       if (request.rings == 0 || request.rings == r) ringChoices.push_back(r);
     }
     if (ringChoices.empty()) ringChoices.push_back(request.rings);
+    std::vector<int> waveChoices = {1, 2, 4, 8};
+    if (request.waves > 0) waveChoices = {request.waves};
     for (int c : colorChoices) {
-      for (int r : ringChoices) multiDim(c, r);
+      for (int r : ringChoices) {
+        for (int w : waveChoices) {
+          if (c * r * w <= static_cast<int>(tag::kPlanPhases)) multiDim(c, r, w);
+        }
+      }
     }
   };
   switch (request.algorithm) {
@@ -530,6 +550,12 @@ void checkPlan(const AllreducePlan& plan, int size) {
     covered += lane.range.length;
     if (lane.phase >= tag::kPlanPhases || phaseUsed[lane.phase]) {
       throw Error("ddl: plan lane phase " + std::to_string(lane.phase) + " is reused or too large");
+    }
+    const int index = static_cast<int>(&lane - plan.lanes.data());
+    if (lane.after >= index ||
+        (lane.after >= 0 && plan.lanes[lane.after].stages.size() != lane.stages.size())) {
+      throw Error("ddl: plan lane " + std::to_string(index) + " follows lane " +
+                  std::to_string(lane.after) + ", which is not an earlier wave of it");
     }
     phaseUsed[lane.phase] = true;
     Holdings holdings = initialHoldings(size, lane.range);

@@ -12,6 +12,9 @@
 //   lane       a contiguous share of the buffer walking the dimensions in one order: colour c
 //              starts at dimension c (rotated order), so while one colour is on the host level
 //              another is on the network; lanes of odd ring index run their rings backwards.
+//   wave       a lane may be cut into waves that follow each other through the stages: wave w
+//              starts a stage on a rank once wave w-1 has finished it there, so while one wave
+//              is on the network another is on the host (a pipeline across levels).
 //   phase      the tag phase of a lane (tag.h): lanes run at once, each in its own phase; within
 //              a lane every ring has its own range of steps.
 //
@@ -75,6 +78,7 @@ struct Lane {
   bool reversed = false;      // rings run backwards
   std::vector<int> order;     // dimensions in the order of its reduce-scatter
   std::vector<Stage> stages;  // reduce-scatter stages; the allgather runs them backwards
+  int after = -1;             // the lane (previous wave) that must finish each stage first
 };
 
 struct AllreducePlan {
@@ -83,10 +87,11 @@ struct AllreducePlan {
   size_t elementSize = 1;
   int colors = 1;
   int rings = 1;
+  int waves = 1;
   std::vector<Lane> lanes;  // kMultiDim only
   double predicted = 0;     // seconds, by the cost model
 
-  // "multidim colors=2 rings=1 order=0,1" etc.
+  // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
   std::string describe() const;
 };
 
@@ -97,20 +102,21 @@ struct PlanRequest {
   Algorithm algorithm = Algorithm::kAuto;
   int colors = 0;
   int rings = 0;
-  std::vector<int> order;     // dimensions of colour 0 (empty: innermost first)
+  std::vector<int> order;  // dimensions of colour 0 (empty: innermost first)
+  int waves = 0;
   size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
   int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
 };
 
 // The multi-dimensional plan: `colors` lanes walking rotated orders, each split into `rings`
-// lanes whose odd members run backwards. `order` lists dimensions for colour 0 (missing ones
-// are appended, innermost first; dimensions of extent 1 are skipped).
+// lanes whose odd members run backwards, each cut into `waves`. `order` lists dimensions for
+// colour 0 (missing ones are appended, innermost first; dimensions of extent 1 are skipped).
 AllreducePlan planMultiDim(const Topology& topology, size_t count, size_t elementSize, int colors,
-                           int rings, const std::vector<int>& order = {});
+                           int rings, const std::vector<int>& order = {}, int waves = 1);
 // The plan the group runs for `count` elements: what `request` forces, else the candidate the
 // cost model finds cheapest (on one host: recursive doubling up to smallBytes, then kShared, as
 // before the planner; across hosts: recursive doubling, flat rings and multi-dimensional plans of
-// 1..dims colours and 1..2 rings, each predicted with `links`).
+// 1..dims colours, 1..2 rings and 1, 2, 4 or 8 waves, each predicted with `links`).
 AllreducePlan planAllreduce(const Topology& topology, const LinkCosts& links, size_t count,
                             size_t elementSize, const PlanRequest& request);
 // Every candidate the planner weighs for this size (with predictions), the chosen one first.
@@ -118,10 +124,15 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request);
 
-// Seconds the plan should take: per lane, the sum over its stages of each stage's latency and
-// its busiest link's bytes over that link's bandwidth; lanes overlap, limited by the total
-// load on each link. A message across dimension k loads the links of dimensions 1..k of the
-// blocks it leaves and enters (a rack crossing also crosses the host's link).
+// Seconds the plan should take (alpha-beta per link): the first waves of all lanes advance stage
+// by stage in step, each stage costing its rings' steps times the latency plus its busiest
+// link's bytes (of every lane in that stage) over that link's bandwidth; reduce-scatter and
+// allgather make 2S such stages, and W waves flow through them as through a flow shop:
+// sum(t_s) + (W-1) max(t_s); never less than the busiest link's bytes over all stages and waves
+// (waves on different stages may share a link: a rack crossing also crosses the host's). A
+// message across dimension k loads the links of dimensions 1..k of the blocks it leaves and
+// enters (a rack crossing also crosses the host's link). Flat rings and recursive doubling are
+// costed the same way, step by step.
 double predictSeconds(const AllreducePlan& plan, const Topology& topology, const LinkCosts& links);
 
 // Throws ddl::Error unless every ring is a permutation of distinct group ranks, its chunks tile
