@@ -119,10 +119,12 @@ TEST(Plan, EveryShapeColourAndRingCountReplaysToOneFullSum) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
       for (int colors = 1; colors <= 3; ++colors) {
         for (int rings = 1; rings <= 2; ++rings) {
-          AllreducePlan plan = planMultiDim(t, count, 4, colors, rings);
-          SCOPED_TRACE(t.describe() + " count " + std::to_string(count) + " " + plan.describe());
-          EXPECT_NO_THROW(checkPlan(plan, t.size));
-          EXPECT_EQ(plan.lanes.size(), static_cast<size_t>(colors * rings));
+          for (int waves : {1, 3}) {
+            AllreducePlan plan = planMultiDim(t, count, 4, colors, rings, {}, waves);
+            SCOPED_TRACE(t.describe() + " count " + std::to_string(count) + " " + plan.describe());
+            EXPECT_NO_THROW(checkPlan(plan, t.size));
+            EXPECT_EQ(plan.lanes.size(), static_cast<size_t>(colors * rings * waves));
+          }
         }
       }
     }
@@ -178,6 +180,9 @@ TEST(Plan, CheckRejectsBrokenPlans) {
   AllreducePlan twice = planMultiDim(t, 100, 4, 2, 1);
   twice.lanes[1].phase = 0;
   EXPECT_THROW(checkPlan(twice, 4), Error);
+  AllreducePlan waves = planMultiDim(t, 100, 4, 1, 1, {}, 2);
+  waves.lanes[0].after = 1;  // a wave may only follow an earlier one
+  EXPECT_THROW(checkPlan(waves, 4), Error);
   EXPECT_THROW(planMultiDim(t, 100, 4, 1, 1, {2}), Error);
   EXPECT_THROW(planMultiDim(t, 100, 4, 1, 1, {0, 0}), Error);
 }
@@ -219,9 +224,15 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
             PlanAlgorithm::kRecursiveDoubling);
   EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, PlanAlgorithm::kShared);
   // Knobs force: colours, rings and order.
-  PlanRequest forced{PlanRequest::Algorithm::kMultiDim, 2, 2, {1, 0}};
+  PlanRequest forced{PlanRequest::Algorithm::kMultiDim, 2, 2, {1, 0}, 3};
   AllreducePlan f = planAllreduce(twoByTwo, links, big, 4, forced);
-  EXPECT_EQ(f.describe(), "multidim colors=2 rings=2 order=1,0");
+  EXPECT_EQ(f.describe(), "multidim colors=2 rings=2 waves=3 order=1,0");
+  EXPECT_EQ(f.lanes.size(), 12u);
+  // Waves pipeline through the levels: more waves hide the host stage behind the network.
+  PlanRequest oneWave{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, 1};
+  PlanRequest fourWaves{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, 4};
+  EXPECT_LT(planAllreduce(twoByTwo, links, big, 4, fourWaves).predicted,
+            planAllreduce(twoByTwo, links, big, 4, oneWave).predicted);
   // Every candidate comes with a prediction, the chosen one first.
   auto candidates = allreduceCandidates(twoByTwo, links, big, 4, automatic);
   ASSERT_GE(candidates.size(), 4u);
@@ -232,7 +243,7 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
 
 // The multi-dimensional allreduce over the loopback, from plans for simulated topologies.
 void runPlanned(const Topology& t, int colors, int rings, const std::vector<size_t>& counts,
-                size_t segmentBytes = 0) {
+                size_t segmentBytes = 0, int waves = 1) {
   std::unique_ptr<ScopedEnv> env;
   if (segmentBytes > 0) {
     env = std::make_unique<ScopedEnv>(std::initializer_list<std::pair<std::string, std::string>>{
@@ -274,7 +285,7 @@ TEST(MultiDim, EveryShapeMatchesTheExpectedSums) {
     Topology t = simulated(shape.hostOf, shape.rackOf);
     for (int colors = 1; colors <= 2; ++colors) {
       for (int rings = 1; rings <= 2; ++rings) {
-        runPlanned(t, colors, rings, {0, 1, 13, 1009});
+        runPlanned(t, colors, rings, {0, 1, 13, 1009}, 0, colors == rings ? 3 : 1);
       }
     }
   }
@@ -282,6 +293,7 @@ TEST(MultiDim, EveryShapeMatchesTheExpectedSums) {
 
 TEST(MultiDim, LargeAndManySegments) {
   runPlanned(simulated({0, 0, 1, 1}), 2, 1, {100003}, 4096);
+  runPlanned(simulated({0, 0, 1, 1}), 1, 1, {100003}, 4096, 8);
   runPlanned(simulated({0, 0, 0, 1, 1, 2}), 1, 2, {65537}, 1000);
   runPlanned(simulated({0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1}), 3, 1, {200003});
 }

@@ -32,12 +32,16 @@ class LaneRun {
         reduce_(reduce),
         settings_(settings) {}
 
+  bool done() const { return turn_ >= 2 * static_cast<int>(lane_.stages.size()); }
+
   // True once both halves of every stage are done here.
   bool advance() {
     const int stages = static_cast<int>(lane_.stages.size());
     while (turn_ < 2 * stages) {
       if (!started_) {
-        if (before_ != nullptr && before_->turn_ <= turn_) return false;  // the wave ahead first
+        if (before_ != nullptr && !before_->done() && before_->turn_ <= turn_) {
+          return false;  // the wave ahead first
+        }
         start(turn_ < stages ? turn_ : 2 * stages - 1 - turn_, turn_ < stages);
       }
       bool done = true;

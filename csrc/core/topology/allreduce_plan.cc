@@ -551,13 +551,12 @@ void checkPlan(const AllreducePlan& plan, int size) {
     if (lane.phase >= tag::kPlanPhases || phaseUsed[lane.phase]) {
       throw Error("ddl: plan lane phase " + std::to_string(lane.phase) + " is reused or too large");
     }
+    phaseUsed[lane.phase] = true;
     const int index = static_cast<int>(&lane - plan.lanes.data());
-    if (lane.after >= index ||
-        (lane.after >= 0 && plan.lanes[lane.after].stages.size() != lane.stages.size())) {
+    if (lane.after >= index) {
       throw Error("ddl: plan lane " + std::to_string(index) + " follows lane " +
                   std::to_string(lane.after) + ", which is not an earlier wave of it");
     }
-    phaseUsed[lane.phase] = true;
     Holdings holdings = initialHoldings(size, lane.range);
     std::vector<std::pair<uint32_t, uint32_t>> steps;
     for (const Stage& stage : lane.stages) {
