@@ -1,0 +1,59 @@
+"""Across emulated hosts (benchmarks/cluster/cluster.py: network namespaces, private /dev/shm,
+their own host names and PIDs): every collective against gloo on the same inputs, the topology
+found, and the plan chosen. Skipped, saying why, where hosts cannot be emulated (not root,
+namespaces refused)."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "cluster"))
+from cluster import Cluster, unavailable_reason  # noqa: E402
+
+WORKER = str(Path(__file__).with_name("cluster_worker.py"))
+REASON = unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+def run(cluster, *args, order=None, timeout=240, env=None):
+    base = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    base.pop("TORCH_DDL_ALLREDUCE_ALGO", None)
+    results = cluster.launch([sys.executable, WORKER, *args], env=base, timeout=timeout,
+                             order=order)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+    report = [line for line in results[0][1].splitlines() if line.startswith("REPORT ")]
+    assert report, results[0][1][-2000:]
+    return json.loads(report[0][len("REPORT "):])
+
+
+def test_two_hosts_of_two_every_collective_matches_gloo_and_auto_is_two_level():
+    with Cluster(2, 2, rate="1gbit") as cluster:
+        report = run(cluster, "--subgroup", "0,1")
+    h0, h1 = cluster.host_names
+    assert report["topology"] == f"2 hosts ({h0}: 0 1, {h1}: 2 3)"
+    assert report["plans"][str(4 << 20)].startswith("multidim"), report
+    # A subgroup on one host is a one-level group, and plans as one host does.
+    assert report["subgroup"] == f"1 host ({h0}: 0 1)"
+    assert report["subgroup_plan"] == "shared", report
+
+
+def test_uneven_hosts_in_interleaved_rank_order():
+    # 3 ranks on one host, 1 on the other; rank 1 is the lone one.
+    with Cluster(2, [3, 1], rate=None) as cluster:
+        report = run(cluster, "--quick", order=[0, 1, 0, 0])
+    h0, h1 = cluster.host_names
+    assert report["topology"] == f"2 hosts ({h0}: 0 2 3, {h1}: 1)"
+
+
+def test_racks_from_the_topology_variable_make_a_third_level():
+    with Cluster(4, 1, rate=None, racks=[2, 2]) as cluster:
+        report = run(cluster, "--quick")
+    names = cluster.host_names
+    assert report["topology"] == (
+        f"4 hosts ({names[0]}: 0, {names[1]}: 1, {names[2]}: 2, {names[3]}: 3); "
+        f"2 racks (rack0: {names[0]} {names[1]}, rack1: {names[2]} {names[3]})")
