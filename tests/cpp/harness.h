@@ -86,7 +86,7 @@ using TransportFactory = std::function<std::unique_ptr<Transport>()>;
 // Runs body on one thread per engine, rank r on engines[r], in a new group of them all;
 // rethrows the first failure.
 inline void runGroup(const std::vector<std::unique_ptr<Engine>>& engines, const RankBody& body,
-                     std::chrono::milliseconds timeout) {
+                     std::chrono::milliseconds timeout, const Topology* simulated = nullptr) {
   const int size = static_cast<int>(engines.size());
   MemoryStore store;
   std::vector<std::exception_ptr> errors(size);
@@ -94,7 +94,7 @@ inline void runGroup(const std::vector<std::unique_ptr<Engine>>& engines, const 
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto comm = Communicator::create(*engines[r], store, r, size, timeout);
+        auto comm = Communicator::create(*engines[r], store, r, size, timeout, simulated);
         body(*comm);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -117,6 +117,16 @@ inline void runRanks(int size, const RankBody& body,
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(factory()));
   runGroup(engines, body, timeout);
+}
+
+// runRanks over the loopback for a group that believes it runs on `topology` (hosts, racks).
+inline void runRanksOn(const Topology& topology, const RankBody& body,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < topology.size; ++r)
+    engines.push_back(std::make_unique<Engine>(fabric.join()));
+  runGroup(engines, body, timeout, &topology);
 }
 
 // Waits and turns a failed Work into an exception.

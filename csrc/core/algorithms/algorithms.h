@@ -11,6 +11,7 @@
 #include "../engine/op.h"
 #include "../engine/task.h"
 #include "../topology/allreduce_plan.h"
+#include "../topology/block_plan.h"
 #include "../types.h"
 
 namespace ddl {
@@ -59,12 +60,21 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
 // allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first.
 Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
 
-// broadcast_tree.cc: segmented binomial tree rooted at `root`.
-Task broadcastTree(Op& op, void* data, size_t bytes, int root, PipelineSettings settings);
+// broadcast_tree.cc: segmented tree; `place` is this rank's (block_plan.h).
+Task broadcastTree(Op& op, void* data, size_t bytes, TreePlace place, PipelineSettings settings);
 
 // allgather_ring.cc: `out` holds size() blocks of `bytes`; block rank() is filled from `in`
 // (unless `in` already points at it), the others arrive around the ring.
 Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings);
+
+// allgather_grid.cc, reduce_scatter_grid.cc: level by level over a regular grid (block_plan.h):
+// the arguments of allgatherRing and reduceScatterRing, and the stages.
+Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,
+                   std::shared_ptr<const std::vector<BlockStage>> stages,
+                   PipelineSettings settings);
+Task reduceScatterGrid(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       std::shared_ptr<const std::vector<BlockStage>> stages,
+                       PipelineSettings settings);
 
 // allgather_varying.cc: every rank contributes `bytes` of its own choosing; afterwards
 // out->data holds all blocks in rank order, block r at [offsets[r], offsets[r + 1]).

@@ -1,7 +1,6 @@
-// Segmented binomial-tree broadcast.
-//
-// Ranks are renumbered relative to the root (v = rank - root mod P). Rank v's parent is v with
-// its lowest set bit cleared; its children are v + m for the powers of two m below that bit.
+// Segmented tree broadcast over the tree the topology gives (block_plan.h): binomial over all
+// ranks relative to the root or, across hosts, binomial among one leader per host and then
+// within each host, so the data enters each host once.
 // 1. Post receives for every segment of the buffer from the parent (the root has none).
 // 2. As segment k arrives (in order), forward it to the children, largest subtree first, so a
 //    deep tree streams instead of waiting for whole messages: time ~ (log2 P + segments) hops.
@@ -13,24 +12,11 @@
 
 namespace ddl {
 
-Task broadcastTree(Op& op, void* data, size_t bytes, int root, PipelineSettings settings) {
-  const int n = op.size();
-  if (n == 1 || bytes == 0) co_return;
+Task broadcastTree(Op& op, void* data, size_t bytes, TreePlace place, PipelineSettings settings) {
+  if (op.size() == 1 || bytes == 0) co_return;
   char* base = static_cast<char*>(data);
-  const int v = (op.rank() - root + n) % n;
-  int parent = -1;
-  int mask = 1;
-  while (mask < n) {
-    if (v & mask) {
-      parent = (v - mask + root) % n;
-      break;
-    }
-    mask <<= 1;
-  }
-  std::vector<int> children;
-  for (int m = mask >> 1; m > 0; m >>= 1) {
-    if (v + m < n) children.push_back((v + m + root) % n);
-  }
+  const int parent = place.parent;
+  const std::vector<int>& children = place.children;
   const size_t segment = std::max<size_t>(settings.segmentBytes, 1);
   const size_t segments = (bytes + segment - 1) / segment;
   auto lengthOf = [&](size_t k) { return std::min(segment, bytes - k * segment); };

@@ -62,8 +62,13 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
 
 // Operation bodies are plain coroutine functions (never capturing lambdas): a coroutine's
 // parameters live in its frame, a lambda's captures would die with the closure.
-Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
-  co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings(op));
+Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       std::shared_ptr<const std::vector<BlockStage>> stages) {
+  if (!stages->empty()) {
+    co_await reduceScatterGrid(op, data, count, type, reduce, stages, pipelineSettings(op));
+  } else {
+    co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings(op));
+  }
   if (reduce == ReduceOp::kAvg) {
     char* mine = static_cast<char*>(data) + op.rank() * count * elementSize(type);
     op.memory().average(type, mine, count, static_cast<size_t>(op.size()));
@@ -97,7 +102,8 @@ Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
-                                                   int size, std::chrono::milliseconds timeout) {
+                                                   int size, std::chrono::milliseconds timeout,
+                                                   const Topology* simulated) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
                 std::to_string(size));
@@ -145,7 +151,9 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   for (int r = 0; r < size; ++r) {
     localities[r] = Locality::decode(store.get(key + "locality/" + std::to_string(r)));
   }
-  Topology topology = buildTopology(localities, parseRackMap(c.topology));
+  Topology topology =
+      simulated != nullptr ? *simulated : buildTopology(localities, parseRackMap(c.topology));
+  if (topology.size != size) throw Error("ddl: the topology given is for another group size");
   return std::shared_ptr<Communicator>(
       new Communicator(std::move(group), timeout, std::move(topology), parseLinks(c.links)));
 }
@@ -156,7 +164,12 @@ Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::millisecon
       timeout_(timeout),
       topology_(std::move(topology)),
       links_(std::move(links)),
-      request_(planRequest()) {}
+      request_(planRequest()),
+      hierarchical_(config().hierarchical),
+      allgatherStages_(std::make_shared<const std::vector<BlockStage>>(
+          hierarchical_ ? planBlockStages(topology_, false) : std::vector<BlockStage>{})),
+      reduceScatterStages_(std::make_shared<const std::vector<BlockStage>>(
+          hierarchical_ ? planBlockStages(topology_, true) : std::vector<BlockStage>{})) {}
 
 PlanRequest Communicator::planRequest() {
   const Config& c = config();
@@ -278,14 +291,20 @@ std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType
   checkRoot("broadcast", root);
   size_t bytes = checkedBytes("broadcast", count, type);
   return start("broadcast", options,
-               [=](Op& op) { return broadcastTree(op, data, bytes, root, pipelineSettings(op)); });
+               [=, place = broadcastTreePlace(topology_, root, rank(), hierarchical_)](Op& op) {
+                 return broadcastTree(op, data, bytes, place, pipelineSettings(op));
+               });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
   size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
-  return start("allgather", options,
-               [=](Op& op) { return allgatherRing(op, in, out, bytes, pipelineSettings(op)); });
+  return start("allgather", options, [=, stages = allgatherStages_](Op& op) {
+    if (!stages->empty()) {
+      return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
+    }
+    return allgatherRing(op, in, out, bytes, pipelineSettings(op));
+  });
 }
 
 std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,
@@ -310,8 +329,9 @@ std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, Data
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) throw Error(where("reduce_scatter") + ": " + bad);
   checkedBytes("reduce_scatter", count, type, static_cast<size_t>(size()));
-  return start("reduce_scatter", options,
-               [=](Op& op) { return reduceScatterTask(op, data, count, type, reduce); });
+  return start("reduce_scatter", options, [=, stages = reduceScatterStages_](Op& op) {
+    return reduceScatterTask(op, data, count, type, reduce, stages);
+  });
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType type,

@@ -13,6 +13,7 @@
 
 #include "../algorithms/algorithms.h"
 #include "../topology/allreduce_plan.h"
+#include "../topology/block_plan.h"
 #include "../topology/topology.h"
 #include "engine.h"
 #include "store.h"
@@ -41,9 +42,12 @@ struct CallOptions {
 
 class Communicator {
  public:
-  // Collective over `size` processes: exchanges worker addresses through `store` and connects.
+  // Collective over `size` processes: exchanges worker addresses through `store` and connects,
+  // and builds the topology from what every rank publishes there (tests may pass a simulated
+  // one instead).
   static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
-                                              int size, std::chrono::milliseconds timeout);
+                                              int size, std::chrono::milliseconds timeout,
+                                              const Topology* simulated = nullptr);
 
   int rank() const { return group_->rank; }
   int size() const { return group_->size; }
@@ -119,6 +123,11 @@ class Communicator {
   const Topology topology_;
   const LinkCosts links_;
   const PlanRequest request_;
+  // Level by level across hosts (TORCH_DDL_HIERARCHICAL): broadcast trees, and the stages of
+  // allgather and reduce-scatter (empty: the flat ring).
+  const bool hierarchical_;
+  const std::shared_ptr<const std::vector<BlockStage>> allgatherStages_;
+  const std::shared_ptr<const std::vector<BlockStage>> reduceScatterStages_;
   static constexpr size_t kPlanCache = 256;
   std::mutex plansMutex_;
   std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;

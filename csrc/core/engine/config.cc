@@ -50,6 +50,9 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_WAVES", "0",
      "waves each multidim lane is cut into, following each other through the levels so that one "
      "is on the network while the next is on the host; 0: the cost model's choice"},
+    {"TORCH_DDL_HIERARCHICAL", "1",
+     "1: across hosts, reduce_scatter and all_gather go level by level (regular grids: the same "
+     "ranks per host) and broadcast enters each host once; 0: flat rings and trees"},
     {"TORCH_DDL_TOPOLOGY", "",
      "racks of hosts, 'rack: host host; rack: host ...' or @file with one rack per line; empty: "
      "no level above the host"},
@@ -113,8 +116,13 @@ Config read() {
     c.levelOrder.push_back(std::stoi(item));
     at = comma + 1;
   }
-  c.topology = configValue(kTable[12]);
-  c.links = configValue(kTable[13]);
+  std::string hierarchical = configValue(kTable[12]);
+  if (hierarchical != "0" && hierarchical != "1") {
+    throw Error("ddl: TORCH_DDL_HIERARCHICAL=" + hierarchical + " is not 0 or 1");
+  }
+  c.hierarchical = hierarchical == "1";
+  c.topology = configValue(kTable[13]);
+  c.links = configValue(kTable[14]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
   std::string share = configValue(kTable[7]);
   if (share != "0" && share != "1") {

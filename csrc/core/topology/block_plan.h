@@ -1,0 +1,50 @@
+// Level-by-level plans for the collectives whose data is one block per rank (reduce-scatter and
+// allgather), and the broadcast tree across hosts, as data.
+//
+// On a regular grid (topology.h) a reduce-scatter reduces within the host first, then across
+// hosts only what the host's ranks keep, ...; an allgather runs the mirror image, outermost
+// dimension first, so that a block crosses the network once and then spreads in shared memory.
+// Stage j runs, for every dimension-j ring and for every combination q of the coordinates above
+// j, a ring whose position p holds the block of the rank with coordinate j = p, the coordinates
+// above j = q and those below j equal to the ring's. Over each host link and direction an
+// allgather or reduce-scatter then carries N(H-1)/H bytes, where a flat ring in host order
+// carries N(P-1)/P.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "topology.h"
+
+namespace ddl {
+
+struct BlockRing {
+  std::vector<int> order;   // group ranks, by position
+  std::vector<int> blocks;  // by position: the block that position holds (allgather: to start
+                            // with; reduce-scatter: at the end)
+  uint32_t firstStep = 0;   // tag steps [firstStep, firstStep + n - 1)
+};
+struct BlockStage {
+  int dimension = 0;
+  std::vector<BlockRing> rings;
+};
+
+// Empty when there is nothing to gain or it cannot be planned: one host, an irregular grid (the
+// flat ring serves those), or more steps than the tag holds.
+std::vector<BlockStage> planBlockStages(const Topology& topology, bool reduceScatter);
+
+// Throws ddl::Error unless replaying the stages leaves (allgather) every rank with every block,
+// or (reduce-scatter) rank r with block r summed over every rank.
+void checkBlockStages(const std::vector<BlockStage>& stages, int size, bool reduceScatter);
+
+// This rank's place in the broadcast tree from `root`: binomial among one leader per host (the
+// root on its host, elsewhere the host's lowest rank), then binomial within each host from its
+// leader, so the data crosses into each host once. `hierarchical` false: one binomial tree over
+// all ranks in rank order.
+struct TreePlace {
+  int parent = -1;
+  std::vector<int> children;  // largest subtree first
+};
+TreePlace broadcastTreePlace(const Topology& topology, int root, int rank, bool hierarchical);
+
+}  // namespace ddl
