@@ -13,8 +13,9 @@ TEST_SRCS := $(wildcard tests/cpp/*.cc)
 CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
+CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-python demo bench bench-reference format clean compat conformance conformance-full
+.PHONY: all env build test test-cpp test-python demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full
 
 all: build
 
@@ -52,7 +53,7 @@ build/cpp/%.o: %.cc
 test-cpp: build/cpp/core_tests
 	build/cpp/core_tests --gtest_brief=1
 
-test-python: build
+test-python: build $(CLUSTER_TOOLS)
 	$(PY) -m pytest tests/python -q -x -p no:cacheprovider
 
 # PyTorch's own distributed suite: the CI subset (one or more tests per collective) over ddl.
@@ -70,6 +71,26 @@ demo: build
 
 bench: build
 	$(PY) benchmarks/allreduce_bench.py --world-size 2
+
+# Across hosts emulated with network namespaces (root; iproute2): 2x2 and 2x4 hosts x ranks at
+# 1 Gbit/s, and 2 racks x 2 hosts x 2 ranks behind 500 Mbit/s uplinks. Tables and PNGs go to
+# benchmarks/results/ (about 8 minutes).
+$(CLUSTER_TOOLS):
+	@if [ "$$(id -u)" != 0 ]; then echo "note: emulating hosts needs root and iproute2" >&2; exit 0; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+
+bench-cluster: build $(CLUSTER_TOOLS)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	@mkdir -p benchmarks/results
+	set -o pipefail; for shape in 2x2 2x4 2x2x2; do \
+	  $(PY) benchmarks/cluster/bench.py --shape $$shape --png benchmarks/results/cluster_$$shape.png \
+	    | tee benchmarks/results/cluster_$$shape.txt || exit 1; \
+	done
+
+# The demo's training across 2 emulated hosts of 2 ranks (torchrun on each host).
+demo-cluster: build $(CLUSTER_TOOLS)
+	$(PY) benchmarks/cluster/cluster.py --hosts 2 --ranks 2 --rate 1gbit --torchrun -- \
+	  examples/train_digits.py --backend ddl --epochs 4
 
 bench-reference: build
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference

@@ -275,6 +275,33 @@ class Cluster:
                 results.append((None, out))
         return results
 
+    def torchrun(self, script_argv, env=None, timeout=600, port=29600):
+        """Runs `torchrun --nnodes H --node_rank h --nproc_per_node L ... script_argv` on every
+        host (static rendezvous at host 0); returns [(returncode, output)] by host."""
+        env = dict(os.environ if env is None else env, GLOO_SOCKET_IFNAME="eth0")
+        spec = self.topology_spec()
+        if spec:
+            env.setdefault("TORCH_DDL_TOPOLOGY", spec)
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        procs = []
+        for h, n in enumerate(self.ranks_per_host):
+            argv = [torchrun, f"--nnodes={self.hosts}", f"--node_rank={h}",
+                    f"--nproc_per_node={n}", f"--master_addr={self.host_ip(0)}",
+                    f"--master_port={port}", *script_argv]
+            procs.append(self.popen(h, argv, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + timeout
+        results = []
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+                results.append((p.returncode, out))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, _ = p.communicate()
+                results.append((None, out))
+        return results
+
     def measure_link(self, seconds=1.0, src=0, dst=1):
         """TCP payload rate (bytes/s) from host src to host dst, one connection for `seconds`."""
         port = 29599
@@ -329,6 +356,8 @@ def main():
     parser.add_argument("--rack-rate", default=None, help="rack uplink rate")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--measure", action="store_true", help="print the link's TCP rate")
+    parser.add_argument("--torchrun", action="store_true",
+                        help="run the command as a script under torchrun, one per host")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -339,8 +368,12 @@ def main():
             print(f"link: {cluster.measure_link() / 1e6:.1f} MB/s TCP payload", flush=True)
         if command:
             failed = 0
-            for rank, (code, out) in enumerate(cluster.launch(command, timeout=args.timeout)):
-                print(f"--- rank {rank}: exit {code}\n{out}", end="" if out.endswith("\n") else "\n")
+            if args.torchrun:
+                results, what = cluster.torchrun(command, timeout=args.timeout), "host"
+            else:
+                results, what = cluster.launch(command, timeout=args.timeout), "rank"
+            for i, (code, out) in enumerate(results):
+                print(f"--- {what} {i}: exit {code}\n{out}", end="" if out.endswith("\n") else "\n")
                 failed += code != 0
             sys.exit(1 if failed else 0)
 

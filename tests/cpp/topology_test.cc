@@ -298,6 +298,34 @@ TEST(MultiDim, LargeAndManySegments) {
   runPlanned(simulated({0, 0, 1, 1, 2, 2, 3, 3}, {0, 0, 1, 1}), 3, 1, {200003});
 }
 
+TEST(Leaders, EveryShapeMatchesTheExpectedSums) {
+  for (const Shape& shape : shapes()) {
+    Topology t = simulated(shape.hostOf, shape.rackOf);
+    runRanks(t.size, [&](Communicator& comm) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{1009}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kProduct}) {
+          std::vector<char> buf(count * 4 + 1);
+          for (size_t i = 0; i < count; ++i) {
+            storeValue(DataType::kFloat32, buf.data(), i,
+                       inputValue(DataType::kFloat32, op, comm.rank(), i));
+          }
+          CallOptions options;
+          options.plan = std::make_shared<const AllreducePlan>(planAllreduce(
+              t, defaultLinks(), count, 4, PlanRequest{PlanRequest::Algorithm::kLeaders}));
+          check(comm.allreduce(buf.data(), count, DataType::kFloat32, op, options));
+          for (size_t i = 0; i < count; ++i) {
+            double want = expectedValue(DataType::kFloat32, op, comm.size(), i);
+            double got = loadValue(DataType::kFloat32, buf.data(), i);
+            if (std::fabs(got - want) > tolerance(DataType::kFloat32, op, want)) {
+              throw Error(t.describe() + " leaders: element " + std::to_string(i));
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
 TEST(MultiDim, AGivenPlanForAnotherSizeIsRefused) {
   runRanks(2, [](Communicator& comm) {
     std::vector<float> data(10);

@@ -57,8 +57,16 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
                      SharedRing& ring, bool required, std::function<void()> releaseTurn,
                      bool* used);
 
-// allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first.
+// allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first. The
+// second form runs among `ranks` only (others return at once), in tag steps from firstStep on.
 Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
+Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t count, DataType type,
+                            ReduceOp reduce, uint32_t firstStep);
+
+// allreduce_leaders.cc: to each host's leader, recursive doubling among leaders, back (the
+// plan's hosts).
+Task allreduceLeaders(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                      std::shared_ptr<const AllreducePlan> plan);
 
 // broadcast_tree.cc: segmented tree; `place` is this rank's (block_plan.h).
 Task broadcastTree(Op& op, void* data, size_t bytes, TreePlace place, PipelineSettings settings);

@@ -7,8 +7,11 @@
 //    rank (v ^ mask) and reduces. Both partners compute a (op) b from the same two operands, so
 //    every rank ends with bitwise the same result.
 // 3. Unfold: each odd rank below 2E sends the result back to the even rank it stood for.
-// log2(P2) + 2 message rounds; each moves the whole buffer.
+// log2(P2) + 2 message rounds; each moves the whole buffer. The same runs among a subset of the
+// ranks (positions in `ranks` stand for ranks above), as the leaders' step of allreduce_leaders.
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "../engine/tag.h"
 #include "algorithms.h"
@@ -16,24 +19,32 @@
 namespace ddl {
 
 Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
-  const int n = op.size();
-  const int rank = op.rank();
-  if (n == 1 || count == 0) co_return;
+  std::vector<int> everyone(op.size());
+  for (int r = 0; r < op.size(); ++r) everyone[r] = r;
+  co_await recursiveDoublingAmong(op, std::move(everyone), data, count, type, reduce, 0);
+}
+
+Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t count, DataType type,
+                            ReduceOp reduce, uint32_t firstStep) {
+  const int n = static_cast<int>(ranks.size());
+  const int rank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), op.rank()) - ranks.begin());
+  if (n == 1 || count == 0 || rank == n) co_return;
   const size_t bytes = count * elementSize(type);
   std::shared_ptr<char> scratch = op.memory().allocate(bytes);
   char* incoming = scratch.get();
   int p2 = 1;
   while (p2 * 2 <= n) p2 *= 2;
   const int extra = n - p2;
-  constexpr uint32_t kFold = 0, kUnfold = 1, kExchange = 2;
+  const uint32_t kFold = firstStep, kUnfold = firstStep + 1, kExchange = firstStep + 2;
 
   int virtualRank = rank - extra;
   if (rank < 2 * extra) {
     if (rank % 2 == 0) {
-      co_await op.all(op.send(rank + 1, tag::slot(0, kFold), data, bytes));
+      co_await op.all(op.send(ranks[rank + 1], tag::slot(0, kFold), data, bytes));
       virtualRank = -1;
     } else {
-      co_await op.all(op.recv(rank - 1, tag::slot(0, kFold), incoming, bytes));
+      co_await op.all(op.recv(ranks[rank - 1], tag::slot(0, kFold), incoming, bytes));
       op.memory().reduce(type, reduce, data, incoming, count);
       virtualRank = rank / 2;
     }
@@ -43,17 +54,17 @@ Task allreduceRecursiveDoubling(Op& op, void* data, size_t count, DataType type,
     for (int mask = 1; mask < p2; mask <<= 1, ++round) {
       int virtualPeer = virtualRank ^ mask;
       int peer = virtualPeer < extra ? virtualPeer * 2 + 1 : virtualPeer + extra;
-      Request* s = op.send(peer, tag::slot(0, kExchange + round), data, bytes);
-      Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming, bytes);
+      Request* s = op.send(ranks[peer], tag::slot(0, kExchange + round), data, bytes);
+      Request* r = op.recv(ranks[peer], tag::slot(0, kExchange + round), incoming, bytes);
       co_await op.all(s, r);
       op.memory().reduce(type, reduce, data, incoming, count);
     }
   }
   if (rank < 2 * extra) {
     if (rank % 2 == 1) {
-      co_await op.all(op.send(rank - 1, tag::slot(0, kUnfold), data, bytes));
+      co_await op.all(op.send(ranks[rank - 1], tag::slot(0, kUnfold), data, bytes));
     } else {
-      co_await op.all(op.recv(rank + 1, tag::slot(0, kUnfold), data, bytes));
+      co_await op.all(op.recv(ranks[rank + 1], tag::slot(0, kUnfold), data, bytes));
     }
   }
 }

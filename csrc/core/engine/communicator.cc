@@ -35,6 +35,9 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
     case PlanAlgorithm::kRecursiveDoubling:
       co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
       break;
+    case PlanAlgorithm::kLeaders:
+      co_await allreduceLeaders(op, data, count, type, reduce, plan);
+      break;
     case PlanAlgorithm::kRing:
       settings.rings = plan->rings;
       co_await allreduceRing(op, data, count, type, reduce, settings);
@@ -190,6 +193,9 @@ PlanRequest Communicator::planRequest() {
       break;
     case AllreduceAlgorithm::kMultiDim:
       request.algorithm = PlanRequest::Algorithm::kMultiDim;
+      break;
+    case AllreduceAlgorithm::kLeaders:
+      request.algorithm = PlanRequest::Algorithm::kLeaders;
       break;
   }
   request.colors = static_cast<int>(c.colors);

@@ -13,7 +13,8 @@ namespace {
 
 const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
-     "allreduce algorithm: auto, multidim, direct, shm_ring, ring or recursive_doubling (auto, one "
+     "allreduce algorithm: auto, multidim, leaders, direct, shm_ring, ring or recursive_doubling "
+     "(auto, one "
      "host: recursive doubling up to TORCH_DDL_SMALL_BYTES; above it, when every rank can map its "
      "neighbour's shared memory, direct if every rank's tensor is in a shared buffer "
      "(torch_ddl.empty_shared), else shm_ring; else ring. auto, several hosts: the plan the cost "
@@ -87,9 +88,12 @@ Config read() {
     c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
   } else if (algo == "multidim") {
     c.allreduceAlgorithm = AllreduceAlgorithm::kMultiDim;
+  } else if (algo == "leaders") {
+    c.allreduceAlgorithm = AllreduceAlgorithm::kLeaders;
   } else {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
-                " is not one of auto, multidim, direct, shm_ring, ring, recursive_doubling");
+                " is not one of auto, multidim, leaders, direct, shm_ring, ring, "
+                "recursive_doubling");
   }
   c.smallBytes = parseSize(kTable[1], 0);
   c.directMinBytes = parseSize(kTable[2], 0);

@@ -9,7 +9,15 @@
 
 namespace ddl {
 
-enum class AllreduceAlgorithm { kAuto, kDirect, kSharedRing, kRing, kRecursiveDoubling, kMultiDim };
+enum class AllreduceAlgorithm {
+  kAuto,
+  kDirect,
+  kSharedRing,
+  kRing,
+  kRecursiveDoubling,
+  kMultiDim,
+  kLeaders
+};
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;

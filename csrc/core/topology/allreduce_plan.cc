@@ -199,21 +199,40 @@ double predictRing(const Topology& t, const LinkCosts& links, double bytes, int 
   return total.seconds(links) + 2.0 * (t.size - 1) * total.latency(links);
 }
 
-double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, double bytes) {
+// Recursive doubling among `ranks` (the fold pairs the first 2E, as the algorithm does).
+double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, double bytes,
+                                const std::vector<int>& ranks) {
+  const int n = static_cast<int>(ranks.size());
   int p2 = 1;
-  while (p2 * 2 <= t.size) p2 *= 2;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
   double seconds = 0;
-  if (p2 < t.size) {  // fold and unfold: rank p2 + i pairs with a rank below p2
+  if (extra > 0) {
     Loads fold(t);
-    for (int r = p2; r < t.size; ++r) fold.transfer(r, r - p2, bytes);
+    for (int i = 0; i < extra; ++i) fold.transfer(ranks[2 * i], ranks[2 * i + 1], bytes);
     seconds += 2 * (fold.seconds(links) + fold.latency(links));
   }
+  std::vector<int> virtualRanks;
+  for (int v = 0; v < p2; ++v)
+    virtualRanks.push_back(v < extra ? ranks[2 * v + 1] : ranks[v + extra]);
   for (int d = 1; d < p2; d *= 2) {
     Loads round(t);
-    for (int r = 0; r < p2; ++r) round.transfer(r, r ^ d, bytes);
+    for (int v = 0; v < p2; ++v) round.transfer(virtualRanks[v], virtualRanks[v ^ d], bytes);
     seconds += round.seconds(links) + round.latency(links);
   }
   return seconds;
+}
+
+double predictLeaders(const Topology& t, const LinkCosts& links, double bytes,
+                      const std::vector<std::vector<int>>& hosts) {
+  Loads gather(t);
+  std::vector<int> leaders;
+  for (const std::vector<int>& h : hosts) {
+    leaders.push_back(h.front());
+    for (size_t i = 1; i < h.size(); ++i) gather.transfer(h[i], h.front(), bytes);
+  }
+  double local = gather.seconds(links) + gather.latency(links);
+  return 2 * local + predictRecursiveDoubling(t, links, bytes, leaders);
 }
 
 double parseNumber(const std::string& text, const std::string& entry, size_t& used,
@@ -313,6 +332,8 @@ const char* planAlgorithmName(PlanAlgorithm algorithm) {
       return "trivial";
     case PlanAlgorithm::kRecursiveDoubling:
       return "recursive_doubling";
+    case PlanAlgorithm::kLeaders:
+      return "leaders";
     case PlanAlgorithm::kRing:
       return "ring";
     case PlanAlgorithm::kShared:
@@ -410,7 +431,9 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     case PlanAlgorithm::kTrivial:
       return 0;
     case PlanAlgorithm::kRecursiveDoubling:
-      return predictRecursiveDoubling(t, links, bytes);
+      return predictRecursiveDoubling(t, links, bytes, allRanks(t.size));
+    case PlanAlgorithm::kLeaders:
+      return predictLeaders(t, links, bytes, plan.hosts);
     case PlanAlgorithm::kRing:
     case PlanAlgorithm::kShared:
       return predictRing(t, links, bytes, plan.rings);
@@ -461,6 +484,12 @@ AllreducePlan simplePlan(PlanAlgorithm algorithm, size_t count, size_t elementSi
   return plan;
 }
 
+AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
+  AllreducePlan plan = simplePlan(PlanAlgorithm::kLeaders, count, elementSize);
+  plan.hosts = t.members(0);
+  return plan;
+}
+
 }  // namespace
 
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
@@ -503,6 +532,9 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
     case A::kRecursiveDoubling:
       out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
       break;
+    case A::kLeaders:
+      out.push_back(leadersPlan(t, count, elementSize));
+      break;
     case A::kRing:
       out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
       break;
@@ -520,6 +552,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
         break;
       }
       out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.push_back(leadersPlan(t, count, elementSize));
       out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
       if (static_cast<size_t>(dims) > 0) multiDimChoices();
       break;

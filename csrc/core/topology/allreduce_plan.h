@@ -56,6 +56,7 @@ LinkCosts parseLinks(const std::string& spec);
 enum class PlanAlgorithm {
   kTrivial,            // one rank or nothing to reduce
   kRecursiveDoubling,  // latency: log2(P) exchanges of the whole buffer
+  kLeaders,            // latency across hosts: to a leader per host, doubling among leaders, back
   kRing,               // flat ring over every rank (allreduce_ring.cc)
   kShared,             // one host: the shared-memory ring or direct path (allreduce_shared.cc)
   kMultiDim,           // the stages below (allreduce_multidim.cc)
@@ -88,8 +89,9 @@ struct AllreducePlan {
   int colors = 1;
   int rings = 1;
   int waves = 1;
-  std::vector<Lane> lanes;  // kMultiDim only
-  double predicted = 0;     // seconds, by the cost model
+  std::vector<Lane> lanes;              // kMultiDim only
+  std::vector<std::vector<int>> hosts;  // kLeaders: each host's ranks, its leader first
+  double predicted = 0;                 // seconds, by the cost model
 
   // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
   std::string describe() const;
@@ -98,7 +100,7 @@ struct AllreducePlan {
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
 struct PlanRequest {
-  enum class Algorithm { kAuto, kShared, kRing, kRecursiveDoubling, kMultiDim };
+  enum class Algorithm { kAuto, kShared, kRing, kRecursiveDoubling, kMultiDim, kLeaders };
   Algorithm algorithm = Algorithm::kAuto;
   int colors = 0;
   int rings = 0;
