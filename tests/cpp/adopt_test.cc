@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "../../csrc/core/engine/shared_buffers.h"
+#include "../../csrc/core/shm/shared_buffers.h"
 #include "adoption.h"
 
 namespace ddl::test {

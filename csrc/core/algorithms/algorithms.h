@@ -41,7 +41,7 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
 
 // allreduce_shared.cc: for ranks of one host. kAuto: the direct allreduce below when every rank's
 // tensor is in a shared buffer, else the ring through the group's shared-memory windows
-// (shared_ring.h), else (some rank cannot map its neighbour's window) the message ring above.
+// (shm/shared_ring.h), else (some rank cannot map its neighbour's window) the message ring above.
 // Finding out costs a round of messages: kAuto asks for allreduces of at least directMinBytes,
 // and for smaller ones while the group's last answer was yes. kSharedRing and kDirect take that
 // algorithm or fail on every rank.

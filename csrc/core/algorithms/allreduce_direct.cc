@@ -1,4 +1,4 @@
-// Direct allreduce: for tensors in shared buffers (engine/shared_buffers.h) on every rank of one
+// Direct allreduce: for tensors in shared buffers (shm/shared_buffers.h) on every rank of one
 // host. No staging and no ring: rank r maps every peer's buffer, reduces chunk r of the tensor
 // straight out of all of them (its own first, then the peers' in rank order) into its own
 // buffer, and copies the result into chunk r of every peer's buffer. Chunk r is read and written
@@ -22,12 +22,12 @@
 #include <cstring>
 
 #include "../engine/engine.h"
-#include "../engine/shared_buffers.h"
+#include "../shm/shared_buffers.h"
 #include "../engine/tag.h"
 #include "../reduce/reduce.h"
 #include "../topology/ring_plan.h"
 #include "algorithms.h"
-#include "shared_ring.h"
+#include "../shm/shared_ring.h"
 
 namespace ddl {
 namespace {

@@ -1,38 +1,51 @@
 #include "ring_pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 
-#include "../engine/tag.h"
+#include "../reduce/reduce.h"
+#include "message_link.h"
 
 namespace ddl {
+namespace {
+
+// The last reduction of an allreduce goes into the buffer and on to the next inbox block by
+// block, so that each block is copied while it is still in L1.
+constexpr size_t kBlockBytes = 16 << 10;
+
+}  // namespace
 
 RingPipeline::RingPipeline(Op& op, RingSchedule schedule, void* buffer, DataType type,
-                           ReduceOp reduce, size_t segmentElements, size_t depth)
+                           ReduceOp reduce, size_t segmentElements, size_t depth,
+                           std::unique_ptr<Link> link)
     : op_(op),
       schedule_(std::move(schedule)),
+      link_(std::move(link)),
       buffer_(static_cast<char*>(buffer)),
       type_(type),
       reduce_(reduce),
-      elementSize_(elementSize(type)),
-      depth_(std::max<size_t>(depth, 1)) {
+      elementSize_(elementSize(type)) {
   const RingPlan& ring = schedule_.ring;
   int n = ring.length();
   position_ = ring.positionOf(op.rank());
   if (position_ < 0) throw Error("ddl: rank is not a member of its ring");
-  next_ = ring.order[(position_ + 1) % n];
-  prev_ = ring.order[(position_ + n - 1) % n];
+  if (!link_) {
+    link_ = std::make_unique<MessageLink>(op, ring.order[(position_ + n - 1) % n],
+                                          ring.order[(position_ + 1) % n], schedule_.phase,
+                                          schedule_.stepBase, depth);
+  }
+  if (link_->maxSegmentBytes() > 0) {
+    segmentElements = std::min(segmentElements, link_->maxSegmentBytes() / elementSize_);
+  }
   size_t largest = 0;
   for (const Range& c : schedule_.chunks) largest = std::max(largest, c.length);
   if (largest > 0 && schedule_.steps > 0) {
     segment_ = std::clamp<size_t>(segmentElements, 1, largest);
     segments_ = (largest + segment_ - 1) / segment_;
   }
-  steps_.resize(schedule_.steps);
-  if (schedule_.reduceSteps > 0 && segments_ > 0) {
-    size_t slots = depth_ * static_cast<size_t>(std::min(schedule_.reduceSteps, 2));
-    scratch_ = op.memory().allocate(slots * segment_ * elementSize_);
-    for (size_t i = 0; i < slots; ++i) freeSlots_.push_back(static_cast<int>(i));
-  }
+  expected_.assign(schedule_.steps, 0);
+  link_->begin(
+      LinkGeometry{schedule_.steps, schedule_.reduceSteps, segments_, segment_ * elementSize_});
 }
 
 int RingPipeline::chunkSentAt(int step) const {
@@ -47,62 +60,91 @@ Range RingPipeline::segmentOf(int chunk, size_t k) const {
   return Range{c.offset + std::min(begin, c.length), length};
 }
 
+// Segment k of step s arrived: reduce or store it, and post the result as segment k of step s+1
+// (unless s is the last step). False, leaving everything as it was, while the outbox is full.
+bool RingPipeline::handle(const Arrival& a) {
+  const int n = schedule_.ring.length();
+  const int s = a.step;
+  const Range seg = segmentOf((chunkSentAt(s) + n - 1) % n, a.segment);
+  const size_t bytes = seg.length * elementSize_;
+  char* mine = at(seg.offset);
+  const bool forwards = s + 1 < schedule_.steps;
+  char* out = mine;
+  if (forwards) {
+    out = link_->outbox(mine, bytes, false);
+    if (out == nullptr) return false;
+  }
+  Memory& memory = op_.memory();
+  if (s < schedule_.reduceSteps) {
+    if (out == mine) {
+      memory.reduce(type_, reduce_, mine, a.data, seg.length);
+    } else if (s + 1 < schedule_.reduceSteps) {  // host memory: straight into the next inbox
+      reduceTo(type_, reduce_, out, mine, a.data, seg.length);
+    } else {  // final here: into the buffer, and on
+      const size_t block = std::max<size_t>(kBlockBytes / elementSize_, 1);
+      for (size_t i = 0; i < seg.length; i += block) {
+        const size_t length = std::min(block, seg.length - i);
+        const size_t offset = i * elementSize_;
+        reduceTo(type_, reduce_, mine + offset, mine + offset, a.data + offset, length);
+        std::memcpy(out + offset, mine + offset, length * elementSize_);
+      }
+    }
+  } else {
+    if (a.data != mine && bytes > 0) memory.copy(mine, a.data, bytes);
+    if (out != mine && bytes > 0) memory.copy(out, a.data, bytes);
+  }
+  if (forwards) link_->post(s + 1, a.segment, out, bytes);
+  link_->release(a);
+  ++handled_;
+  return true;
+}
+
 bool RingPipeline::advance() {
   if (done_) return true;
   const int n = schedule_.ring.length();
   bool moved = true;
   while (moved) {
     moved = false;
+    link_->poll();
+    // 1. Ask for what each step will receive, as far as the link has room.
     for (int s = 0; s < schedule_.steps; ++s) {
-      Step& step = steps_[s];
+      const int chunk = (chunkSentAt(s) + n - 1) % n;
       const bool reducing = s < schedule_.reduceSteps;
-      // 1. Retire receives in the order they were posted.
-      while (!step.inFlight.empty() && step.inFlight.front().request->done) {
-        Posted& p = step.inFlight.front();
-        if (reducing) {
-          const char* incoming = scratch_.get() + p.slot * segment_ * elementSize_;
-          op_.memory().reduce(type_, reduce_, at(p.segment.offset), incoming, p.segment.length);
-          freeSlots_.push_back(p.slot);
+      while (expected_[s] < segments_) {
+        Range seg = segmentOf(chunk, expected_[s]);
+        if (!link_->expect(s, expected_[s], at(seg.offset), seg.length * elementSize_, reducing)) {
+          break;
         }
-        step.inFlight.pop_front();
-        ++step.completed;
-        moved = true;
-      }
-      // 2. Send every segment whose previous step is complete.
-      const int sendChunk = chunkSentAt(s);
-      while (step.sent < segments_ && (s == 0 || step.sent < steps_[s - 1].completed)) {
-        Range seg = segmentOf(sendChunk, step.sent);
-        sends_.push_back(op_.send(next_, tag::slot(schedule_.phase, schedule_.stepBase + s),
-                                  at(seg.offset), seg.length * elementSize_));
-        ++step.sent;
-        moved = true;
-      }
-      // 3. Keep `depth` receives posted.
-      const int recvChunk = (sendChunk + n - 1) % n;
-      while (step.posted < segments_ && step.inFlight.size() < depth_ &&
-             (!reducing || !freeSlots_.empty())) {
-        Range seg = segmentOf(recvChunk, step.posted);
-        int slot = -1;
-        char* target = at(seg.offset);
-        if (reducing) {
-          slot = freeSlots_.back();
-          freeSlots_.pop_back();
-          target = scratch_.get() + slot * segment_ * elementSize_;
-        }
-        Request* r = op_.recv(prev_, tag::slot(schedule_.phase, schedule_.stepBase + s), target,
-                              seg.length * elementSize_);
-        step.inFlight.push_back(Posted{r, slot, seg});
-        ++step.posted;
+        ++expected_[s];
         moved = true;
       }
     }
+    // 2. Handle arrivals, earlier ones first; one whose forward finds no room waits.
+    Arrival a;
+    while (link_->arrival(&a)) waiting_.push_back(a);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (handle(*it)) {
+        it = waiting_.erase(it);
+        moved = true;
+      } else {
+        ++it;
+      }
+    }
+    // 3. New data enters the ring: this position's chunk of step 0.
+    const int first = chunkSentAt(0);
+    while (injected_ < segments_ && schedule_.steps > 0) {
+      Range seg = segmentOf(first, injected_);
+      const size_t bytes = seg.length * elementSize_;
+      char* out = link_->outbox(at(seg.offset), bytes, true);
+      if (out == nullptr) break;
+      if (out != at(seg.offset) && bytes > 0) std::memcpy(out, at(seg.offset), bytes);
+      link_->post(0, injected_, out, bytes);
+      ++injected_;
+      moved = true;
+    }
   }
-  for (const Step& step : steps_) {
-    if (step.completed < segments_ || step.sent < segments_) return false;
-  }
-  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](Request* r) { return r->done; }),
-               sends_.end());
-  done_ = sends_.empty();
+  const size_t total = static_cast<size_t>(schedule_.steps) * segments_;
+  done_ = injected_ == segments_ && handled_ == total && link_->idle();
   return done_;
 }
 

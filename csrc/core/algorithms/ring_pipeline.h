@@ -15,8 +15,11 @@
 // Reduce-scatter: n-1 steps, all reducing, shift -1 (p ends owning chunk p).
 // Allgather: n-1 steps, none reducing, shift 0 (p starts owning chunk p).
 //
-// Ordering. All segments of one step share a tag slot; both sides post them in segment order,
-// and the transport matches messages of one slot and one sender in send order.
+// Links. Where segments travel is the link's business (link.h): messages (the default, over
+// the transport), or shared-memory slots in the next rank's inbox (shm/slot_link.h). The
+// pipeline handles each arrival of step s in one go: reduce (or store) it, and hand the result
+// to the link as segment k of step s+1, written straight into the link's outbox when it has one
+// of its own (a reduction then reads the buffer and the arrival and writes the next inbox).
 #pragma once
 
 #include <deque>
@@ -27,6 +30,7 @@
 #include "../engine/task.h"
 #include "../topology/ring_plan.h"
 #include "../types.h"
+#include "link.h"
 
 namespace ddl {
 
@@ -47,46 +51,34 @@ Task allgatherChunks(Op& op, void* buffer, std::vector<Range> chunks, uint32_t p
 
 class RingPipeline {
  public:
+  // Over `link`, or over messages (MessageLink) when it is null.
   RingPipeline(Op& op, RingSchedule schedule, void* buffer, DataType type, ReduceOp reduce,
-               size_t segmentElements, size_t depth);
+               size_t segmentElements, size_t depth, std::unique_ptr<Link> link = nullptr);
 
-  // Posts what can be posted and reduces what has arrived. True once every segment of every
-  // step has been sent and received.
+  // Posts what can be posted and handles what has arrived. True once every segment of every
+  // step has been sent and received, and the link is idle.
   bool advance();
 
  private:
-  struct Posted {
-    Request* request;
-    int slot;  // scratch slot, -1 when receiving in place
-    Range segment;
-  };
-  struct Step {
-    size_t sent = 0;
-    size_t posted = 0;
-    size_t completed = 0;
-    std::deque<Posted> inFlight;
-  };
-
   int chunkSentAt(int step) const;
   Range segmentOf(int chunk, size_t k) const;
   char* at(size_t element) const { return buffer_ + element * elementSize_; }
+  bool handle(const Arrival& arrival);
 
   Op& op_;
   RingSchedule schedule_;
+  std::unique_ptr<Link> link_;
   char* buffer_;
   DataType type_;
   ReduceOp reduce_;
   size_t elementSize_;
   size_t segment_ = 1;
   size_t segments_ = 0;
-  size_t depth_;
   int position_;
-  int next_;
-  int prev_;
-  std::vector<Step> steps_;
-  std::shared_ptr<char> scratch_;
-  std::vector<int> freeSlots_;
-  std::vector<Request*> sends_;
+  std::vector<size_t> expected_;  // by step: receives asked of the link
+  size_t injected_ = 0;           // segments of step 0 posted
+  size_t handled_ = 0;            // arrivals handled, all steps
+  std::deque<Arrival> waiting_;   // arrivals whose forward waits for room in the outbox
   bool done_ = false;
 };
 

@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "../algorithms/shared_ring.h"
+#include "../shm/shared_ring.h"
 #include "config.h"
 #include "tag.h"
 

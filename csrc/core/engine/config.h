@@ -34,7 +34,7 @@ struct Config {
   std::string topology;           // TORCH_DDL_TOPOLOGY: racks of hosts (topology.h)
   std::string links;              // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)
   long spinMicros = 0;            // busy-poll time before the progress thread or a waiter sleeps
-  bool shareTensors = true;       // adopt large, reused allreduce tensors (shared_buffers.h)
+  bool shareTensors = true;       // adopt large, reused allreduce tensors (shm/shared_buffers.h)
 };
 
 struct ConfigEntry {

@@ -21,7 +21,7 @@
 #include "../transport/transport.h"
 #include "liveness.h"
 #include "op.h"
-#include "shared_buffers.h"
+#include "../shm/shared_buffers.h"
 
 namespace ddl {
 

@@ -30,7 +30,7 @@ struct Group {
   uint32_t id = 0;
   std::vector<PeerId> peers;  // by group rank; peers[rank] is unused
   std::string name;           // for messages, e.g. "group 3"
-  // The group's shared-memory ring (algorithms/shared_ring.h), set up by the first allreduce that
+  // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
 };

@@ -1,0 +1,138 @@
+#include "shared_ring.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../engine/engine.h"
+#include "../engine/tag.h"
+#include "../topology/ring_plan.h"
+#include "shared_buffers.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint32_t kPhase = tag::kSharedPhase;
+constexpr uint32_t kKeyStep = 0, kVoteStep = 1, kVerdictStep = 2;  // from firstStep
+constexpr size_t kMaxKey = 4096;
+
+struct Geometry {
+  uint64_t slotBytes;
+  uint64_t slots;
+};
+
+void releaseWindows(Transport& transport, SlotWindows& windows) {
+  if (windows.outboxWindow != 0) transport.releaseWindow(windows.outboxWindow);
+  if (windows.inboxWindow != 0) transport.releaseWindow(windows.inboxWindow);
+  windows.outboxWindow = windows.inboxWindow = 0;
+  windows.inbox = windows.outbox = nullptr;
+}
+
+void collect(const SlotWindows& windows, std::vector<uint64_t>* ids) {
+  if (windows.outboxWindow != 0) ids->push_back(windows.outboxWindow);
+  if (windows.inboxWindow != 0) ids->push_back(windows.inboxWindow);
+}
+
+}  // namespace
+
+SharedRing::~SharedRing() {
+  std::vector<uint64_t> windows;
+  for (const auto& [owner, mapped] : peerBuffers) {
+    if (mapped.window != 0) {
+      windows.push_back(mapped.window);
+    } else {
+      SharedBuffers::unmapAdopted(mapped.base, mapped.length);
+    }
+  }
+  collect(this->windows, &windows);
+  for (const auto& [key, ring] : levelRings) collect(ring, &windows);
+  if (windows.empty()) return;
+  Engine* e = engine;
+  Engine::postIfAlive(e, [e, windows] {
+    for (uint64_t w : windows) e->transport().releaseWindow(w);
+  });
+}
+
+void SharedRing::advance() {
+  ++serving;
+  while (abandoned.erase(serving) > 0) ++serving;
+}
+
+SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
+    : ring_(ring), ticket_(ring.tickets++) {
+  what_ = op.name() + " op #" + std::to_string(op.sequence()) + " on " + op.group().name;
+}
+
+SharedRingTurn::~SharedRingTurn() {
+  if (released_) return;
+  if (ring_.status != SharedRing::Status::kBroken) {
+    ring_.status = SharedRing::Status::kBroken;
+    ring_.broken = "the shared-memory ring of this group is unusable: " + what_ +
+                   " failed while using it (destroy and re-create the process group)";
+  }
+  if (ring_.serving == ticket_) {
+    ring_.advance();
+  } else {
+    ring_.abandoned.insert(ticket_);
+  }
+}
+
+void SharedRingTurn::release() {
+  released_ = true;
+  ring_.advance();
+}
+
+Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size_t slotBytes,
+                      size_t slots, uint32_t firstStep) {
+  const int n = static_cast<int>(order.size());
+  const int position = RingPlan{order}.positionOf(op.rank());
+  const int next = order[(position + 1) % n];
+  const int prev = order[(position + n - 1) % n];
+  const uint64_t keySlot = tag::slot(kPhase, firstStep + kKeyStep);
+  const uint64_t voteSlot = tag::slot(kPhase, firstStep + kVoteStep);
+  const uint64_t verdictSlot = tag::slot(kPhase, firstStep + kVerdictStep);
+  Transport& transport = op.group().engine->transport();
+  Geometry geometry{slotBytes, slots};
+  std::string key;
+  void* base = nullptr;
+  windows.inboxWindow = transport.allocateWindow(geometry.slotBytes * geometry.slots, &base, &key);
+  windows.inbox = static_cast<char*>(base);
+  std::string offer(reinterpret_cast<const char*>(&geometry), sizeof(geometry));
+  if (windows.inboxWindow != 0) offer += key;
+  std::vector<char> theirs(kMaxKey);
+  Request* sent = op.send(prev, keySlot, offer.data(), offer.size());
+  Request* got = op.recvUpTo(next, keySlot, theirs.data(), theirs.size());
+  co_await op.all(sent, got);
+
+  Geometry nextGeometry{};
+  std::memcpy(&nextGeometry, theirs.data(), std::min(sizeof(nextGeometry), got->receivedBytes));
+  uint8_t ok = 0;
+  if (windows.inboxWindow != 0 && got->receivedBytes > sizeof(Geometry) &&
+      nextGeometry.slotBytes == geometry.slotBytes && nextGeometry.slots == geometry.slots) {
+    std::string nextKey(theirs.data() + sizeof(Geometry), got->receivedBytes - sizeof(Geometry));
+    windows.outboxWindow = transport.mapWindow(op.group().peers[next], nextKey, &base);
+    windows.outbox = static_cast<char*>(base);
+    ok = windows.outboxWindow != 0;
+  }
+
+  uint8_t verdict = ok;
+  if (position == 0) {
+    std::vector<uint8_t> votes(n, 1);
+    std::vector<Request*> requests;
+    for (int p = 1; p < n; ++p) requests.push_back(op.recv(order[p], voteSlot, &votes[p], 1));
+    co_await op.all(requests);
+    for (int p = 1; p < n; ++p) verdict &= votes[p];
+    requests.clear();
+    for (int p = 1; p < n; ++p) requests.push_back(op.send(order[p], verdictSlot, &verdict, 1));
+    co_await op.all(requests);
+  } else {
+    Request* vote = op.send(order[0], voteSlot, &ok, 1);
+    Request* answer = op.recv(order[0], verdictSlot, &verdict, 1);
+    co_await op.all(vote, answer);
+  }
+  windows.slotBytes = geometry.slotBytes;
+  windows.slots = geometry.slots;
+  windows.ready = verdict != 0;
+  if (!windows.ready) releaseWindows(transport, windows);
+}
+
+}  // namespace ddl

@@ -1,0 +1,107 @@
+// Shared-memory rings of a group. A ring of slot windows (SlotWindows): each member allocates an
+// inbox window of `slots` slots of `slotBytes` (transport.h, shared windows) and maps the inbox of
+// the next member as its outbox. A ring pipeline over a SlotLink (slot_link.h) moves every byte
+// through these windows in user space; messages carry only which slot holds what, and which slot
+// is free again. A group has one over all its ranks in rank order (the shared-memory ring of an
+// allreduce on one host), and one per ring of the host level of its multi-dimensional plans
+// (allreduce_multidim.cc), keyed by the plan.
+//
+// Lifetime: created empty with the group; the first allreduce that wants a ring sets it up
+// (ready, or unavailable when some member cannot map its neighbour, e.g. on another host). One
+// op uses the windows at a time: ops take tickets in the order they start, which is the same on
+// every rank, and wait for their turn. An op that fails while holding or awaiting a turn leaves
+// the group's rings kBroken: later allreduces that want them fail at once with the reason. The
+// windows are released on the progress thread when the group is gone, and so are the peers'
+// shared buffers that the direct allreduce mapped.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../engine/op.h"
+#include "../engine/task.h"
+
+namespace ddl {
+
+class Engine;
+
+struct SlotWindows {
+  bool ready = false;  // set up, every member mapped its next one's inbox
+  uint64_t inboxWindow = 0;
+  uint64_t outboxWindow = 0;
+  char* inbox = nullptr;   // this rank's window: the previous member writes, this rank reads
+  char* outbox = nullptr;  // the next member's inbox, mapped here
+  size_t slotBytes = 0;
+  size_t slots = 0;
+};
+
+struct SharedRing {
+  enum class Status { kUnknown, kReady, kUnavailable, kBroken };
+
+  explicit SharedRing(Engine* e) : engine(e) {}
+  SharedRing(const SharedRing&) = delete;
+  SharedRing& operator=(const SharedRing&) = delete;
+  ~SharedRing();
+
+  // The turn after `serving`, skipping tickets whose ops were abandoned.
+  void advance();
+
+  Engine* engine;
+  Status status = Status::kUnknown;
+  std::string broken;   // why, when kBroken
+  SlotWindows windows;  // over every rank, in rank order
+  // Rings of the host level of multi-dimensional plans, by key (allreduce_multidim.cc); each
+  // set up once, ready or not.
+  std::map<std::string, SlotWindows> levelRings;
+  uint64_t tickets = 0;  // handed out so far
+  uint64_t serving = 0;  // the ticket whose op may use the windows
+  std::set<uint64_t> abandoned;
+
+  // Peers' shared buffers mapped by the direct allreduce (allreduce_direct.cc), by (group rank,
+  // serial), and how far this group has reported this process's released buffers.
+  struct Mapped {
+    uint64_t window;  // 0: an adopted buffer, mapped with SharedBuffers::mapAdopted
+    char* base;
+    size_t length;
+  };
+  std::map<std::pair<int, uint64_t>, Mapped> peerBuffers;
+  size_t releasedSeen = 0;
+  // Buffers of this rank that every peer has mapped (offers of others ask for a check).
+  std::set<uint64_t> offered;
+  // Whether the last round of offers found every tensor in a shared buffer (the same on every
+  // rank: all see all offers, and rounds happen in turn order).
+  bool lastAllShared = true;
+};
+
+// The op's turn at the windows: taken when the op starts, given up when it ends, however it
+// ends. Ending without release() (a failure, a timeout) breaks the ring for later ops.
+class SharedRingTurn {
+ public:
+  SharedRingTurn(SharedRing& ring, const Op& op);
+  SharedRingTurn(const SharedRingTurn&) = delete;
+  SharedRingTurn& operator=(const SharedRingTurn&) = delete;
+  ~SharedRingTurn();
+  bool ready() const {
+    return ring_.serving == ticket_ || ring_.status == SharedRing::Status::kBroken;
+  }
+  void release();
+
+ private:
+  SharedRing& ring_;
+  uint64_t ticket_;
+  std::string what_;
+  bool released_ = false;
+};
+
+// Sets up `windows` for the ring of group ranks `order` (this rank among them), inboxes of `slots`
+// slots of `slotBytes`: every member allocates its inbox and sends the key to the previous one,
+// which maps it; the first member collects whether everyone could and tells everyone. All or
+// nothing (windows.ready). Messages in tag steps [firstStep, firstStep + 3) of the shared phase.
+// Holding the turn.
+Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size_t slotBytes,
+                      size_t slots, uint32_t firstStep);
+
+}  // namespace ddl
