@@ -50,6 +50,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->topology().describe(); })
       .def("links",
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->links().describe(); })
+      .def("host_rings",
+           [](const ddl::ProcessGroupDDL& pg) {
+             std::pair<int, int> counts;
+             {
+               py::gil_scoped_release released;  // the progress thread may be waiting for Python
+               counts = pg.communicator()->hostRings();
+             }
+             py::dict out;
+             out["shared_memory"] = counts.first;
+             out["messages"] = counts.second;
+             return out;
+           })
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
           return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);

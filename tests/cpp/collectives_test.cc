@@ -551,8 +551,9 @@ struct SharedRingWorld {
       engines.push_back(std::make_unique<Engine>(std::move(t)));
     }
   }
-  void run(const RankBody& body, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-    runGroup(engines, body, timeout);
+  void run(const RankBody& body, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+           const Topology* topology = nullptr) {
+    runGroup(engines, body, timeout, topology);
   }
   size_t windowsInUse(int rank) {
     size_t n = 0;
@@ -593,6 +594,62 @@ TEST(SharedRing, FallsBackToTheRingWhenOneRankCannotMapItsNeighbour) {
     // Everyone agreed on the message ring and gave back what it had allocated.
     EXPECT_EQ(world.windowsInUse(comm.rank()), 0u);
   });
+}
+
+// The host level of a multi-dimensional allreduce over 2 hosts of 2 ranks: over shared-memory
+// slots each rank holds, per half (reduce-scatter, allgather), its inbox and the next rank's.
+Topology twoHostsOfTwo() {
+  std::vector<Locality> ranks;
+  for (int h : {0, 0, 1, 1}) {
+    ranks.push_back(Locality{"h" + std::to_string(h), "m" + std::to_string(h)});
+  }
+  return buildTopology(ranks, {});
+}
+
+void multiDimSums(Communicator& comm, const Topology& t, bool hostSlots) {
+  for (size_t count : {size_t{1}, size_t{1009}, size_t{100003}}) {
+    CallOptions options;
+    AllreducePlan plan = planMultiDim(t, count, 4, 2, 1);
+    plan.hostSlots = hostSlots;
+    options.plan = std::make_shared<const AllreducePlan>(std::move(plan));
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(comm.rank() + i % 7);
+    check(comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum, options));
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(buf[i], 6.0f + 4.0f * static_cast<float>(i % 7)) << "element " << i;
+    }
+  }
+}
+
+TEST(MultiDimSlots, TheHostLevelMovesThroughSharedSlots) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  const Topology t = twoHostsOfTwo();
+  for (bool hostSlots : {true, false}) {
+    SharedRingWorld world(4);
+    world.run(
+        [&](Communicator& comm) {
+          multiDimSums(comm, t, hostSlots);
+          // Two colours, each with a host ring per half: inbox and mapped outbox each.
+          EXPECT_EQ(world.windowsInUse(comm.rank()), hostSlots ? 8u : 0u) << "rank " << comm.rank();
+        },
+        std::chrono::seconds(60), &t);
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(world.windowsInUse(r), 0u) << "rank " << r;
+  }
+}
+
+TEST(MultiDimSlots, AHostWhoseRanksCannotMapEachOtherUsesMessages) {
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  const Topology t = twoHostsOfTwo();
+  SharedRingWorld world(4);
+  world.engines[3]->call([&] { world.transports[3]->refuseWindows(true); });
+  world.run(
+      [&](Communicator& comm) {
+        multiDimSums(comm, t, true);
+        // Host 0 over slots; host 1, where rank 3 refuses, over messages.
+        EXPECT_EQ(world.windowsInUse(comm.rank()), comm.rank() < 2 ? 8u : 0u)
+            << "rank " << comm.rank();
+      },
+      std::chrono::seconds(60), &t);
 }
 
 TEST(SharedRing, RequiredButUnavailableIsAnErrorOnEveryRank) {

@@ -118,6 +118,11 @@ def main():
     backend = ddl._get_backend(torch.device("cpu"))
     report = {"topology": backend.topology(),
               "plans": {str(s): backend.plan_rows([s])[0][1][0][0] for s in (8, 4 << 20)}}
+    # A large allreduce by the auto plan: its host level moves through shared memory.
+    t = torch.full((1 << 20,), float(rank))
+    dist.all_reduce(t, group=ddl)
+    assert_same(t, torch.full((1 << 20,), float(world * (world - 1) // 2)), "auto all_reduce")
+    report["host_rings"] = backend.host_rings()
     if args.subgroup:
         members = [int(r) for r in args.subgroup.split(",")]
         sub = dist.new_group(members, backend="ddl")

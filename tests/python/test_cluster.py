@@ -37,6 +37,10 @@ def test_two_hosts_of_two_every_collective_matches_gloo_and_auto_is_two_level():
     h0, h1 = cluster.host_names
     assert report["topology"] == f"2 hosts ({h0}: 0 1, {h1}: 2 3)"
     assert report["plans"][str(4 << 20)].startswith("multidim"), report
+    # Each host's two ranks share their /dev/shm: the host level of the multidim plans ran
+    # over shared-memory slots, none over messages.
+    assert report["host_rings"]["shared_memory"] > 0, report
+    assert report["host_rings"]["messages"] == 0, report
     # A subgroup on one host is a one-level group, and plans as one host does.
     assert report["subgroup"] == f"1 host ({h0}: 0 1)"
     assert report["subgroup_plan"] == "shared", report

@@ -9,28 +9,92 @@
 // 3. The allgather runs the same rings backwards, last stage first, storing instead of reducing.
 // 4. Waves of a lane keep their order on each rank: wave w starts a stage (of either half) only
 //    once wave w-1 has finished it here, so the waves pipeline through the levels.
+// 5. The host level (dimension 0) runs over shared-memory slots (shm/slot_link.h) when the plan
+//    says so, the buffer is in host memory and the ring's ranks can map each other's windows;
+//    every other level, and a host ring that cannot, over messages. Each host ring gets windows
+//    of its own per half (reduce-scatter, allgather) and per first wave of a lane: waves of one
+//    lane use a half's host stage one after another on every rank, but one wave may gather at
+//    the host level while the next reduce-scatters there. Windows are set up by the first
+//    allreduce that needs them (every ring member agrees, all or nothing) and kept by the group;
+//    ops that use them take the group's turn (shm/shared_ring.h), as the one-host ring does.
 // A slow level carries only what survived the levels below it: with H hosts of L ranks, the
 // network stage moves 2N(H-1)/H bytes per host link and direction, where a flat ring moves
 // 2N(P-1)/P; colours keep the host and network levels busy at the same time.
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
 
+#include "../engine/tag.h"
+#include "../shm/shared_ring.h"
+#include "../shm/slot_link.h"
 #include "algorithms.h"
 #include "ring_pipeline.h"
 
 namespace ddl {
 namespace {
 
+// Tag steps of the shared phase that set up host rings: 0-7 belong to the one-host ring and the
+// direct path (allreduce_shared.cc); each host ring takes three.
+constexpr uint32_t kFirstSetUpStep = 8;
+
+// A host-level ring this rank runs, where its windows are kept, and the tag steps of its set-up
+// (numbered over the whole plan, so every member of the ring numbers it alike).
+struct HostRing {
+  int lane;
+  int stage;
+  int ring;
+  bool gathering;
+  std::string key;
+  uint32_t setUpStep;
+};
+
+int firstWave(const AllreducePlan& plan, int lane) {
+  while (plan.lanes[lane].after >= 0) lane = plan.lanes[lane].after;
+  return lane;
+}
+
+std::vector<HostRing> hostRings(const AllreducePlan& plan, int rank) {
+  std::vector<HostRing> out;
+  uint32_t index = 0;
+  for (int l = 0; l < static_cast<int>(plan.lanes.size()); ++l) {
+    const Lane& lane = plan.lanes[l];
+    for (int s = 0; s < static_cast<int>(lane.stages.size()); ++s) {
+      const Stage& stage = lane.stages[s];
+      if (stage.dimension != 0) continue;
+      for (int r = 0; r < static_cast<int>(stage.rings.size()); ++r) {
+        const std::vector<int>& order = stage.rings[r].order;
+        for (bool gathering : {false, true}) {
+          const uint32_t step = kFirstSetUpStep + 3 * index++;
+          if (order.size() < 2 || RingPlan{order}.positionOf(rank) < 0) continue;
+          std::string key = std::to_string(firstWave(plan, l)) + (gathering ? "g" : "r") +
+                            std::to_string(r) + ":";
+          for (int member : order) key += std::to_string(member) + ",";
+          out.push_back(HostRing{l, s, r, gathering, std::move(key), step});
+        }
+      }
+    }
+  }
+  return out;
+}
+
 class LaneRun {
  public:
+  // `windows(stage, ring, gathering)`: the ready slot windows of a host ring of this lane, or null.
+  using Windows = std::function<SlotWindows*(int, int, bool)>;
   LaneRun(Op& op, const Lane& lane, const LaneRun* before, void* data, DataType type,
-          ReduceOp reduce, const PipelineSettings& settings)
+          ReduceOp reduce, const PipelineSettings& settings, uint64_t fingerprint, Windows windows)
       : op_(op),
         lane_(lane),
         before_(before),
         data_(data),
         type_(type),
         reduce_(reduce),
-        settings_(settings) {}
+        settings_(settings),
+        fingerprint_(fingerprint),
+        windows_(std::move(windows)) {}
 
   bool done() const { return turn_ >= 2 * static_cast<int>(lane_.stages.size()); }
 
@@ -58,8 +122,11 @@ class LaneRun {
   void start(int stage, bool reducing) {
     started_ = true;
     const size_t es = elementSize(type_);
-    for (const StageRing& ring : lane_.stages[stage].rings) {
-      if (RingPlan{ring.order}.positionOf(op_.rank()) < 0) continue;
+    const std::vector<StageRing>& rings = lane_.stages[stage].rings;
+    for (int r = 0; r < static_cast<int>(rings.size()); ++r) {
+      const StageRing& ring = rings[r];
+      const int position = RingPlan{ring.order}.positionOf(op_.rank());
+      if (position < 0) continue;
       const int n = static_cast<int>(ring.order.size());
       RingSchedule schedule;
       schedule.ring = RingPlan{ring.order};
@@ -75,9 +142,17 @@ class LaneRun {
         schedule.reduceSteps = 0;
         schedule.shift = 0;
       }
+      std::unique_ptr<Link> link;
+      if (SlotWindows* w = windows_(stage, r, !reducing)) {
+        // Notices in the ring's first tag step, freed slots in the next: the halves of a ring
+        // follow each other on every member, and one sender's messages of a tag keep their order.
+        link = std::make_unique<SlotLink>(op_, *w, ring.order[(position + n - 1) % n],
+                                          ring.order[(position + 1) % n], fingerprint_, lane_.phase,
+                                          ring.firstStep);
+      }
       pipelines_.push_back(std::make_unique<RingPipeline>(op_, std::move(schedule), data_, type_,
                                                           reduce_, settings_.segmentBytes / es,
-                                                          settings_.depth));
+                                                          settings_.depth, std::move(link)));
     }
   }
 
@@ -88,6 +163,8 @@ class LaneRun {
   DataType type_;
   ReduceOp reduce_;
   PipelineSettings settings_;
+  uint64_t fingerprint_;
+  Windows windows_;
   int turn_ = 0;  // stages reduce-scattered so far, then plus those gathered
   bool started_ = false;
   std::vector<std::unique_ptr<RingPipeline>> pipelines_;
@@ -97,10 +174,42 @@ class LaneRun {
 
 Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
                        std::shared_ptr<const AllreducePlan> plan, PipelineSettings settings) {
+  // The host level over shared memory: this rank's host rings, their windows set up once.
+  std::vector<HostRing> host;
+  if (plan->hostSlots && op.memory().kind() == MemoryKind::kHost &&
+      settings.segmentBytes >= elementSize(type)) {
+    host = hostRings(*plan, op.rank());
+  }
+  std::optional<SharedRingTurn> turn;
+  std::map<std::tuple<int, int, bool>, SlotWindows*> ready;  // (lane, stage x ring, gathering)
+  if (!host.empty()) {
+    SharedRing& shared = *op.group().sharedRing;
+    turn.emplace(shared, op);
+    co_await op.until([&turn] { return turn->ready(); });
+    if (shared.status == SharedRing::Status::kBroken) throw Error(shared.broken);
+    for (const HostRing& h : host) {
+      auto it = shared.levelRings.find(h.key);
+      if (it == shared.levelRings.end()) {
+        it = shared.levelRings.emplace(h.key, SlotWindows{}).first;
+        std::vector<int> order = plan->lanes[h.lane].stages[h.stage].rings[h.ring].order;
+        co_await setUpSlotWindows(op, it->second, std::move(order), settings.segmentBytes,
+                                  std::max<size_t>(2 * settings.depth, 2), h.setUpStep);
+      }
+      if (it->second.ready) {
+        ready[{h.lane, h.stage * 65536 + h.ring, h.gathering}] = &it->second;
+      }
+    }
+  }
   std::vector<std::unique_ptr<LaneRun>> lanes;
-  for (const Lane& lane : plan->lanes) {
+  for (int l = 0; l < static_cast<int>(plan->lanes.size()); ++l) {
+    const Lane& lane = plan->lanes[l];
     const LaneRun* before = lane.after >= 0 ? lanes[lane.after].get() : nullptr;
-    lanes.push_back(std::make_unique<LaneRun>(op, lane, before, data, type, reduce, settings));
+    auto windows = [&ready, l](int stage, int ring, bool gathering) -> SlotWindows* {
+      auto it = ready.find({l, stage * 65536 + ring, gathering});
+      return it == ready.end() ? nullptr : it->second;
+    };
+    lanes.push_back(std::make_unique<LaneRun>(op, lane, before, data, type, reduce, settings,
+                                              plan->count, windows));
   }
   while (true) {
     bool done = true;
@@ -109,6 +218,7 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
     if (done) break;
     co_await op.next();
   }
+  if (turn) turn->release();
 }
 
 }  // namespace ddl

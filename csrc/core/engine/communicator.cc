@@ -204,6 +204,7 @@ PlanRequest Communicator::planRequest() {
   request.order = c.levelOrder;
   request.waves = static_cast<int>(c.waves);
   request.smallBytes = c.smallBytes;
+  request.hostSlots = c.hostSlots;
   return request;
 }
 
@@ -217,6 +218,16 @@ std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, D
   if (plans_.size() >= kPlanCache) plans_.clear();
   plans_.emplace(key, plan);
   return plan;
+}
+
+std::pair<int, int> Communicator::hostRings() {
+  std::pair<int, int> counts{0, 0};
+  group_->engine->call([&] {
+    for (const auto& [key, windows] : group_->sharedRing->levelRings) {
+      (windows.ready ? counts.first : counts.second)++;
+    }
+  });
+  return counts;
 }
 
 bool Communicator::offersAdoption(size_t count, DataType type) {

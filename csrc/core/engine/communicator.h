@@ -60,6 +60,10 @@ class Communicator {
   // The levels found at creation, and the link costs the planner weighs.
   const Topology& topology() const { return topology_; }
   const LinkCosts& links() const { return links_; }
+  // The host-level rings of multidim allreduces set up so far: how many move their bytes
+  // through shared-memory slots, and how many over messages (their ranks could not map each
+  // other's windows). Asks the progress thread.
+  std::pair<int, int> hostRings();
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);

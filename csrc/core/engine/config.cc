@@ -60,6 +60,10 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_LINKS", "",
      "link latency and bandwidth per dimension for the cost model, e.g. '1:50us:117MB,2:80us:40MB' "
      "(defaults 0:2us:5GB, 1:30us:1.25GB, 2:50us:1.25GB)"},
+    {"TORCH_DDL_HOST_SLOTS", "1",
+     "1: the host level of a multidim allreduce (CPU tensors) moves its bytes through "
+     "shared-memory slots where the host's ranks can map each other's, as the one-host shm_ring "
+     "does; 0: over UCX messages"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -125,6 +129,11 @@ Config read() {
     throw Error("ddl: TORCH_DDL_HIERARCHICAL=" + hierarchical + " is not 0 or 1");
   }
   c.hierarchical = hierarchical == "1";
+  std::string slots = configValue(kTable[15]);
+  if (slots != "0" && slots != "1") {
+    throw Error("ddl: TORCH_DDL_HOST_SLOTS=" + slots + " is not 0 or 1");
+  }
+  c.hostSlots = slots == "1";
   c.topology = configValue(kTable[13]);
   c.links = configValue(kTable[14]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));

@@ -350,6 +350,7 @@ std::string AllreducePlan::describe() const {
   if (algorithm == PlanAlgorithm::kRing) out << " rings=" << rings;
   if (algorithm == PlanAlgorithm::kMultiDim) {
     out << " colors=" << colors << " rings=" << rings << " waves=" << waves;
+    if (!hostSlots) out << " host=messages";
     if (!lanes.empty()) {
       out << " order=";
       for (size_t i = 0; i < lanes[0].order.size(); ++i) {
@@ -507,6 +508,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
   for (int d : grid.dims) dims += d > 1 ? 1 : 0;
   auto multiDim = [&](int colors, int rings, int waves) {
     out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order, waves));
+    out.back().hostSlots = request.hostSlots;
   };
   auto multiDimChoices = [&] {
     std::vector<int> colorChoices, ringChoices;

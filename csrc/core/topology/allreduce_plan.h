@@ -91,7 +91,11 @@ struct AllreducePlan {
   int waves = 1;
   std::vector<Lane> lanes;              // kMultiDim only
   std::vector<std::vector<int>> hosts;  // kLeaders: each host's ranks, its leader first
-  double predicted = 0;                 // seconds, by the cost model
+  // kMultiDim: the rings of the host level (dimension 0) run over shared-memory slots
+  // (shm/slot_link.h) where their ranks can map each other's windows and the buffer is in host
+  // memory; over messages otherwise.
+  bool hostSlots = true;
+  double predicted = 0;  // seconds, by the cost model
 
   // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
   std::string describe() const;
@@ -108,6 +112,7 @@ struct PlanRequest {
   int waves = 0;
   size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
   int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
+  bool hostSlots = true;      // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
 };
 
 // The multi-dimensional plan: `colors` lanes walking rotated orders, each split into `rings`
