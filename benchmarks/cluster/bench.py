@@ -6,9 +6,11 @@ auto plans, next to each schedule's link-limited ideal and the cost model's pred
     sudo python benchmarks/cluster/bench.py --shape 2x2x2 --rack-rate 500mbit   # racks x hosts x ranks
 
 The link's real TCP payload rate is measured first (one connection between two hosts, below the
-shaped rate) and handed to the cost model (TORCH_DDL_LINKS) and to the ideals. busbw as
-nccl-tests: bytes/time x 2(P-1)/P. Ideal busbw of a schedule: its busiest link's bytes at the
-measured rate (flat ring in host order: the link rate itself; 2-level ring: x (P-1)/P / (H-1)/H).
+shaped rate) for the ideals. The cost model gets what a user's job gets: the figures ddl's own
+probe measures when each group is created (--given-links hands it the measured rate through
+TORCH_DDL_LINKS instead). busbw as nccl-tests: bytes/time x 2(P-1)/P. Ideal busbw of a
+schedule: its busiest link's bytes at the measured rate (flat ring in host order: the link rate
+itself; 2-level ring: x (P-1)/P / (H-1)/H).
 All variants run in the same processes, interleaved size by size. --png writes a plot.
 """
 
@@ -71,6 +73,8 @@ def worker(args):
             else:
                 os.environ[k] = v
         torch_ddl._C.check_config()
+    if rank == 0:
+        print("LINKS " + json.dumps({n: b.links() for n, b in backends.items()}), flush=True)
     rows = []
     for size in sizes(args.min_bytes, args.max_bytes):
         n = size // 4
@@ -154,6 +158,9 @@ def main():
                         help="seconds of link time per variant and size, at most")
     parser.add_argument("--png", help="write a plot of busbw against size here")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--given-links", action="store_true",
+                        help="hand the cost model the measured TCP rate (TORCH_DDL_LINKS) "
+                             "instead of letting ddl probe the links")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -171,8 +178,11 @@ def main():
               f"{', racks ' + str(racks) if racks else ''}), host link {args.rate}: "
               f"{host_rate / 1e6:.1f} MB/s TCP payload"
               f"{f', rack uplink {args.rack_rate}: {rack_rate / 1e6:.1f} MB/s' if racks else ''}"
-              f"; TORCH_DDL_LINKS={links}", flush=True)
-        env = dict(os.environ, TORCH_DDL_LINKS=links, OMP_NUM_THREADS="1")
+              + (f"; TORCH_DDL_LINKS={links}" if args.given_links else ""), flush=True)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("TORCH_DDL_LINKS", None)
+        if args.given_links:
+            env["TORCH_DDL_LINKS"] = links
         argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
                 "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                 "--iters", str(args.iters), "--budget", str(args.budget)]
@@ -183,6 +193,9 @@ def main():
             print(f"rank {r} exited {code}:\n{out[-3000:]}", file=sys.stderr)
         raise SystemExit(1)
     rows = [json.loads(line[4:]) for line in results[0][1].splitlines() if line.startswith("ROW ")]
+    for line in results[0][1].splitlines():
+        if line.startswith("LINKS "):
+            print(f"# cost model's links (auto group): {json.loads(line[6:])['auto']}")
     import torch_ddl  # noqa: F401  (after the run: the offline model for the ideals)
     factor = 2 * (world - 1) / world
     names = ["gloo", "ring", "multidim", "multicolor", "auto"]

@@ -6,6 +6,7 @@
 
 #include <sstream>
 
+#include "../../csrc/core/engine/link_probe.h"
 #include "harness.h"
 #include "values.h"
 
@@ -323,6 +324,37 @@ TEST(Leaders, EveryShapeMatchesTheExpectedSums) {
         }
       }
     });
+  }
+}
+
+// The link probe over the loopback: the first ring across hosts measures, every rank gets the
+// same figures; links the user gave, or a probe turned off, are left alone.
+TEST(LinkProbe, EveryRankPlansWithTheFiguresOneRingMeasured) {
+  const Topology t = simulated({0, 0, 1, 1, 2, 2});
+  for (const char* given : {"", "1:50us:117MB"}) {
+    for (const char* probe : {"1", "0"}) {
+      ScopedEnv env({{"TORCH_DDL_PROBE_LINKS", probe}});
+      MemoryStore store;
+      std::vector<LinkCosts> got(t.size);
+      runRanksOn(t, [&](Communicator& comm) {
+        LinkCosts links = parseLinks(given);
+        probeLinks(comm, store, "probe/", t, &links);
+        got[comm.rank()] = links;
+      });
+      const LinkCost& across = got[0].at(1);
+      if (std::string(probe) == "1" && std::string(given).empty()) {
+        EXPECT_EQ(across.origin, "probed");
+        EXPECT_GT(across.latency, 0);
+        EXPECT_GT(across.bandwidth, 0);
+      } else {
+        EXPECT_EQ(across.origin, std::string(given).empty() ? "default" : "TORCH_DDL_LINKS");
+        EXPECT_EQ(across.bandwidth, parseLinks(given).at(1).bandwidth);
+      }
+      EXPECT_EQ(got[0].at(0).origin, "default");  // the host level is not probed
+      for (int r = 1; r < t.size; ++r) {
+        EXPECT_EQ(got[r].describe(), got[0].describe()) << "rank " << r;
+      }
+    }
   }
 }
 

@@ -116,7 +116,7 @@ def main():
     ddl = dist.group.WORLD
     collectives(rank, world, ddl, gloo, args.quick)
     backend = ddl._get_backend(torch.device("cpu"))
-    report = {"topology": backend.topology(),
+    report = {"topology": backend.topology(), "links": backend.links(),
               "plans": {str(s): backend.plan_rows([s])[0][1][0][0] for s in (8, 4 << 20)}}
     # A large allreduce by the auto plan: its host level moves through shared memory.
     t = torch.full((1 << 20,), float(rank))

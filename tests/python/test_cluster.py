@@ -36,6 +36,12 @@ def test_two_hosts_of_two_every_collective_matches_gloo_and_auto_is_two_level():
         report = run(cluster, "--subgroup", "0,1")
     h0, h1 = cluster.host_names
     assert report["topology"] == f"2 hosts ({h0}: 0 1, {h1}: 2 3)"
+    # The link across hosts was probed at creation: 1 Gbit/s carries about 119 MB/s of TCP
+    # payload (the probe's one stream sees somewhat less).
+    links = report["links"]
+    assert links.endswith("(1 probed)"), links
+    across = float(links.split(",")[1].split(":")[2].split("MB")[0])
+    assert 60 < across < 130, links
     assert report["plans"][str(4 << 20)].startswith("multidim"), report
     # Each host's two ranks share their /dev/shm: the host level of the multidim plans ran
     # over shared-memory slots, none over messages.

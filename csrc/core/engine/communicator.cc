@@ -4,6 +4,7 @@
 
 #include "../shm/shared_ring.h"
 #include "config.h"
+#include "link_probe.h"
 #include "tag.h"
 
 namespace ddl {
@@ -157,8 +158,11 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   Topology topology =
       simulated != nullptr ? *simulated : buildTopology(localities, parseRackMap(c.topology));
   if (topology.size != size) throw Error("ddl: the topology given is for another group size");
-  return std::shared_ptr<Communicator>(
+  auto comm = std::shared_ptr<Communicator>(
       new Communicator(std::move(group), timeout, std::move(topology), parseLinks(c.links)));
+  // Measured on real hosts only: a simulated topology's ranks share one process.
+  if (simulated == nullptr) probeLinks(*comm, store, key, comm->topology_, &comm->links_);
+  return comm;
 }
 
 Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,

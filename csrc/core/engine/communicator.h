@@ -125,7 +125,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
   const Topology topology_;
-  const LinkCosts links_;
+  LinkCosts links_;  // set at creation (the probe), read-only after
   const PlanRequest request_;
   // Level by level across hosts (TORCH_DDL_HIERARCHICAL): broadcast trees, and the stages of
   // allgather and reduce-scatter (empty: the flat ring).

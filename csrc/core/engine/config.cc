@@ -64,6 +64,10 @@ const std::vector<ConfigEntry> kTable = {
      "1: the host level of a multidim allreduce (CPU tensors) moves its bytes through "
      "shared-memory slots where the host's ranks can map each other's, as the one-host shm_ring "
      "does; 0: over UCX messages"},
+    {"TORCH_DDL_PROBE_LINKS", "1",
+     "1: a group that spans hosts measures the latency and bandwidth of each level above the "
+     "host that TORCH_DDL_LINKS does not name, once at creation (two ranks, about 40 ms at "
+     "1 Gbit/s), for the cost model; 0: the defaults"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -134,6 +138,11 @@ Config read() {
     throw Error("ddl: TORCH_DDL_HOST_SLOTS=" + slots + " is not 0 or 1");
   }
   c.hostSlots = slots == "1";
+  std::string probe = configValue(kTable[16]);
+  if (probe != "0" && probe != "1") {
+    throw Error("ddl: TORCH_DDL_PROBE_LINKS=" + probe + " is not 0 or 1");
+  }
+  c.probeLinks = probe == "1";
   c.topology = configValue(kTable[13]);
   c.links = configValue(kTable[14]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));

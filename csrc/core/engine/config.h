@@ -31,6 +31,7 @@ struct Config {
   size_t waves = 0;               // waves per multidim lane (0: the planner's)
   bool hierarchical = true;       // reduce-scatter, allgather, broadcast level by level
   bool hostSlots = true;          // multidim: the host level over shared-memory slots
+  bool probeLinks = true;         // measure link costs above the host at group creation
   std::vector<int> levelOrder;    // dimensions of colour 0, innermost first when empty
   std::string topology;           // TORCH_DDL_TOPOLOGY: racks of hosts (topology.h)
   std::string links;              // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)

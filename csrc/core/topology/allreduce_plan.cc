@@ -263,6 +263,12 @@ std::string LinkCosts::describe() const {
     out << k << ":" << byDimension[k].latency * 1e6 << "us:" << byDimension[k].bandwidth / 1e6
         << "MB";
   }
+  std::string origins;
+  for (size_t k = 0; k < byDimension.size(); ++k) {
+    if (byDimension[k].origin == "default") continue;
+    origins += (origins.empty() ? "" : ", ") + std::to_string(k) + " " + byDimension[k].origin;
+  }
+  if (!origins.empty()) out << " (" << origins << ")";
   return out.str();
 }
 
@@ -321,7 +327,7 @@ LinkCosts parseLinks(const std::string& spec) {
     if (static_cast<int>(links.byDimension.size()) <= k) {
       links.byDimension.resize(k + 1, links.byDimension.back());
     }
-    links.byDimension[k] = LinkCost{latency, bandwidth};
+    links.byDimension[k] = LinkCost{latency, bandwidth, "TORCH_DDL_LINKS"};
   }
   return links;
 }

@@ -1,0 +1,33 @@
+// The link probe: at the creation of a group that spans hosts, the cost model's latency and
+// bandwidth of every dimension above the host (allreduce_plan.h, LinkCosts) are measured, unless
+// TORCH_DDL_LINKS names them or TORCH_DDL_PROBE_LINKS=0.
+//
+// 1. Per dimension d, in order: the first ring of dimension d (topology.h) lends its first two
+//    ranks, the measurer and the responder; every other rank only waits for the result.
+// 2. Latency: kPings round trips of 8 bytes; the median round trip, halved.
+// 3. Bandwidth: the measurer sends kSmallBytes, then (when that took less than kFastEnough)
+//    kLargeBytes, each answered by a 1-byte acknowledgement; bandwidth = bytes / (time - one
+//    round trip), the larger transfer's. At 1 Gbit/s the probe takes about 40 ms, and never more
+//    than kSmallBytes at the link's rate plus 8 round trips on a slow one.
+// 4. The measurer publishes the figures through the group's store; every rank plans with them,
+//    so the plans of all ranks agree.
+// Messages travel as point-to-point messages of reserved tags, before any user operation.
+#pragma once
+
+#include <string>
+
+#include "../topology/allreduce_plan.h"
+#include "../topology/topology.h"
+#include "store.h"
+
+namespace ddl {
+
+class Communicator;
+
+// Fills the dimensions of `links` that need it (see above); every rank of the group calls it.
+// `key` prefixes the store keys of this group creation. Throws when a peer does not answer
+// within the group's timeout.
+void probeLinks(Communicator& comm, KeyValueStore& store, const std::string& key,
+                const Topology& topology, LinkCosts* links);
+
+}  // namespace ddl
