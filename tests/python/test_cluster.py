@@ -67,3 +67,25 @@ def test_racks_from_the_topology_variable_make_a_third_level():
     assert report["topology"] == (
         f"4 hosts ({names[0]}: 0, {names[1]}: 1, {names[2]}: 2, {names[3]}: 3); "
         f"2 racks (rack0: {names[0]} {names[1]}, rack1: {names[2]} {names[3]})")
+
+
+FAULT_WORKER = str(Path(__file__).with_name("cluster_fault_worker.py"))
+
+
+@pytest.mark.parametrize("how,op", [("kill", "all_reduce"), ("kill", "broadcast"),
+                                    ("kill", "all_gather"), ("kill", "reduce_scatter"),
+                                    ("exit", "all_reduce"), ("link", "all_reduce")])
+def test_a_rank_on_another_host_that_dies_or_is_cut_off_fails_the_survivors_in_seconds(
+        how, op, tmp_path):
+    # Ranks 0 and 1 on one host, rank 2 alone on the other: only the transport can tell the
+    # survivors (another PID namespace, no pidfd to watch).
+    stamp = tmp_path / "stamp"
+    with Cluster(2, [2, 1], rate="1gbit") as cluster:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        results = cluster.launch([sys.executable, FAULT_WORKER, "--victim", "2", "--how", how,
+                                  "--op", op, "--stamp", str(stamp)], env=env, timeout=120)
+    for rank in (0, 1):
+        code, out = results[rank]
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+        assert "NOTICED" in out, out[-2000:]
+        print(f"{how} {op} rank {rank}:", [l for l in out.splitlines() if "NOTICED" in l][0])

@@ -159,6 +159,10 @@ bool Engine::checkLiveness() {
     lost_.emplace(peer, Lost{why, Clock::now()});
     found = true;
   }
+  for (auto& [peer, why] : transport_->lostPeers()) {
+    lost_.emplace(peer, Lost{why, Clock::now()});
+    found = true;
+  }
   if (lost_.empty()) return found;
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddl {
@@ -83,6 +84,10 @@ class Transport {
     return 0;
   }
   virtual void releaseWindow(uint64_t /*id*/) {}
+
+  // Peers the transport found gone since the last call (their connection failed: the process
+  // died or exited, or its link was lost), each with what the transport saw.
+  virtual std::vector<std::pair<PeerId, std::string>> lostPeers() { return {}; }
 
   virtual std::string name() const = 0;
   // "transport/device" pairs the transport can use, for diagnostics.

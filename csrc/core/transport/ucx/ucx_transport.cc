@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -55,6 +56,20 @@ void onRecv(void* ucxRequest, ucs_status_t status, const ucp_tag_recv_info_t* in
 UcxTransport::UcxTransport() {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  // A connection to another host whose peer is unreachable fails in under 2 s: data unacknowledged
+  // for 1.5 s (three retransmissions lost in a row), or an idle connection whose keepalive probes
+  // (after 1 s, every 0.25 s, 2 of them) go unanswered. A stopped peer's kernel still
+  // acknowledges, so it is left to the op's timeout. Where the user set one of these UCX
+  // variables, theirs stands.
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, const char*>>{{"TCP_USER_TIMEOUT", "1.5s"},
+                                                        {"TCP_KEEPIDLE", "1s"},
+                                                        {"TCP_KEEPINTVL", "0.25s"},
+                                                        {"TCP_KEEPCNT", "2"}}) {
+    if (std::getenv((std::string("UCX_") + name).c_str()) == nullptr) {
+      ucp_config_modify(config, name, value);  // an older UCX without it keeps its default
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   // RMA: memory mapped for peers on the host (shared windows, see transport.h).
@@ -114,7 +129,17 @@ std::string UcxTransport::hostKey() {
 }
 
 void UcxTransport::onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
-  static_cast<Endpoint*>(arg)->failure = status;
+  auto* e = static_cast<Endpoint*>(arg);
+  if (e->failure != UCS_OK) return;
+  e->failure = status;
+  e->transport->lost_.emplace_back(
+      e->id, std::string("its connection failed (UCX: ") + ucs_status_string(status) + ")");
+}
+
+std::vector<std::pair<PeerId, std::string>> UcxTransport::lostPeers() {
+  std::vector<std::pair<PeerId, std::string>> out;
+  out.swap(lost_);
+  return out;
 }
 
 PeerId UcxTransport::connect(const std::string& address) {
@@ -128,6 +153,8 @@ PeerId UcxTransport::connect(const std::string& address) {
   }
   bool sameHost = address.compare(sizeof(keyLength), keyLength, hostKey()) == 0;
   auto* e = new Endpoint();
+  e->transport = this;
+  e->id = static_cast<PeerId>(endpoints_.size());
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -3,9 +3,12 @@
 // where built in) between hosts.
 //
 // Addresses carry a host key (hostname and network namespace) before the worker address.
-// Endpoints to other hosts use UCX peer error handling, so a dead peer fails the requests posted
-// to it. Same-host endpoints do not: UCX offers no shared-memory transport under that mode and
-// would fall back to TCP over loopback; a dead local peer is reported by the op deadline.
+// Endpoints to other hosts use UCX peer error handling: a peer whose connection fails (its process
+// died or exited: the kernel closes its sockets; or its link is lost: UCX's keepalive, every
+// kKeepaliveSeconds) fails the requests posted to it and is reported by lostPeers(), which the
+// engine turns into failed operations naming it. Same-host endpoints do not: UCX offers no
+// shared-memory transport under that mode and would fall back to TCP over loopback; a dead local
+// peer is reported by the engine's pidfd watch (engine/liveness.h).
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -34,6 +37,7 @@ class UcxTransport : public Transport {
   uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
   uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
   void releaseWindow(uint64_t id) override;
+  std::vector<std::pair<PeerId, std::string>> lostPeers() override;
   std::string name() const override;
   std::vector<std::string> devices() const override;
 
@@ -41,6 +45,8 @@ class UcxTransport : public Transport {
 
  private:
   struct Endpoint {
+    UcxTransport* transport = nullptr;
+    PeerId id = -1;
     ucp_ep_h ep = nullptr;
     ucs_status_t failure = UCS_OK;  // set by the error handler when the peer is gone
   };
@@ -59,6 +65,7 @@ class UcxTransport : public Transport {
   std::vector<Endpoint*> endpoints_;
   std::map<uint64_t, Window> windows_;
   uint64_t nextWindow_ = 1;
+  std::vector<std::pair<PeerId, std::string>> lost_;  // since the last lostPeers()
 };
 
 }  // namespace ddl

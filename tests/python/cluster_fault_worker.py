@@ -1,0 +1,82 @@
+"""One rank of the across-hosts fault tests (test_cluster.py): a loop of 4 MiB collectives in
+which rank --victim dies (kill -9), exits, or loses its host's link (its eth0 goes down while it
+lives on). Every survivor must raise within --bound seconds of that moment, naming the victim,
+and fail a later call at once. The victim writes the moment into --stamp.
+
+    python cluster_fault_worker.py --victim 2 --how kill --op all_reduce --stamp FILE
+
+env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the cluster launcher). Prints
+"NOTICED <seconds> <message>" on each survivor and exits 0 when every check held.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import torch_ddl  # noqa: F401
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--victim", type=int, required=True)
+    parser.add_argument("--how", choices=["kill", "exit", "link"], required=True)
+    parser.add_argument("--op", default="all_reduce")
+    parser.add_argument("--stamp", required=True)
+    parser.add_argument("--bound", type=float, default=3.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("ddl", timeout=timedelta(seconds=60))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(1 << 20)
+    outs = [torch.empty_like(x) for _ in range(size)]
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "broadcast": lambda: dist.broadcast(x, src=0),
+        "all_gather": lambda: dist.all_gather(outs, x),
+        "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),
+    }
+    call = calls[args.op]
+    if rank == args.victim:
+        for _ in range(3):
+            call()
+        if args.how == "link":
+            subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, timeout=10)
+        with open(args.stamp, "w") as f:
+            f.write(repr(time.time()))
+        if args.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.how == "link":
+            time.sleep(2 * args.bound + 5)  # alive, but cut off
+        os._exit(0)
+    try:  # the victim's third call may be the one a survivor is still in when it goes
+        for _ in range(100000):
+            call()
+        raise SystemExit("the survivors never noticed")
+    except RuntimeError as error:
+        failed = time.time()
+        message = str(error)
+    deadline = time.time() + 10
+    while not os.path.exists(args.stamp) and time.time() < deadline:
+        time.sleep(0.01)
+    took = failed - float(open(args.stamp).read())
+    print(f"NOTICED {took:.3f} {message.splitlines()[0][:300]}", flush=True)
+    assert f"rank {args.victim}" in message, message
+    assert took < args.bound, f"noticed after {took:.2f} s: {message}"
+    start = time.time()
+    try:
+        call()
+        raise SystemExit("a later call succeeded")
+    except RuntimeError as error:
+        assert f"rank {args.victim}" in str(error), str(error)
+    assert time.time() - start < 0.5
+    os._exit(0)  # no destroy: the group has a dead member
+
+
+if __name__ == "__main__":
+    main()
