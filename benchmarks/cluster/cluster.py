@@ -56,6 +56,22 @@ def unavailable_reason():
     return None
 
 
+def _collect(procs, timeout):
+    """[(returncode, output)] of each process; those still running after `timeout` seconds (all
+    together) are killed with their process group (returncode None)."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            results.append((p.returncode, out))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            results.append((None, out))
+    return results
+
+
 class Cluster:
     """`hosts` hosts of `ranks` ranks each (or a list: ranks per host), links shaped to `rate`
     (tc syntax, e.g. "1gbit"; None: unshaped). `racks`: hosts per rack (a list summing to the
@@ -263,17 +279,7 @@ class Cluster:
                 envs[rank] = (order[rank], e)
         procs = [self.popen(h, argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True) for h, e in envs]
-        deadline = time.monotonic() + timeout
-        results = []
-        for p in procs:
-            try:
-                out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-                results.append((p.returncode, out))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, _ = p.communicate()
-                results.append((None, out))
-        return results
+        return _collect(procs, timeout)
 
     def torchrun(self, script_argv, env=None, timeout=600, port=29600):
         """Runs `torchrun --nnodes H --node_rank h --nproc_per_node L ... script_argv` on every
@@ -290,17 +296,7 @@ class Cluster:
                     f"--master_port={port}", *script_argv]
             procs.append(self.popen(h, argv, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True))
-        deadline = time.monotonic() + timeout
-        results = []
-        for p in procs:
-            try:
-                out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-                results.append((p.returncode, out))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, _ = p.communicate()
-                results.append((None, out))
-        return results
+        return _collect(procs, timeout)
 
     def measure_link(self, seconds=1.0, src=0, dst=1):
         """TCP payload rate (bytes/s) from host src to host dst, one connection for `seconds`."""

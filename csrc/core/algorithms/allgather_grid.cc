@@ -32,12 +32,7 @@ Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,
                                                          DataType::kUInt8, ReduceOp::kSum,
                                                          settings.segmentBytes, settings.depth));
     }
-    while (true) {
-      bool done = true;
-      for (auto& p : pipelines) done = p->advance() && done;
-      if (done) break;
-      co_await op.next();
-    }
+    co_await runPipelines(op, std::move(pipelines));
   }
 }
 

@@ -22,12 +22,12 @@
 #include <cstring>
 
 #include "../engine/engine.h"
-#include "../shm/shared_buffers.h"
 #include "../engine/tag.h"
 #include "../reduce/reduce.h"
+#include "../shm/shared_buffers.h"
+#include "../shm/shared_ring.h"
 #include "../topology/ring_plan.h"
 #include "algorithms.h"
-#include "../shm/shared_ring.h"
 
 namespace ddl {
 namespace {

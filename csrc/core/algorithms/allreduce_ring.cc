@@ -34,12 +34,7 @@ Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp red
     pipelines.push_back(std::make_unique<RingPipeline>(op, std::move(schedule), data, type, reduce,
                                                        settings.segmentBytes / es, settings.depth));
   }
-  while (true) {
-    bool done = true;
-    for (auto& p : pipelines) done = p->advance() && done;
-    if (done) break;
-    co_await op.next();
-  }
+  co_await runPipelines(op, std::move(pipelines));
 }
 
 }  // namespace ddl

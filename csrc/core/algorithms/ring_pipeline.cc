@@ -106,7 +106,21 @@ bool RingPipeline::advance() {
   while (moved) {
     moved = false;
     link_->poll();
-    // 1. Ask for what each step will receive, as far as the link has room.
+    // 1. New data enters the ring: this position's chunk of step 0. Before any receive is
+    //    posted: a receive that fails at once (a peer's message of the wrong size) ends the op,
+    //    which then posts nothing more, and the peer must still get what this rank sends.
+    const int first = chunkSentAt(0);
+    while (injected_ < segments_ && schedule_.steps > 0) {
+      Range seg = segmentOf(first, injected_);
+      const size_t bytes = seg.length * elementSize_;
+      char* out = link_->outbox(at(seg.offset), bytes, true);
+      if (out == nullptr) break;
+      if (out != at(seg.offset) && bytes > 0) std::memcpy(out, at(seg.offset), bytes);
+      link_->post(0, injected_, out, bytes);
+      ++injected_;
+      moved = true;
+    }
+    // 2. Ask for what each step will receive, as far as the link has room.
     for (int s = 0; s < schedule_.steps; ++s) {
       const int chunk = (chunkSentAt(s) + n - 1) % n;
       const bool reducing = s < schedule_.reduceSteps;
@@ -119,7 +133,7 @@ bool RingPipeline::advance() {
         moved = true;
       }
     }
-    // 2. Handle arrivals, earlier ones first; one whose forward finds no room waits.
+    // 3. Handle arrivals, earlier ones first; one whose forward finds no room waits.
     Arrival a;
     while (link_->arrival(&a)) waiting_.push_back(a);
     for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -130,22 +144,19 @@ bool RingPipeline::advance() {
         ++it;
       }
     }
-    // 3. New data enters the ring: this position's chunk of step 0.
-    const int first = chunkSentAt(0);
-    while (injected_ < segments_ && schedule_.steps > 0) {
-      Range seg = segmentOf(first, injected_);
-      const size_t bytes = seg.length * elementSize_;
-      char* out = link_->outbox(at(seg.offset), bytes, true);
-      if (out == nullptr) break;
-      if (out != at(seg.offset) && bytes > 0) std::memcpy(out, at(seg.offset), bytes);
-      link_->post(0, injected_, out, bytes);
-      ++injected_;
-      moved = true;
-    }
   }
   const size_t total = static_cast<size_t>(schedule_.steps) * segments_;
   done_ = injected_ == segments_ && handled_ == total && link_->idle();
   return done_;
+}
+
+Task runPipelines(Op& op, std::vector<std::unique_ptr<RingPipeline>> pipelines) {
+  while (true) {
+    bool done = true;
+    for (auto& p : pipelines) done = p->advance() && done;
+    if (done) break;
+    co_await op.next();
+  }
 }
 
 }  // namespace ddl

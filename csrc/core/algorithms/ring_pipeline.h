@@ -82,4 +82,8 @@ class RingPipeline {
   bool done_ = false;
 };
 
+// Advances pipelines that run at once until every one is done; the coroutine sleeps until any of
+// the op's messages completes.
+Task runPipelines(Op& op, std::vector<std::unique_ptr<RingPipeline>> pipelines);
+
 }  // namespace ddl
