@@ -50,6 +50,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->topology().describe(); })
       .def("links",
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->links().describe(); })
+      // c10d's getError (torch's Python Backend has no binding for it).
+      .def("get_error", &ddl::ProcessGroupDDL::getError)
       .def("host_rings",
            [](const ddl::ProcessGroupDDL& pg) {
              std::pair<int, int> counts;

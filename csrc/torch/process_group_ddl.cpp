@@ -1112,4 +1112,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
   });
 }
 
+c10d::ErrorType ProcessGroupDDL::getError() {
+  switch (comm_->firstFailure().first) {
+    case GroupState::Failure::kNone:
+      return c10d::ErrorType::SUCCESS;
+    case GroupState::Failure::kTimeout:
+      return c10d::ErrorType::TIMEOUT;
+    case GroupState::Failure::kCommunication:
+      return c10d::ErrorType::COMM_ERROR;
+  }
+  return c10d::ErrorType::COMM_ERROR;
+}
+
+void ProcessGroupDDL::abort() { comm_->close("aborted: abort() was called on this group"); }
+
+void ProcessGroupDDL::shutdown() { comm_->close("the group was shut down"); }
+
 }  // namespace ddl

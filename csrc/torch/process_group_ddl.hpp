@@ -74,6 +74,12 @@ class ProcessGroupDDL : public c10d::Backend {
 
   const std::string getBackendName() const override { return "ddl"; }
   void setTimeout(std::chrono::milliseconds timeout) override { comm_->setTimeout(timeout); }
+  // The group's first failed op: TIMEOUT, COMM_ERROR (a peer gone, a mismatch, ...) or SUCCESS.
+  c10d::ErrorType getError() override;
+  // Both fail the group's ops in flight at once and every later one, naming why; abort() is for
+  // a group in trouble, shutdown() (destroy_process_group) for one whose work is done.
+  void abort() override;
+  void shutdown() override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,

@@ -947,3 +947,49 @@ TEST(Direct, AdoptionWhereSomeRankCannotMeansTheRing) {
 
 }  // namespace
 }  // namespace ddl::test
+
+namespace ddl::test {
+namespace {
+
+// abort() and shutdown() close a group: its ops in flight fail at once, and so do later ones.
+TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {
+  runRanks(2, [](Communicator& comm) {
+    EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kNone);
+    if (comm.rank() == 1) return;  // never joins: rank 0's allreduce waits
+    std::vector<float> buf(1000, 1.0f);
+    auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(work->done());
+    auto start = std::chrono::steady_clock::now();
+    comm.close("aborted: the test closed it");
+    ASSERT_TRUE(work->wait(std::chrono::milliseconds(1000)));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+    EXPECT_TRUE(work->failed());
+    EXPECT_NE(work->error().find("aborted: the test closed it"), std::string::npos)
+        << work->error();
+    EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kCommunication);
+    auto later = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(later->wait(std::chrono::milliseconds(500)));
+    EXPECT_NE(later->error().find("aborted: the test closed it"), std::string::npos)
+        << later->error();
+  });
+}
+
+TEST(GroupState, ATimeoutIsRecordedAsTheGroupsFirstFailure) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) return;
+        std::vector<float> buf(10, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        EXPECT_TRUE(work->failed());
+        auto [kind, message] = comm.firstFailure();
+        EXPECT_EQ(kind, GroupState::Failure::kTimeout);
+        EXPECT_NE(message.find("Timed out"), std::string::npos) << message;
+      },
+      std::chrono::milliseconds(300));
+}
+
+}  // namespace
+}  // namespace ddl::test

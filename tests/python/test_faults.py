@@ -122,3 +122,74 @@ def test_a_stopped_peer_gets_the_timeout_naming_it():
                     p.kill()
     assert code == 0, code
 
+
+
+def _aborted(rank, size, store, done):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+    from torch._C._distributed_c10d import ErrorType
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    assert backend.get_error() == ErrorType.SUCCESS
+    if rank == 1:  # stays alive, never joins the next all_reduce
+        deadline = time.time() + 60
+        while not os.path.exists(done) and time.time() < deadline:
+            time.sleep(0.05)
+        os._exit(0)
+    work = dist.all_reduce(x, async_op=True)
+    time.sleep(0.2)
+    assert not work.is_completed()
+    start = time.time()
+    backend.abort()
+    with pytest.raises(RuntimeError, match="abort\\(\\) was called"):
+        work.wait()
+    assert time.time() - start < 1.0
+    assert backend.get_error() == ErrorType.COMM_ERROR
+    start = time.time()
+    with pytest.raises(RuntimeError, match="abort\\(\\) was called"):
+        dist.all_reduce(x)
+    assert time.time() - start < 0.5
+    open(done, "w").close()
+    os._exit(0)
+
+
+def _timed_out(rank, size, store, done):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+    from torch._C._distributed_c10d import ErrorType
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=1))
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    if rank == 1:
+        deadline = time.time() + 60
+        while not os.path.exists(done) and time.time() < deadline:
+            time.sleep(0.05)
+        os._exit(0)
+    with pytest.raises(RuntimeError, match="Timed out"):
+        dist.all_reduce(torch.ones(10))
+    assert backend.get_error() == ErrorType.TIMEOUT
+    open(done, "w").close()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("body", [_aborted, _timed_out])
+def test_abort_fails_ops_in_flight_and_get_error_names_the_first_failure(body):
+    size = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        args = (size, os.path.join(tmp, "store"), os.path.join(tmp, "done"))
+        ctx = mp.start_processes(_entry, args=(body, *args), nprocs=size, join=False,
+                                 start_method="spawn")
+        try:
+            for p in ctx.processes:
+                p.join(90)
+            codes = [p.exitcode for p in ctx.processes]
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+    assert codes == [0, 0], codes

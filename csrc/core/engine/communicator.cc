@@ -234,6 +234,8 @@ std::pair<int, int> Communicator::hostRings() {
   return counts;
 }
 
+void Communicator::close(const std::string& reason) { group_->engine->closeGroup(group_, reason); }
+
 bool Communicator::offersAdoption(size_t count, DataType type) {
   const Config& c = config();
   if (!c.shareTensors || count * elementSize(type) < c.directMinBytes ||

@@ -64,6 +64,13 @@ class Communicator {
   // through shared-memory slots, and how many over messages (their ranks could not map each
   // other's windows). Asks the progress thread.
   std::pair<int, int> hostRings();
+  // Closes the group: its ops in flight fail now with `reason`, and so does every later one
+  // (abort(), shutdown()). Returns once they have failed.
+  void close(const std::string& reason);
+  // The group's first failed op: its kind and message (kNone while every op succeeded).
+  std::pair<GroupState::Failure, std::string> firstFailure() const {
+    return group_->state->firstFailure();
+  }
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);

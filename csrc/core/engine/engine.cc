@@ -187,6 +187,11 @@ bool Engine::drainSubmissions() {
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
+    std::string closed = (*it)->group().state->closed();
+    if (!closed.empty()) {
+      finishOp(it, closed);
+      continue;
+    }
     std::string lost = lostPeerOf(**it);
     if (!lost.empty()) {
       finishOp(it, lost);
@@ -235,7 +240,18 @@ bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
 
 }  // namespace
 
-void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error) {
+void Engine::closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason) {
+  group->state->close(reason);
+  call([&] {
+    for (auto it = active_.begin(); it != active_.end();) {
+      auto current = it++;
+      if (&(*current)->group() == group.get()) finishOp(current, reason);
+    }
+  });
+}
+
+void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
+                      bool timedOut) {
   std::unique_ptr<Op> op = std::move(*it);
   active_.erase(it);
   activeCount_.fetch_sub(1);
@@ -253,13 +269,19 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;
+  std::shared_ptr<GroupState> group = op->group().state;
   if (allDone(pending)) {
     op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
   } else {
     orphans_.push_back(Orphaned{std::move(op), std::move(pending)});
     orphanCount_.store(orphans_.size());
   }
-  work->finish(error.empty() ? "" : "ddl: " + where + " " + error);
+  if (!error.empty()) {
+    error = "ddl: " + where + " " + error;
+    group->recordFailure(
+        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication, error);
+  }
+  work->finish(error);
   // An op may wait on state another op releases (a group's shared windows): look again.
   for (auto& other : active_) other->checked_ = other->completions_ - 1;
 }
@@ -274,7 +296,7 @@ void Engine::checkDeadlines() {
                           ? op.describeTimeout()
                           : "Timed out after " + std::to_string(op.timeout().count()) +
                                 " ms: " + op.pendingPeers();
-    finishOp(current, why);
+    finishOp(current, why, true);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
                                 [](const Orphaned& o) { return allDone(o.requests); }),

@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "../shm/shared_buffers.h"
 #include "../transport/transport.h"
 #include "liveness.h"
 #include "op.h"
-#include "../shm/shared_buffers.h"
 
 namespace ddl {
 
@@ -62,6 +62,9 @@ class Engine {
   std::string transportName() const { return transportName_; }
   // Asks the transport on the progress thread (diagnostics only: it may open every device).
   std::vector<std::string> transportDevices();
+  // Closes `group` (GroupState::close) and fails its ops in flight at once with `reason`; ops
+  // submitted later fail as they start. Any thread; returns once done.
+  void closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason);
   // Diagnostics: ops in flight; failed ops kept until the transport lets go of their requests.
   size_t activeOps() const { return activeCount_.load(); }
   size_t orphanedOps() const { return orphanCount_.load(); }
@@ -76,7 +79,8 @@ class Engine {
   bool checkLiveness();
   // Why `op` cannot go on ("rank 2 is gone: ..."), or "" while every peer of its group lives.
   std::string lostPeerOf(const Op& op) const;
-  void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error);
+  void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
+                bool timedOut = false);
   void resume(Op& op);
   void sleep();
   void wake();

@@ -7,6 +7,28 @@
 
 namespace ddl {
 
+void GroupState::recordFailure(Failure kind, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (first_ != Failure::kNone) return;
+  first_ = kind;
+  firstMessage_ = message;
+}
+
+std::pair<GroupState::Failure, std::string> GroupState::firstFailure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {first_, firstMessage_};
+}
+
+void GroupState::close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_.empty()) closed_ = reason;
+}
+
+std::string GroupState::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
 Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
        std::chrono::milliseconds timeout, std::shared_ptr<Work> work)
     : work(std::move(work)),

@@ -8,6 +8,7 @@
 #include <coroutine>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,23 @@ namespace ddl {
 class Engine;
 struct SharedRing;
 
+// What became of a group (any thread; the engine records, the torch glue asks): its first
+// failed op, and whether it was closed (abort(), shutdown()), after which every op fails at once.
+class GroupState {
+ public:
+  enum class Failure { kNone, kTimeout, kCommunication };
+  void recordFailure(Failure kind, const std::string& message);
+  std::pair<Failure, std::string> firstFailure() const;
+  void close(const std::string& reason);
+  std::string closed() const;  // why, or "" while open
+
+ private:
+  mutable std::mutex mutex_;
+  Failure first_ = Failure::kNone;
+  std::string firstMessage_;
+  std::string closed_;
+};
+
 // A communicator's membership as the engine needs it: shared by the communicator and its ops, so
 // an op outlives a group destroyed while it is in flight.
 struct Group {
@@ -33,6 +51,7 @@ struct Group {
   // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
+  std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
 };
 
 class Op {
