@@ -74,7 +74,7 @@ bench: build
 
 # Across hosts emulated with network namespaces (root; iproute2): 2x2 and 2x4 hosts x ranks at
 # 1 Gbit/s, and 2 racks x 2 hosts x 2 ranks behind 500 Mbit/s uplinks. Tables and PNGs go to
-# benchmarks/results/ (about 8 minutes).
+# benchmarks/results/ (about 15 minutes on 2 cores).
 $(CLUSTER_TOOLS):
 	@if [ "$$(id -u)" != 0 ]; then echo "note: emulating hosts needs root and iproute2" >&2; exit 0; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null

@@ -75,6 +75,13 @@ def main():
     except RuntimeError as error:
         assert f"rank {args.victim}" in str(error), str(error)
     assert time.time() - start < 0.5
+    # Stay until every survivor has noticed: a survivor that exits first is a dead peer too, and
+    # one still waiting would rightly name it instead.
+    open(f"{args.stamp}.{rank}", "w").close()
+    deadline = time.time() + 30
+    while time.time() < deadline and not all(
+            os.path.exists(f"{args.stamp}.{r}") for r in range(size) if r != args.victim):
+        time.sleep(0.01)
     os._exit(0)  # no destroy: the group has a dead member
 
 
