@@ -13,13 +13,17 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-import torch_ddl  # noqa: F401
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddl_testing import fault_call  # noqa: E402
+
+import torch_ddl  # noqa: E402,F401
 
 
 def main():
@@ -33,15 +37,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("ddl", timeout=timedelta(seconds=60))
     rank, size = dist.get_rank(), dist.get_world_size()
-    x = torch.ones(1 << 20)
-    outs = [torch.empty_like(x) for _ in range(size)]
-    calls = {
-        "all_reduce": lambda: dist.all_reduce(x),
-        "broadcast": lambda: dist.broadcast(x, src=0),
-        "all_gather": lambda: dist.all_gather(outs, x),
-        "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),
-    }
-    call = calls[args.op]
+    call = fault_call(args.op, size)
     if rank == args.victim:
         for _ in range(3):
             call()

@@ -61,6 +61,20 @@ def run_ranks(fn, world_size, *args, timeout=240):
                     p.kill()
 
 
+def fault_call(op, size):
+    """A 4 MiB collective of the default group by name (all_reduce, broadcast, all_gather,
+    reduce_scatter), as the fault tests call it again and again."""
+    x = torch.ones(1 << 20)
+    outs = [torch.empty_like(x) for _ in range(size)]
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "broadcast": lambda: dist.broadcast(x, src=0),
+        "all_gather": lambda: dist.all_gather(outs, x),
+        "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),
+    }
+    return calls[op]
+
+
 def make_input(dtype, op, rank, size, n):
     """Small integers, exact in every dtype, whose reductions over 4 ranks cannot overflow."""
     g = torch.Generator().manual_seed(1000 * rank + 17 * size + n)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ddl_testing import fault_call
 
 TIMEOUT = timedelta(seconds=60)
 BOUND_S = 2.0
@@ -24,15 +25,7 @@ def _rank(rank, size, victim, how, op, store, stamp):
 
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=TIMEOUT)
-    x = torch.ones(1 << 20)
-    outs = [torch.empty_like(x) for _ in range(size)]
-    calls = {
-        "all_reduce": lambda: dist.all_reduce(x),
-        "broadcast": lambda: dist.broadcast(x, src=0),
-        "all_gather": lambda: dist.all_gather(outs, x),
-        "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),
-    }
-    call = calls[op]
+    call = fault_call(op, size)
     for _ in range(5):
         call()
     if rank == victim:
