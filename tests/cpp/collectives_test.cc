@@ -380,8 +380,13 @@ TEST(Collectives, RanksThatDisagreeOnSizesAllFailSayingSo) {
       check(comm.allreduce(ok.data(), ok.size(), DataType::kFloat32, ReduceOp::kSum));
       EXPECT_EQ(ok[9], 2.0f);
     });
-    const std::string& both = errors[0] + " | " + errors[1];
-    EXPECT_NE(both.find("different sizes or dtypes"), std::string::npos) << both;
+    // Each rank names both calls.
+    const std::string other = second == DataType::kFloat32 ? "200 x float32" : "100 x float64";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find("the ranks' calls differ"), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("allreduce(SUM, 100 x float32)"), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("allreduce(SUM, " + other + ")"), std::string::npos) << errors[r];
+    }
   }
 }
 
@@ -493,7 +498,7 @@ TEST(Collectives, BadInputIsRejectedBeforeSending) {
       EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
     }
     EXPECT_THROW((void)comm.broadcast(buf.data(), 4, DataType::kFloat32, 5), Error);
-    EXPECT_EQ(comm.sequenceNumber(), 0u);  // nothing was started
+    EXPECT_EQ(comm.sequenceNumber(), 2u);  // each refusal takes its place in the sequence
     check(comm.barrier());
   });
 }
@@ -711,19 +716,23 @@ TEST(SharedRing, DisagreeingCountsFailFastAndBreakTheRing) {
         second[comm.rank()] = w->error();
       },
       std::chrono::seconds(20));
-  EXPECT_NE(first[1].find("rank 0 allreduces 1000 elements, this rank 2000"), std::string::npos)
-      << first[1];
-  EXPECT_NE(first[0].find("rank 1 allreduces 2000 elements, this rank 1000"), std::string::npos)
-      << first[0];
+  // The call check finds it first (the ring's own check of the counts is behind it). Whether
+  // the ring stays usable depends on how far each rank got before it learned (a rank that wrote
+  // into its neighbour's inbox breaks it); either way the second op fails on both, in time.
+  for (const std::string& e : first) {
+    EXPECT_NE(e.find("allreduce(SUM, 1000 x float32)"), std::string::npos) << e;
+    EXPECT_NE(e.find("allreduce(SUM, 2000 x float32)"), std::string::npos) << e;
+  }
   for (const std::string& e : second) {
-    EXPECT_NE(e.find("shared-memory ring of this group is unusable: allreduce op #1"),
-              std::string::npos)
+    EXPECT_TRUE(e.find("shared-memory ring of this group is unusable: allreduce op #1") !=
+                    std::string::npos ||
+                e.find("the ranks' calls differ") != std::string::npos)
         << e;
   }
 }
 
-TEST(SharedRing, AGiveUpTravelsAroundTheRing) {
-  // Only ranks 2 and 0 see a neighbour with another count; rank 1 learns from rank 0.
+TEST(SharedRing, EveryRankLearnsOfADisagreement) {
+  // Only ranks 2 and 0 see a neighbour with another count; rank 1 learns it from a notice.
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}});
   SharedRingWorld world(3);
   std::vector<std::string> errors(3);
@@ -735,9 +744,14 @@ TEST(SharedRing, AGiveUpTravelsAroundTheRing) {
         errors[comm.rank()] = w->error();
       },
       std::chrono::seconds(20));
-  EXPECT_NE(errors[0].find("rank 2 allreduces 3000 elements"), std::string::npos) << errors[0];
-  EXPECT_NE(errors[1].find("rank 0 abandoned it"), std::string::npos) << errors[1];
-  EXPECT_NE(errors[2].find("rank 1 allreduces 6000 elements"), std::string::npos) << errors[2];
+  // Ranks 0 and 2 find it in their neighbour's call check; rank 1 in its own or in a notice.
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("the ranks' calls differ"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("called allreduce(SUM, 3000 x float32)"), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("called allreduce(SUM, 6000 x float32)"), std::string::npos)
+        << errors[r];
+  }
 }
 
 TEST(SharedRing, TimeoutNamesTheMissingRank) {
@@ -818,6 +832,7 @@ TEST(Direct, DisagreeingCountsFailEveryRankAndBreakNothing) {
   world.run(
       [&](Communicator& comm) {
         SharedBuffer b(comm.engine(), 40000 * sizeof(float));
+        fillAndSum(comm, floats(b), 40000, 3);  // sets up the windows
         size_t count = comm.rank() == 2 ? 30000 : 40000;
         auto w = comm.allreduce(floats(b), count, DataType::kFloat32, ReduceOp::kSum);
         w->wait();
@@ -825,12 +840,11 @@ TEST(Direct, DisagreeingCountsFailEveryRankAndBreakNothing) {
         fillAndSum(comm, floats(b), 40000, 3);
       },
       std::chrono::seconds(20));
-  EXPECT_NE(errors[0].find("rank 2 allreduces 30000 elements, this rank 40000"), std::string::npos)
-      << errors[0];
-  EXPECT_NE(errors[1].find("rank 2 allreduces 30000 elements, this rank 40000"), std::string::npos)
-      << errors[1];
-  EXPECT_NE(errors[2].find("rank 0 allreduces 40000 elements, this rank 30000"), std::string::npos)
-      << errors[2];
+  // Every rank sees every rank's call check before its offer: all fail before any byte moves.
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("allreduce(SUM, 30000 x float32)"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("allreduce(SUM, 40000 x float32)"), std::string::npos) << errors[r];
+  }
 }
 
 TEST(Direct, OpsInFlightOnSeveralBuffersAndTwiceOnOne) {
@@ -989,6 +1003,99 @@ TEST(GroupState, ATimeoutIsRecordedAsTheGroupsFirstFailure) {
         EXPECT_NE(message.find("Timed out"), std::string::npos) << message;
       },
       std::chrono::milliseconds(300));
+}
+
+TEST(GroupState, ATimeoutFailsTheGroupOnEveryRank) {
+  // Rank 2 comes late: ranks 0 and 1 time out; when rank 2 calls, it fails at once with their
+  // words, and so does every later op, on every rank.
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> buf(10, 1.0f);
+        if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        auto start = std::chrono::steady_clock::now();
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        EXPECT_TRUE(work->failed());
+        if (comm.rank() == 2) {
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+          EXPECT_NE(work->error().find("reports: Timed out after 300 ms"), std::string::npos)
+              << work->error();
+        }
+        EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kTimeout);
+        auto later = comm.barrier();
+        ASSERT_TRUE(later->wait(std::chrono::milliseconds(100)));
+        EXPECT_NE(later->error().find("the group failed earlier"), std::string::npos)
+            << later->error();
+      },
+      std::chrono::milliseconds(300));
+}
+
+TEST(CallCheck, EveryRankNamingItselfTheRootFails) {
+  // Nobody receives anything: only the call check can see it.
+  std::vector<std::string> errors(3);
+  runRanks(3, [&](Communicator& comm) {
+    std::vector<float> buf(100, 1.0f);
+    auto work = comm.broadcast(buf.data(), buf.size(), DataType::kFloat32, comm.rank());
+    work->wait();
+    errors[comm.rank()] = work->error();
+    check(comm.barrier());  // the group goes on
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("broadcast(100 x float32 from rank"), std::string::npos) << e;
+  }
+}
+
+TEST(CallCheck, ARefusalOnOneRankEndsTheOpEverywhereAndTheGroupGoesOn) {
+  // Rank 0 refuses its arguments; ranks 1 and 2, in a large allreduce, fail at once naming it.
+  std::vector<std::string> errors(3);
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 18, 1.0f);
+        auto start = std::chrono::steady_clock::now();
+        if (comm.rank() == 0) {
+          EXPECT_THROW(
+              (void)comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kBand),
+              Error);
+        } else {
+          auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+          errors[comm.rank()] = work->error();
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+        }
+        for (int i = 0; i < 2; ++i) {
+          std::fill(buf.begin(), buf.end(), 1.0f);
+          check(comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum));
+          EXPECT_EQ(buf.back(), 3.0f);
+        }
+      },
+      std::chrono::seconds(30));
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_NE(
+        errors[r].find("rank 0 reports: rank 0 refused its call to allreduce: reduce op BAND"),
+        std::string::npos)
+        << errors[r];
+  }
+}
+
+TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
+  CallPrint p = callPrint(Collective::kReduce, 7, DataType::kInt64, ReduceOp::kMax, 2);
+  EXPECT_EQ(p.describe(), "reduce(MAX, 7 x int64 to rank 2)");
+  EXPECT_EQ(callPrint(Collective::kBarrier).describe(), "barrier()");
+  Notice n;
+  n.sequence = 41;
+  n.scope = Notice::Scope::kGroupTimeout;
+  n.from = 3;
+  n.text = std::string(5000, 'x');
+  std::string bytes = n.encode();
+  EXPECT_LE(bytes.size(), Notice::kMaxBytes);
+  std::optional<Notice> back = Notice::decode(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->sequence, 41u);
+  EXPECT_EQ(back->from, 3);
+  EXPECT_EQ(back->scope, Notice::Scope::kGroupTimeout);
+  EXPECT_FALSE(Notice::decode(bytes.data(), 3).has_value());
 }
 
 }  // namespace

@@ -50,12 +50,12 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
                      PipelineSettings settings, SharedAllreduce mode, Adoptable adoptable = {});
 
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
-// Called by allreduceShared while it holds the ring's turn, which `releaseTurn` gives up; sets
-// *used to false, having moved no data, when some rank's tensor is not in a shared buffer.
+// Called by allreduceShared while it holds the ring's turn, which it gives up; sets *used to
+// false, having moved no data, when some rank's tensor is not in a shared buffer.
 struct SharedRing;
+class SharedRingTurn;
 Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     SharedRing& ring, bool required, std::function<void()> releaseTurn,
-                     bool* used);
+                     SharedRing& ring, bool required, SharedRingTurn& turn, bool* used);
 
 // allreduce_recursive_doubling.cc: log2(P) full exchanges; non-powers of two fold first. The
 // second form runs among `ranks` only (others return at once), in tag steps from firstStep on.

@@ -65,8 +65,7 @@ std::string listRanks(const std::vector<int>& ranks) {
 }  // namespace
 
 Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     SharedRing& ring, bool required, std::function<void()> releaseTurn,
-                     bool* used) {
+                     SharedRing& ring, bool required, SharedRingTurn& turn, bool* used) {
   *used = false;
   const int n = op.size();
   const int rank = op.rank();
@@ -100,12 +99,14 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     requests.push_back(
         op.recvUpTo(j, tag::slot(kPhase, kOfferStep), incoming[j].data(), kMaxOffer));
   }
+  // Until every offer is in, no rank touches another's buffer: a failure here breaks nothing.
+  turn.setClean(true);
   co_await op.all(requests);
   std::atomic_thread_fence(std::memory_order_acquire);
 
   // Errors before any rank touches another's buffer leave the windows usable by later ops.
   auto refuse = [&](std::string message) {
-    releaseTurn();
+    turn.release();
     return Error(std::move(message));
   };
   std::vector<Offer> offers(n);
@@ -219,6 +220,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     if (shared) ring.offered.insert(mine.serial);
   }
   *used = true;
+  turn.setClean(false);
 
   if (failure.empty()) {
     const Range chunk = splitEven(count, n)[rank];
@@ -236,7 +238,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     }
   }
   // Later ops may take the windows now: their offers leave after this rank's writes.
-  releaseTurn();
+  turn.release();
 
   const uint8_t ok = failure.empty() ? 1 : 0;
   std::vector<uint8_t> peersOk(n, 1);

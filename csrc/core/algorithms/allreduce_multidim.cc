@@ -187,6 +187,7 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
     turn.emplace(shared, op);
     co_await op.until([&turn] { return turn->ready(); });
     if (shared.status == SharedRing::Status::kBroken) throw Error(shared.broken);
+    turn->setClean(false);  // setting up windows, then writing into them
     for (const HostRing& h : host) {
       auto it = shared.levelRings.find(h.key);
       if (it == shared.levelRings.end()) {

@@ -59,8 +59,10 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (ring.status == SharedRing::Status::kBroken) throw Error(ring.broken);
   if (ring.status == SharedRing::Status::kUnknown) {
     std::vector<int> everyone = naturalRing(n, false).order;
+    turn.setClean(false);  // a setup cut short leaves the ranks disagreeing on the windows
     co_await setUpSlotWindows(op, ring.windows, std::move(everyone), settings.segmentBytes,
                               std::max<size_t>(2 * settings.depth, 2), 0);
+    turn.setClean(true);
     ring.status =
         ring.windows.ready ? SharedRing::Status::kReady : SharedRing::Status::kUnavailable;
   }
@@ -78,9 +80,8 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
       (mode == SharedAllreduce::kAuto &&
        (ring.lastAllShared || count * es >= settings.directMinBytes))) {
     bool used = false;
-    std::function<void()> releaseTurn = [&turn] { turn.release(); };
     co_await allreduceDirect(op, data, count, type, reduce, ring, mode == SharedAllreduce::kDirect,
-                             releaseTurn, &used);
+                             turn, &used);
     if (used) co_return;
   }
   if (settings.segmentBytes < es) {  // slots too small for one element
@@ -89,6 +90,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     co_return;
   }
 
+  turn.setClean(false);  // from here on, bytes land in the next rank's inbox
   const int rank = op.rank();
   RingSchedule schedule;
   schedule.ring = naturalRing(n, false);

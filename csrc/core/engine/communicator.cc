@@ -87,6 +87,14 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
   }
 }
 
+// A collective's body, then the call check: the op completes only once every print it sent and
+// asked for is done (a print that differs fails it as soon as it arrives: Op::observe).
+Task checkedCall(Op& op, Task body) {
+  op.startCallCheck();
+  co_await body;
+  co_await op.all(op.callCheckRequests());
+}
+
 uint64_t pointToPointSlot(uint32_t userTag) {
   const uint32_t high = userTag >> tag::kSequenceBits;
   return tag::slot(tag::kPointToPointPhase + (high >> tag::kStepBits), high);
@@ -139,6 +147,7 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
     if (r != rank) addresses[r] = store.get(key + "address/" + std::to_string(r));
   }
   group->peers = engine.connect(addresses);
+  engine.openControl(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
   store.set(key + "process/" + std::to_string(rank), ProcessIdentity::self().encode());
   std::vector<ProcessIdentity> identities(size);
@@ -177,6 +186,23 @@ Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::millisecon
           hierarchical_ ? planBlockStages(topology_, false) : std::vector<BlockStage>{})),
       reduceScatterStages_(std::make_shared<const std::vector<BlockStage>>(
           hierarchical_ ? planBlockStages(topology_, true) : std::vector<BlockStage>{})) {}
+
+Communicator::~Communicator() { Engine::closeControl(group_->engine, group_->control); }
+
+void Communicator::reject(const char* name, const std::string& why) noexcept {
+  const auto sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
+  try {
+    Engine::refuseOp(
+        group_->engine, group_, sequence,
+        "rank " + std::to_string(rank()) + " refused its call to " + name + ": " + why);
+  } catch (...) {  // out of memory: the others time out instead
+  }
+}
+
+void Communicator::refuse(const char* name, const std::string& what) {
+  reject(name, what);
+  throw Error(where(name) + ": " + what);
+}
 
 PlanRequest Communicator::planRequest() {
   const Config& c = config();
@@ -251,19 +277,25 @@ std::string Communicator::where(const char* name) const {
          " of " + std::to_string(size()) + ")";
 }
 
-std::shared_ptr<Work> Communicator::start(const char* name, CallOptions& options,
+std::shared_ptr<Work> Communicator::start(const CallPrint& print, const char* name,
+                                          CallOptions& options,
                                           const std::function<Task(Op&)>& body) {
-  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), name, options, body);
+  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &print, name, options, body);
 }
 
-std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const char* name,
-                                            CallOptions& options,
+std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* print,
+                                            const char* name, CallOptions& options,
                                             const std::function<Task(Op&)>& body) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
   op->setMemory(memoryFor(options.memory, options.device));
-  op->task = body(*op);
+  if (print != nullptr && size() > 1) {
+    op->setPrint(*print);
+    op->task = checkedCall(*op, body(*op));
+  } else {
+    op->task = body(*op);
+  }
   if (!options.deferStart) {
     group_->engine->submit(std::move(op));
     return work;
@@ -277,43 +309,46 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const char* name,
 std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType type,
                                               ReduceOp reduce, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) throw Error(where("allreduce") + ": " + bad);
+  if (!bad.empty()) refuse("allreduce", bad);
   checkedBytes("allreduce", count, type);
   const Adoptable adoptable = options.adoptable;
   std::shared_ptr<const AllreducePlan> plan = options.plan;
   if (!plan) {
     plan = allreducePlan(count, type);
   } else if (plan->count != count || plan->elementSize != elementSize(type)) {
-    throw Error(where("allreduce") + ": the plan given is for " + std::to_string(plan->count) +
-                " elements of " + std::to_string(plan->elementSize) + " bytes");
+    refuse("allreduce", "the plan given is for " + std::to_string(plan->count) + " elements of " +
+                            std::to_string(plan->elementSize) + " bytes");
   } else {
-    checkPlan(*plan, size());
+    try {
+      checkPlan(*plan, size());
+    } catch (const Error& e) {
+      refuse("allreduce", e.what());
+    }
   }
-  return start("allreduce", options, [=](Op& op) {
-    return allreduceTask(op, data, count, type, reduce, adoptable, plan);
-  });
+  return start(
+      callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,
+      [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); });
 }
 
-size_t Communicator::checkedBytes(const char* name, size_t count, DataType type,
-                                  size_t times) const {
+size_t Communicator::checkedBytes(const char* name, size_t count, DataType type, size_t times) {
   if (!fits(count, type, times)) {  // the message is built only when it is needed
-    throw Error(where(name) + ": " + std::to_string(count) + " elements of " + dataTypeName(type) +
-                " overflow the address space");
+    refuse(name, std::to_string(count) + " elements of " + dataTypeName(type) +
+                     " overflow the address space");
   }
   return count * elementSize(type);
 }
 
-void Communicator::checkRoot(const char* name, int root) const {
-  if (root < 0 || root >= size()) {
-    throw Error(where(name) + ": rank " + std::to_string(root) + " is not a rank of it");
-  }
+void Communicator::checkRoot(const char* name, int root) {
+  if (root < 0 || root >= size())
+    refuse(name, "rank " + std::to_string(root) + " is not a rank of it");
 }
 
 std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType type, int root,
                                               CallOptions options) {
   checkRoot("broadcast", root);
   size_t bytes = checkedBytes("broadcast", count, type);
-  return start("broadcast", options,
+  return start(callPrint(Collective::kBroadcast, count, type, std::nullopt, root), "broadcast",
+               options,
                [=, place = broadcastTreePlace(topology_, root, rank(), hierarchical_)](Op& op) {
                  return broadcastTree(op, data, bytes, place, pipelineSettings(op));
                });
@@ -322,48 +357,53 @@ std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
   size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
-  return start("allgather", options, [=, stages = allgatherStages_](Op& op) {
-    if (!stages->empty()) {
-      return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
-    }
-    return allgatherRing(op, in, out, bytes, pipelineSettings(op));
-  });
+  return start(callPrint(Collective::kAllgather, count, type), "allgather", options,
+               [=, stages = allgatherStages_](Op& op) {
+                 if (!stages->empty()) {
+                   return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
+                 }
+                 return allgatherRing(op, in, out, bytes, pipelineSettings(op));
+               });
 }
 
 std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,
                                                      std::shared_ptr<VaryingBlocks> out,
                                                      CallOptions options) {
-  if (!out) throw Error(where("allgather") + ": no output blocks given");
-  return start("allgather", options, [=](Op& op) {
+  if (!out) refuse("allgather", "no output blocks given");
+  return start(callPrint(Collective::kAllgatherVarying), "allgather", options, [=](Op& op) {
     return allgatherVaryingRing(op, in, bytes, out, pipelineSettings(op));
   });
 }
 
 std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
-  return start("barrier", options, [](Op& op) { return barrierDissemination(op); });
+  return start(callPrint(Collective::kBarrier), "barrier", options,
+               [](Op& op) { return barrierDissemination(op); });
 }
 
 std::shared_ptr<Work> Communicator::monitoredBarrier(bool waitAll, CallOptions options) {
-  return start("monitored_barrier", options, [=](Op& op) { return barrierMonitored(op, waitAll); });
+  // A diagnostic with its own protocol and error words: no call check, no notices.
+  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), nullptr, "monitored_barrier",
+                 options, [=](Op& op) { return barrierMonitored(op, waitAll); });
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, DataType type,
                                                   ReduceOp reduce, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) throw Error(where("reduce_scatter") + ": " + bad);
+  if (!bad.empty()) refuse("reduce_scatter", bad);
   checkedBytes("reduce_scatter", count, type, static_cast<size_t>(size()));
-  return start("reduce_scatter", options, [=, stages = reduceScatterStages_](Op& op) {
-    return reduceScatterTask(op, data, count, type, reduce, stages);
-  });
+  return start(callPrint(Collective::kReduceScatter, count, type, reduce), "reduce_scatter",
+               options, [=, stages = reduceScatterStages_](Op& op) {
+                 return reduceScatterTask(op, data, count, type, reduce, stages);
+               });
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType type,
                                            ReduceOp reduce, int root, CallOptions options) {
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) throw Error(where("reduce") + ": " + bad);
+  if (!bad.empty()) refuse("reduce", bad);
   checkRoot("reduce", root);
   checkedBytes("reduce", count, type);
-  return start("reduce", options,
+  return start(callPrint(Collective::kReduce, count, type, reduce, root), "reduce", options,
                [=](Op& op) { return reduceTask(op, in, out, count, type, reduce, root); });
 }
 
@@ -371,14 +411,16 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
                                            int root, CallOptions options) {
   checkRoot("gather", root);
   size_t bytes = checkedBytes("gather", count, type, static_cast<size_t>(size()));
-  return start("gather", options, [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
+  return start(callPrint(Collective::kGather, count, type, std::nullopt, root), "gather", options,
+               [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType type,
                                             int root, CallOptions options) {
   checkRoot("scatter", root);
   size_t bytes = checkedBytes("scatter", count, type, static_cast<size_t>(size()));
-  return start("scatter", options, [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
+  return start(callPrint(Collective::kScatter, count, type, std::nullopt, root), "scatter", options,
+               [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, AlltoallLayout layout,
@@ -386,25 +428,29 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, Alltoall
   const size_t n = static_cast<size_t>(size());
   if (layout.sendOffsets.size() != n || layout.sendBytes.size() != n ||
       layout.recvOffsets.size() != n || layout.recvBytes.size() != n) {
-    throw Error(where("all_to_all") + ": the layout must name one block per rank");
+    refuse("all_to_all", "the layout must name one block per rank");
   }
-  return start("all_to_all", options,
+  return start(callPrint(Collective::kAlltoall), "all_to_all", options,
                [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
 }
 
 std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int peer, uint32_t userTag,
                                          CallOptions options) {
-  checkRoot("send", peer);
+  if (peer < 0 || peer >= size()) {  // point to point: outside the sequence, nobody to tell
+    throw Error(where("send") + ": rank " + std::to_string(peer) + " is not a rank of it");
+  }
   if (peer == rank()) throw Error(where("send") + ": a rank cannot send to itself");
-  return startAt(userTag, "send", options,
+  return startAt(userTag, nullptr, "send", options,
                  [=](Op& op) { return sendTask(op, data, bytes, peer, userTag); });
 }
 
 std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int peer, uint32_t userTag,
                                          CallOptions options) {
-  if (peer != -1) checkRoot("recv", peer);
+  if (peer < -1 || peer >= size()) {
+    throw Error(where("recv") + ": rank " + std::to_string(peer) + " is not a rank of it");
+  }
   if (peer == rank()) throw Error(where("recv") + ": a rank cannot receive from itself");
-  return startAt(userTag, "recv", options,
+  return startAt(userTag, nullptr, "recv", options,
                  [=](Op& op) { return recvTask(op, data, bytes, peer, userTag); });
 }
 

@@ -49,6 +49,8 @@ class Communicator {
                                               int size, std::chrono::milliseconds timeout,
                                               const Topology* simulated = nullptr);
 
+  ~Communicator();
+
   int rank() const { return group_->rank; }
   int size() const { return group_->size; }
   uint32_t id() const { return group_->id; }
@@ -67,6 +69,11 @@ class Communicator {
   // Closes the group: its ops in flight fail now with `reason`, and so does every later one
   // (abort(), shutdown()). Returns once they have failed.
   void close(const std::string& reason);
+  // A caller whose collective `name` refused its arguments before calling it here (the torch
+  // glue's checks) tells the other ranks: the op they are in fails with `why`, and the group
+  // goes on. Takes the op's place in the sequence. The collectives below do this themselves
+  // for the arguments they check.
+  void reject(const char* name, const std::string& why) noexcept;
   // The group's first failed op: its kind and message (kNone while every op succeeded).
   std::pair<GroupState::Failure, std::string> firstFailure() const {
     return group_->state->firstFailure();
@@ -119,14 +126,17 @@ class Communicator {
  private:
   Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout, Topology topology,
                LinkCosts links);
-  std::shared_ptr<Work> start(const char* name, CallOptions& options,
+  // A collective: numbered, checked against the other ranks' calls (control.h).
+  std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
                               const std::function<Task(Op&)>& body);
-  std::shared_ptr<Work> startAt(uint32_t sequence, const char* name, CallOptions& options,
-                                const std::function<Task(Op&)>& body);
+  std::shared_ptr<Work> startAt(uint32_t sequence, const CallPrint* print, const char* name,
+                                CallOptions& options, const std::function<Task(Op&)>& body);
   std::string where(const char* name) const;
-  void checkRoot(const char* name, int root) const;
-  // count * elementSize(type); throws when `times` such blocks overflow size_t.
-  size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1) const;
+  // Bad arguments: the other ranks are told (reject) and the caller gets an Error.
+  [[noreturn]] void refuse(const char* name, const std::string& what);
+  void checkRoot(const char* name, int root);
+  // count * elementSize(type); refuses when `times` such blocks overflow size_t.
+  size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
   std::shared_ptr<const Group> group_;
   std::chrono::milliseconds timeout_;

@@ -11,6 +11,7 @@
 
 #include "../types.h"
 #include "config.h"
+#include "tag.h"
 
 namespace ddl {
 
@@ -167,7 +168,7 @@ bool Engine::checkLiveness() {
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
     std::string why = lostPeerOf(**current);
-    if (!why.empty()) finishOp(current, why);
+    if (!why.empty()) finishOp(current, why, Cause::kLost);
   }
   return found;
 }
@@ -187,15 +188,27 @@ bool Engine::drainSubmissions() {
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
-    std::string closed = (*it)->group().state->closed();
-    if (!closed.empty()) {
-      finishOp(it, closed);
+    std::string refused = (*it)->group().state->refusal();
+    if (!refused.empty()) {
+      finishOp(it, refused, Cause::kRefused);
       continue;
     }
     std::string lost = lostPeerOf(**it);
     if (!lost.empty()) {
-      finishOp(it, lost);
+      finishOp(it, lost, Cause::kLost);
       continue;
+    }
+    GroupControl* control = (*it)->group().control.get();
+    if ((*it)->checksCall() && control != nullptr) {
+      control->started = std::max<int64_t>(control->started, (*it)->sequence());
+      auto early = control->early.find((*it)->sequence());
+      if (early != control->early.end()) {
+        Notice notice = std::move(early->second);
+        control->early.erase(early);
+        finishOp(it, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
+                 causeOf(notice));
+        continue;
+      }
     }
     resume(**it);
     if ((*it)->task.done() || !(*it)->failure().empty()) finishOp(it, "");
@@ -245,13 +258,12 @@ void Engine::closeGroup(const std::shared_ptr<const Group>& group, const std::st
   call([&] {
     for (auto it = active_.begin(); it != active_.end();) {
       auto current = it++;
-      if (&(*current)->group() == group.get()) finishOp(current, reason);
+      if (&(*current)->group() == group.get()) finishOp(current, reason, Cause::kRefused);
     }
   });
 }
 
-void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
-                      bool timedOut) {
+void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error, Cause cause) {
   std::unique_ptr<Op> op = std::move(*it);
   active_.erase(it);
   activeCount_.fetch_sub(1);
@@ -266,10 +278,34 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
       error = e.what();
     }
   }
+  // An op that another rank refused to start cannot have finished anywhere: what it shares may
+  // be given up without doubt (shm/shared_ring.h).
+  op->endsCleanly_ = cause == Cause::kNoticeRefusal;
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;
   std::shared_ptr<GroupState> group = op->group().state;
+  if (!error.empty() && op->checksCall() && op->group().control != nullptr) {
+    GroupControl& control = *op->group().control;
+    // The others learn what ended it here; the messages they sent it are discarded.
+    const bool told = cause == Cause::kOwn || cause == Cause::kTimeout || cause == Cause::kLost;
+    if (told && control.open && op->size() > 1) {
+      Notice notice;
+      notice.sequence = op->sequence();
+      notice.scope = cause == Cause::kTimeout ? Notice::Scope::kGroupTimeout
+                     : cause == Cause::kLost  ? Notice::Scope::kGroup
+                                              : Notice::Scope::kOp;
+      notice.from = op->rank();
+      notice.text = error;
+      sendNotice(control, notice);
+    }
+    buryOp(control, op->sequence());
+  }
+  const bool timedOut = cause == Cause::kTimeout || cause == Cause::kNoticeTimeout;
+  // A collective that timed out or lost a peer fails its group: the ranks no longer agree on
+  // what was done (monitored barriers and point-to-point ops, which have no call check, leave it
+  // usable, as their callers expect).
+  const bool groupFails = op->checksCall() && (cause == Cause::kTimeout || cause == Cause::kLost);
   if (allDone(pending)) {
     op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
   } else {
@@ -277,9 +313,14 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
     orphanCount_.store(orphans_.size());
   }
   if (!error.empty()) {
+    const auto kind =
+        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication;
+    if (groupFails) {
+      group->fail(kind, where + " " + error);
+      refusalsPending_ = true;
+    }
     error = "ddl: " + where + " " + error;
-    group->recordFailure(
-        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication, error);
+    group->recordFailure(kind, error);
   }
   work->finish(error);
   // An op may wait on state another op releases (a group's shared windows): look again.
@@ -296,12 +337,181 @@ void Engine::checkDeadlines() {
                           ? op.describeTimeout()
                           : "Timed out after " + std::to_string(op.timeout().count()) +
                                 " ms: " + op.pendingPeers();
-    finishOp(current, why, true);
+    finishOp(current, why, Cause::kTimeout);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
                                 [](const Orphaned& o) { return allDone(o.requests); }),
                  orphans_.end());
   orphanCount_.store(orphans_.size());
+}
+
+void Engine::failRefusedOps() {
+  refusalsPending_ = false;
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    std::string refused = (*current)->group().state->refusal();
+    if (!refused.empty()) finishOp(current, refused, Cause::kRefused);
+  }
+}
+
+void Engine::openControl(const std::shared_ptr<Group>& group) {
+  auto control = std::make_shared<GroupControl>();
+  control->engine = this;
+  control->group = group.get();
+  control->groupId = group->id;
+  control->open = true;
+  group->control = control;
+  if (group->size < 2) return;
+  call([&] {
+    controls_.push_back(control);
+    postNoticeReceive(*control);
+  });
+}
+
+void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control) {
+  if (!control) return;
+  postIfAlive(engine, [engine, control] {
+    control->open = false;
+    control->early.clear();
+    if (control->receive && !control->receive->done) {
+      engine->transport_->cancel(control->receive.get());
+    }
+  });
+}
+
+void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
+                      std::string text) {
+  if (group->size < 2 || !group->control) return;
+  postIfAlive(engine, [engine, group, sequence, text = std::move(text)] {
+    GroupControl& control = *group->control;
+    if (!control.open) return;
+    control.started = std::max<int64_t>(control.started, sequence);
+    Notice notice;
+    notice.sequence = sequence;
+    notice.scope = Notice::Scope::kRefusal;
+    notice.from = group->rank;
+    notice.text = text;
+    engine->sendNotice(control, notice);
+    engine->buryOp(control, sequence);
+  });
+}
+
+void Engine::postNoticeReceive(GroupControl& control) {
+  control.received = false;
+  control.receive = std::make_unique<Request>();
+  control.receive->owner = &control;
+  control.receive->observer = &Engine::onNotice;
+  const uint64_t t =
+      tag::make(control.groupId, 0, tag::slot(tag::kControlPhase, tag::kNoticeStep), 0);
+  transport_->recv(t, tag::kGroupAndSlot, control.buffer.data(), control.buffer.size(),
+                   control.receive.get());
+}
+
+void Engine::onNotice(Request* req) {
+  auto* control = static_cast<GroupControl*>(req->owner);
+  control->received = true;
+  if (!req->failed) {
+    std::optional<Notice> notice = Notice::decode(control->buffer.data(), req->receivedBytes);
+    if (notice) control->arrived.push_back(std::move(*notice));
+  }
+  control->engine->noticesArrived_ = true;
+}
+
+void Engine::sendNotice(GroupControl& control, const Notice& notice) {
+  const Group& group = *control.group;
+  const std::string bytes = notice.encode();
+  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
+  for (int r = 0; r < group.size; ++r) {
+    if (r == group.rank) continue;
+    GroupControl::Sent& sent = control.sent.emplace_back();
+    sent.bytes = bytes;
+    sent.request = std::make_unique<Request>();
+    sent.request->peer = r;
+    sent.request->isSend = true;
+    transport_->send(group.peers[r],
+                     tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
+                     sent.bytes.data(), sent.bytes.size(), sent.request.get());
+  }
+}
+
+void Engine::buryOp(GroupControl& control, uint32_t sequence) {
+  if (control.graves.size() >= GroupControl::kMaxGraves) control.graves.pop_front();
+  control.graves.push_back({sequence, Clock::now() + std::chrono::seconds(10)});
+}
+
+Engine::Cause Engine::causeOf(const Notice& notice) {
+  switch (notice.scope) {
+    case Notice::Scope::kGroupTimeout:
+      return Cause::kNoticeTimeout;
+    case Notice::Scope::kRefusal:
+      return Cause::kNoticeRefusal;
+    default:
+      return Cause::kNotice;
+  }
+}
+
+void Engine::applyNotice(GroupControl& control, const Notice& notice) {
+  const std::string text = "rank " + std::to_string(notice.from) + " reports: " + notice.text;
+  const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
+  const bool inFlight = std::any_of(active_.begin(), active_.end(), [&](const auto& op) {
+    return &op->group() == control.group && op->checksCall() && op->sequence() == notice.sequence;
+  });
+  if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
+    control.group->state->fail(
+        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication,
+        control.group->name + ", op #" + std::to_string(notice.sequence) + ": " + text);
+    refusalsPending_ = true;
+  }
+  for (auto it = active_.begin(); it != active_.end(); ++it) {
+    const Op& op = **it;
+    if (&op.group() == control.group && op.checksCall() && op.sequence() == notice.sequence) {
+      // A rank that timed out here is alive and in the op; this rank, in it too, waits for its
+      // own deadline (about as near) and names whom it still waits for itself.
+      if (!timedOut) finishOp(it, text, causeOf(notice));
+      return;
+    }
+  }
+  if (static_cast<int64_t>(notice.sequence) > control.started) {
+    control.early[notice.sequence] = notice;
+    if (control.early.size() > GroupControl::kMaxEarly) control.early.erase(control.early.begin());
+  }
+}
+
+bool Engine::serviceControls() {
+  noticesArrived_ = false;
+  bool any = false;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < controls_.size();) {
+    std::shared_ptr<GroupControl> control = controls_[i];
+    if (control->received) {
+      std::vector<Notice> arrived;
+      arrived.swap(control->arrived);
+      control->received = false;
+      if (control->open) {
+        for (const Notice& notice : arrived) applyNotice(*control, notice);
+        postNoticeReceive(*control);
+      }
+      any = true;
+    }
+    control->sent.remove_if([](const GroupControl::Sent& s) { return s.request->done; });
+    // What failed ops left behind, while a later op could not yet take it for its own (the tag's
+    // sequence field wraps).
+    while (!control->graves.empty() &&
+           (now > control->graves.front().until ||
+            control->started - control->graves.front().sequence >= (int64_t{1} << 15))) {
+      control->graves.pop_front();
+    }
+    for (const GroupControl::Grave& grave : control->graves) {
+      transport_->discard(tag::make(control->groupId, grave.sequence, 0, 0),
+                          tag::kGroupAndSequence);
+    }
+    if (!control->open && (!control->receive || control->receive->done) && control->sent.empty()) {
+      controls_.erase(controls_.begin() + static_cast<long>(i));
+      continue;
+    }
+    ++i;
+  }
+  return any;
 }
 
 void Engine::sleep() {
@@ -343,8 +553,11 @@ void Engine::run() {
     bool busy = transport_->progress();
     busy |= drainSubmissions();
     busy |= stepOps();
+    if (noticesArrived_) busy |= serviceControls();
+    if (refusalsPending_) failRefusedOps();
     auto now = Clock::now();
     if (now - lastDeadlineCheck > std::chrono::milliseconds(1)) {
+      if (!controls_.empty()) serviceControls();
       busy |= checkLiveness();
       checkDeadlines();
       lastDeadlineCheck = now;
@@ -361,7 +574,13 @@ void Engine::run() {
     sleep();
     lastActivity = Clock::now();
   }
-  while (!active_.empty()) finishOp(active_.begin(), "aborted: the engine was shut down");
+  while (!active_.empty()) {
+    finishOp(active_.begin(), "aborted: the engine was shut down", Cause::kRefused);
+  }
+  for (auto& control : controls_) {
+    control->open = false;
+    if (control->receive && !control->receive->done) transport_->cancel(control->receive.get());
+  }
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lock(submitMutex_);

@@ -65,6 +65,14 @@ class Engine {
   // Closes `group` (GroupState::close) and fails its ops in flight at once with `reason`; ops
   // submitted later fail as they start. Any thread; returns once done.
   void closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason);
+  // Call checks and notices (control.h). openControl posts the group's notice receive (blocks
+  // until done); closeControl takes it down (from a destructor: `engine` may be gone).
+  void openControl(const std::shared_ptr<Group>& group);
+  static void closeControl(Engine* engine, std::shared_ptr<GroupControl> control);
+  // A rank that refused its arguments for op `sequence` of `group` tells the others, whose op
+  // then fails with `text`. Any thread; returns at once.
+  static void refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
+                       std::string text);
   // Diagnostics: ops in flight; failed ops kept until the transport lets go of their requests.
   size_t activeOps() const { return activeCount_.load(); }
   size_t orphanedOps() const { return orphanCount_.load(); }
@@ -79,8 +87,23 @@ class Engine {
   bool checkLiveness();
   // Why `op` cannot go on ("rank 2 is gone: ..."), or "" while every peer of its group lives.
   std::string lostPeerOf(const Op& op) const;
+  // Why an op ends: its own course (success, or a failure of its own making: a mismatch, an
+  // error of its algorithm), its deadline, a lost peer, another rank's notice, or a closed or
+  // failed group. Failures of the first three kinds are told to the other ranks.
+  enum class Cause { kOwn, kTimeout, kLost, kNotice, kNoticeTimeout, kNoticeRefusal, kRefused };
+  static Cause causeOf(const Notice& notice);
   void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
-                bool timedOut = false);
+                Cause cause = Cause::kOwn);
+  // Notices: posts `control`'s receive; applies what arrived; cleans up sends; discards what
+  // failed ops left behind. True when something happened.
+  void postNoticeReceive(GroupControl& control);
+  static void onNotice(Request* req);
+  bool serviceControls();
+  void applyNotice(GroupControl& control, const Notice& notice);
+  void sendNotice(GroupControl& control, const Notice& notice);
+  void buryOp(GroupControl& control, uint32_t sequence);
+  // Fails the ops in flight whose group was failed (set by finishOp and notices).
+  void failRefusedOps();
   void resume(Op& op);
   void sleep();
   void wake();
@@ -116,6 +139,9 @@ class Engine {
     std::chrono::steady_clock::time_point since;
   };
   std::map<PeerId, Lost> lost_;
+  std::vector<std::shared_ptr<GroupControl>> controls_;
+  bool noticesArrived_ = false;   // a notice receive completed
+  bool refusalsPending_ = false;  // a group failed: fail its ops in flight
   static constexpr std::chrono::milliseconds kLostGrace{50};
   std::thread thread_;
 };

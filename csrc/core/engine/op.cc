@@ -21,12 +21,21 @@ std::pair<GroupState::Failure, std::string> GroupState::firstFailure() const {
 
 void GroupState::close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (closed_.empty()) closed_ = reason;
+  if (refusal_.empty()) refusal_ = reason;
 }
 
-std::string GroupState::closed() const {
+void GroupState::fail(Failure kind, const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return closed_;
+  if (first_ == Failure::kNone) {
+    first_ = kind;
+    firstMessage_ = message;
+  }
+  if (refusal_.empty()) refusal_ = "the group failed earlier: " + message;
+}
+
+std::string GroupState::refusal() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return refusal_;
 }
 
 Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
@@ -65,6 +74,24 @@ void Op::observe(Request* req) {
   if (op == nullptr) return;
   ++op->completions_;
   if (!op->failure_.empty()) return;
+  if (req->isCallPrint && !req->isSend && !req->failed) {
+    const CallPrint* theirs = nullptr;
+    for (const PrintIn& in : op->printsIn_) {
+      if (in.request == req) theirs = &in.print;
+    }
+    const std::string peer = "rank " + std::to_string(req->peer);
+    if (theirs == nullptr || req->receivedBytes != sizeof(CallPrint) ||
+        theirs->magic != CallPrint::kMagic) {
+      op->failure_ = peer + " sent a malformed call check";
+    } else if (!(*theirs == op->print_)) {
+      op->failure_ = "the ranks' calls differ: " + peer + " called " + theirs->describe() +
+                     ", rank " + std::to_string(op->rank()) + " called " + op->print_.describe();
+      if (theirs->sequence != op->print_.sequence) {
+        op->failure_ += " (as op #" + std::to_string(theirs->sequence) + ")";
+      }
+    }
+    return;
+  }
   const std::string disagree =
       ": the ranks called " + op->name_ + " with different sizes or dtypes";
   if (req->failed && !req->isSend && req->expectedBytes != Request::kAnySize &&
@@ -83,6 +110,7 @@ void Op::observe(Request* req) {
 }
 
 Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
+  if (checksCall() && !printSent_.empty()) sendPrint(peer);
   Request* req = newRequest(peer, true);
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
@@ -99,12 +127,53 @@ Request* Op::recvUpTo(int peer, uint64_t slot, void* data, size_t bytes) {
 }
 
 Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected) {
+  if (checksCall() && !printAsked_.empty()) askPrint(peer);
   Request* req = newRequest(peer, false);
   req->expectedBytes = expected;  // before posting: the transport may complete it at once
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(peer));
   group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;
+}
+
+void Op::setPrint(const CallPrint& print) {
+  print_ = print;
+  print_.sequence = sequence_;
+}
+
+void Op::startCallCheck() {
+  const int n = size();
+  printSent_.assign(n, false);
+  printAsked_.assign(n, false);
+  sendPrint((rank() + 1) % n);
+  askPrint((rank() + n - 1) % n);
+}
+
+void Op::sendPrint(int peer) {
+  if (printSent_[peer]) return;
+  printSent_[peer] = true;
+  Request* req = newRequest(peer, true);
+  req->isCallPrint = true;
+  printRequests_.push_back(req);
+  if (refuseAfterFailure(req)) return;
+  uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
+                         static_cast<uint32_t>(group_->rank));
+  group_->engine->transport().send(group_->peers.at(peer), t, &print_, sizeof(print_), req);
+}
+
+void Op::askPrint(int peer) {
+  if (printAsked_[peer]) return;
+  printAsked_[peer] = true;
+  // Marked before it is posted: the transport may complete it inside recv().
+  Request* req = newRequest(peer, false);
+  req->isCallPrint = true;
+  PrintIn& in = printsIn_.emplace_back();
+  in.request = req;
+  printRequests_.push_back(req);
+  if (refuseAfterFailure(req)) return;
+  uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
+                         static_cast<uint32_t>(peer));
+  group_->engine->transport().recv(t, tag::kMatchAll, &in.print, sizeof(in.print), req);
 }
 
 Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <coroutine>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,7 @@
 
 #include "../memory/memory.h"
 #include "../transport/transport.h"
+#include "control.h"
 #include "task.h"
 #include "work.h"
 
@@ -23,20 +25,23 @@ class Engine;
 struct SharedRing;
 
 // What became of a group (any thread; the engine records, the torch glue asks): its first
-// failed op, and whether it was closed (abort(), shutdown()), after which every op fails at once.
+// failed op, and whether it was closed (abort(), shutdown()) or failed (a timeout or a lost peer,
+// here or on another rank), after which every op fails at once.
 class GroupState {
  public:
   enum class Failure { kNone, kTimeout, kCommunication };
   void recordFailure(Failure kind, const std::string& message);
   std::pair<Failure, std::string> firstFailure() const;
   void close(const std::string& reason);
-  std::string closed() const;  // why, or "" while open
+  // The group cannot go on: records the failure and refuses later ops, naming it.
+  void fail(Failure kind, const std::string& message);
+  std::string refusal() const;  // why ops fail at once, or "" while the group is usable
 
  private:
   mutable std::mutex mutex_;
   Failure first_ = Failure::kNone;
   std::string firstMessage_;
-  std::string closed_;
+  std::string refusal_;
 };
 
 // A communicator's membership as the engine needs it: shared by the communicator and its ops, so
@@ -52,6 +57,8 @@ struct Group {
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
   std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
+  // Its notices (control.h), set up with the group; null for groups made by hand in tests.
+  std::shared_ptr<GroupControl> control;
 };
 
 class Op {
@@ -123,6 +130,22 @@ class Op {
   // Hands requests that are still posted to the caller (the engine orphans and cancels them).
   std::vector<std::unique_ptr<Request>> takePending();
 
+  // Call checks (control.h). A collective carries a print of its call; its ranks check it
+  // around the ring and tell each other when it fails. Point-to-point ops carry none.
+  void setPrint(const CallPrint& print);
+  bool checksCall() const { return print_.collective != Collective::kNone; }
+  const CallPrint& print() const { return print_; }
+  // Set as the op ends, when no rank can have finished it (another rank refused to start it).
+  bool endsCleanly() const { return endsCleanly_; }
+  // Sends this rank's print to the next rank and asks for the previous rank's. Besides, every
+  // peer this op sends to gets the print before its first message, and every peer it receives
+  // from is asked for its print before the first receive is posted: a print arrives before that
+  // peer's data, so no data of a rank that called something else is ever used. A print that
+  // differs fails the op at once.
+  void startCallCheck();
+  // Every print sent and asked for so far (the op completes once all are done).
+  const std::vector<Request*>& callCheckRequests() const { return printRequests_; }
+
  private:
   friend class Engine;
   struct SharedRing;
@@ -144,6 +167,17 @@ class Op {
   Until* waiting_ = nullptr;
   std::coroutine_handle<> resumePoint_;
   std::string failure_;
+  void sendPrint(int peer);
+  void askPrint(int peer);
+  bool endsCleanly_ = false;
+  CallPrint print_;                           // collective kNone: no call check
+  std::vector<bool> printSent_, printAsked_;  // by peer
+  struct PrintIn {
+    CallPrint print;
+    Request* request;
+  };
+  std::deque<PrintIn> printsIn_;  // a deque: receives write into them where they are
+  std::vector<Request*> printRequests_;
 };
 
 }  // namespace ddl

@@ -8,8 +8,9 @@
 // sequence: the operation's number within its group, taken in program order.
 // slot:     which message of the operation: phase (6 bits) and step (14 bits). Phases
 //           0..kPlanPhases-1 are handed out by an operation's plan (one per ring x colour running
-//           at once: topology/allreduce_plan.h); kSharedPhase is the shared-memory ring's and the
-//           direct path's; the top kPointToPointPhases carry point-to-point tags. Messages of one
+//           at once: topology/allreduce_plan.h); kControlPhase carries call prints and notices;
+//           kSharedPhase is the shared-memory ring's and the direct path's; the top
+//           kPointToPointPhases carry point-to-point tags. Messages of one
 //           slot between one pair are matched in send order (FIFO), so segments of a pipelined
 //           step share a slot.
 // source:   the sender's rank in the group; a receive from any source masks it out.
@@ -40,8 +41,13 @@ inline constexpr uint32_t kPointToPointPhase = (1u << kPhaseBits) - kPointToPoin
 static_assert((uint64_t{kPointToPointPhases} << kStepBits) >= (uint64_t{1} << 16));
 // The shared-memory ring and the direct allreduce (one at a time per group).
 inline constexpr uint32_t kSharedPhase = kPointToPointPhase - 1;
+// Call checks and notices (engine/control.h): step kPrintStep carries an op's call print to the
+// next rank, step kNoticeStep a notice to every rank (received from any sequence and source).
+inline constexpr uint32_t kControlPhase = kSharedPhase - 1;
+inline constexpr uint32_t kPrintStep = 0;
+inline constexpr uint32_t kNoticeStep = 1;
 // Phases a plan may hand out to rings and colours in flight at once.
-inline constexpr uint32_t kPlanPhases = kSharedPhase;
+inline constexpr uint32_t kPlanPhases = kControlPhase;
 
 inline constexpr uint64_t field(uint64_t value, int bits, int shift) {
   return (value & ((uint64_t{1} << bits) - 1)) << shift;
@@ -59,6 +65,12 @@ inline constexpr uint64_t make(uint32_t group, uint32_t sequence, uint64_t slotV
 
 inline constexpr uint64_t kMatchAll = ~uint64_t{0};
 inline constexpr uint64_t kAnySource = ~field(~uint64_t{0}, kSourceBits, kSourceShift);
+// Matches group and slot only: any sequence, any source.
+inline constexpr uint64_t kGroupAndSlot =
+    field(~uint64_t{0}, kGroupBits, kGroupShift) | field(~uint64_t{0}, kSlotBits, kSlotShift);
+// Matches group and sequence only: every message of one op.
+inline constexpr uint64_t kGroupAndSequence = field(~uint64_t{0}, kGroupBits, kGroupShift) |
+                                              field(~uint64_t{0}, kSequenceBits, kSequenceShift);
 
 inline constexpr uint32_t source(uint64_t t) {
   return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));

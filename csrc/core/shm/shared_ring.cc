@@ -58,13 +58,13 @@ void SharedRing::advance() {
 }
 
 SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
-    : ring_(ring), ticket_(ring.tickets++) {
+    : ring_(ring), op_(op), ticket_(ring.tickets++) {
   what_ = op.name() + " op #" + std::to_string(op.sequence()) + " on " + op.group().name;
 }
 
 SharedRingTurn::~SharedRingTurn() {
   if (released_) return;
-  if (ring_.status != SharedRing::Status::kBroken) {
+  if (ring_.status != SharedRing::Status::kBroken && !clean_ && !op_.endsCleanly()) {
     ring_.status = SharedRing::Status::kBroken;
     ring_.broken = "the shared-memory ring of this group is unusable: " + what_ +
                    " failed while using it (destroy and re-create the process group)";

@@ -77,7 +77,11 @@ struct SharedRing {
 };
 
 // The op's turn at the windows: taken when the op starts, given up when it ends, however it
-// ends. Ending without release() (a failure, a timeout) breaks the ring for later ops.
+// ends. Ending without release() (a failure, a timeout) breaks the ring for later ops, unless
+// the op was in a clean stretch (setClean: before it touched anything shared, e.g. while it
+// waited for its turn, or where every rank waits for all the others before any of them touches
+// shared memory, as in the direct path's round of offers) or ended cleanly (Op::endsCleanly:
+// another rank refused to start it, so none can have finished it).
 class SharedRingTurn {
  public:
   SharedRingTurn(SharedRing& ring, const Op& op);
@@ -88,9 +92,12 @@ class SharedRingTurn {
     return ring_.serving == ticket_ || ring_.status == SharedRing::Status::kBroken;
   }
   void release();
+  void setClean(bool clean) { clean_ = clean; }
 
  private:
   SharedRing& ring_;
+  const Op& op_;
+  bool clean_ = true;  // nothing shared touched yet
   uint64_t ticket_;
   std::string what_;
   bool released_ = false;

@@ -30,7 +30,8 @@ struct Request {
   uint64_t senderTag = 0;  // receives: the full tag of the message matched
   int peer = -1;           // group rank of the other side (for error messages)
   bool isSend = false;
-  void* owner = nullptr;  // the engine's operation waiting on it (nullptr once orphaned)
+  bool isCallPrint = false;  // the engine's call check (engine/control.h), not the op's data
+  void* owner = nullptr;     // the engine's operation waiting on it (nullptr once orphaned)
   RequestObserver observer = nullptr;
   void* transportData = nullptr;
 
@@ -84,6 +85,10 @@ class Transport {
     return 0;
   }
   virtual void releaseWindow(uint64_t /*id*/) {}
+
+  // Receives and drops the messages that arrived for `tag` under `mask` with no receive posted
+  // for them (left behind by an operation that failed before it posted its receives).
+  virtual void discard(uint64_t /*tag*/, uint64_t /*mask*/) {}
 
   // Peers the transport found gone since the last call (their connection failed: the process
   // died or exited, or its link was lost), each with what the transport saw.

@@ -120,6 +120,10 @@ void LoopbackTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t byt
   posted_.push_back(recv);
 }
 
+void LoopbackTransport::discard(uint64_t tag, uint64_t mask) {
+  std::erase_if(unexpected_, [&](const Message& m) { return (m.tag & mask) == (tag & mask); });
+}
+
 void LoopbackTransport::cancel(Request* req) {
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     if (it->req == req) {

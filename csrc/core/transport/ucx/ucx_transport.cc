@@ -3,6 +3,7 @@
 #include <uct/api/uct.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +99,13 @@ UcxTransport::UcxTransport() {
 }
 
 UcxTransport::~UcxTransport() {
+  // Messages nobody will receive (an op failed before it posted its receives) are taken in and
+  // dropped, so that UCX does not report them at exit as unexpected descriptors.
+  discard(0, 0);
+  auto drained = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (discarding_ > 0 && std::chrono::steady_clock::now() < drained) {
+    ucp_worker_progress(worker_);
+  }
   while (!windows_.empty()) releaseWindow(windows_.begin()->first);
   std::vector<ucs_status_ptr_t> closing;
   for (Endpoint* e : endpoints_) {
@@ -212,6 +220,25 @@ void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, R
     finishRecv(req, UCS_PTR_STATUS(s), nullptr);
   } else {
     req->transportData = s;
+  }
+}
+
+void UcxTransport::discard(uint64_t tag, uint64_t mask) {
+  ucp_tag_recv_info_t info{};
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info)) {
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.datatype = ucp_dt_make_contig(1);
+    p.user_data = this;
+    // Longer messages are truncated: UCX still completes them, and their senders.
+    p.cb.recv = [](void* request, ucs_status_t, const ucp_tag_recv_info_t*, void* self) {
+      --static_cast<UcxTransport*>(self)->discarding_;
+      ucp_request_free(request);
+    };
+    ucs_status_ptr_t s = ucp_tag_msg_recv_nbx(
+        worker_, discardBuffer_.data(), std::min(info.length, discardBuffer_.size()), message, &p);
+    if (s != nullptr && !UCS_PTR_IS_ERR(s)) ++discarding_;
   }
 }
 

@@ -31,6 +31,7 @@ class UcxTransport : public Transport {
   void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override;
   void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
   void cancel(Request* req) override;
+  void discard(uint64_t tag, uint64_t mask) override;
   bool progress() override;
   bool arm() override;
   int wakeFd() override { return wakeFd_; }
@@ -66,6 +67,9 @@ class UcxTransport : public Transport {
   std::map<uint64_t, Window> windows_;
   uint64_t nextWindow_ = 1;
   std::vector<std::pair<PeerId, std::string>> lost_;  // since the last lostPeers()
+  // Where discarded messages land (their contents are never read; several may land at once).
+  std::vector<char> discardBuffer_ = std::vector<char>(64 * 1024);
+  size_t discarding_ = 0;  // discards UCX has not finished
 };
 
 }  // namespace ddl

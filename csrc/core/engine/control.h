@@ -1,0 +1,119 @@
+// Call checks and notices: how the ranks of a group learn that they called different things, or
+// that one of them failed, on every path and without waiting out the timeout.
+//
+// Call prints. Every collective sends a print of the call (CallPrint: the collective, its
+// sequence number, dtype, element count, root and reduce op) to the next rank of the group and
+// checks the one from the previous rank against its own; the op completes only once that print
+// has arrived and agreed. If any two ranks disagree, two neighbours do, so at least one rank finds
+// it: it fails the op naming both calls, and tells the others with a notice. The print is a
+// message of its own, sent as the op starts alongside the algorithm's first messages, so the
+// check is the same on every path (shared memory or messages, one host or many) and costs no
+// extra round trip.
+//
+// Notices. A rank whose collective fails sends every other rank of the group a notice: the op's
+// sequence number, whether the whole group failed (a timeout, a lost peer: later ops fail at once
+// on every rank) or only the op (calls that differ, arguments one rank refused: the ranks still
+// agree on the sequence, so the group goes on), and the error. Each rank keeps a receive posted
+// for its groups' notices; one for an op that has not started here waits until it does. Messages
+// a failed op leaves behind (sent to a rank that never posted their receives) are discarded for
+// a while after it failed ("graves"), and all at shutdown, so they neither linger in the
+// transport nor match a later op.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../transport/transport.h"
+#include "../types.h"
+
+namespace ddl {
+
+enum class Collective : uint8_t {
+  kNone,
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kAllgatherVarying,
+  kBarrier,
+  kReduceScatter,
+  kReduce,
+  kGather,
+  kScatter,
+  kAlltoall,
+};
+
+// What one rank called, as the next rank checks it. Fields a collective does not have stay at
+// their defaults.
+struct CallPrint {
+  static constexpr uint32_t kMagic = 0x70646c64;  // "ddlp"
+  static constexpr uint8_t kUnset = 0xff;
+  uint32_t magic = kMagic;
+  uint32_t sequence = 0;
+  Collective collective = Collective::kNone;
+  uint8_t type = kUnset;    // DataType
+  uint8_t reduce = kUnset;  // ReduceOp
+  uint8_t reserved = 0;
+  int32_t root = -1;
+  uint64_t count = 0;  // elements (per rank where each rank has a block)
+
+  bool operator==(const CallPrint& other) const;
+  // e.g. "allreduce(sum, 100 x float32)", "broadcast(4 x int64 from rank 1)".
+  std::string describe() const;
+};
+static_assert(sizeof(CallPrint) == 24);
+
+CallPrint callPrint(Collective collective, size_t count = 0,
+                    std::optional<DataType> type = std::nullopt,
+                    std::optional<ReduceOp> reduce = std::nullopt, int root = -1);
+
+struct Notice {
+  // kRefusal: the sender refused its arguments and never started the op (the op fails, and no
+  // rank can have finished it: what it shared with others may be given up cleanly).
+  enum class Scope : uint8_t { kOp, kGroup, kGroupTimeout, kRefusal };
+  static constexpr size_t kMaxBytes = 2048;
+  uint32_t sequence = 0;
+  Scope scope = Scope::kOp;
+  int from = -1;
+  std::string text;
+
+  std::string encode() const;  // at most kMaxBytes (the text is cut to fit)
+  static std::optional<Notice> decode(const char* data, size_t bytes);
+};
+
+class Engine;
+struct Group;
+
+// A group's notices, on the progress thread (the engine drives it: engine.cc).
+struct GroupControl {
+  Engine* engine = nullptr;
+  const Group* group = nullptr;  // valid while open
+  uint32_t groupId = 0;
+  bool open = false;
+  bool received = false;  // the receive completed: apply `arrived`, post it again
+  std::unique_ptr<Request> receive;
+  std::vector<char> buffer = std::vector<char>(Notice::kMaxBytes);
+  std::vector<Notice> arrived;
+  std::map<uint32_t, Notice> early;  // for ops not started here yet
+  int64_t started = -1;              // the highest collective sequence number started here
+  struct Sent {
+    std::unique_ptr<Request> request;
+    std::string bytes;
+  };
+  std::list<Sent> sent;  // a list: a send in flight keeps its bytes where they are
+  struct Grave {
+    uint32_t sequence;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::deque<Grave> graves;
+  static constexpr size_t kMaxEarly = 1024;
+  static constexpr size_t kMaxGraves = 256;
+};
+
+}  // namespace ddl
