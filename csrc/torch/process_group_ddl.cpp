@@ -137,7 +137,45 @@ class StoreAdapter : public KeyValueStore {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// The collective being called on this thread. When its arguments are refused here, the other
+// ranks are told (Communicator::reject): the op they are in fails at once naming this rank's
+// reason, and the group goes on. Once the call reaches the core (launch), the core numbers it, or
+// refuses it and tells them, itself.
+class CallScope {
+ public:
+  CallScope(Communicator& comm, const char* where)
+      : comm_(comm), where_(where), uncaught_(std::uncaught_exceptions()) {
+    if (current_ == nullptr) current_ = this;  // an inner scope (sparse all_reduce) defers
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  ~CallScope() {
+    if (current_ != this) return;
+    current_ = nullptr;
+    if (!settled_ && std::uncaught_exceptions() > uncaught_) {
+      comm_.reject(where_, "its call failed before it started");
+    }
+  }
+  static void settle() {
+    if (current_ != nullptr) current_->settled_ = true;
+  }
+  static void refuse(const std::string& what) {
+    if (current_ == nullptr || current_->settled_) return;
+    current_->settled_ = true;
+    current_->comm_.reject(current_->where_, what);
+  }
+
+ private:
+  static thread_local CallScope* current_;
+  Communicator& comm_;
+  const char* where_;
+  int uncaught_;
+  bool settled_ = false;
+};
+thread_local CallScope* CallScope::current_ = nullptr;
+
 [[noreturn]] void badInput(const char* where, const std::string& what) {
+  CallScope::refuse(what);
   C10_THROW_ERROR(ValueError, std::string("ddl: ") + where + ": " + what);
 }
 
@@ -474,6 +512,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
     throw;
   }
   options.work->retain(tensors);
+  CallScope::settle();
   try {
     submit(options);
   } catch (const ddl::Error& e) {
@@ -486,6 +525,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const char* where = "all_reduce";
+  CallScope scope(*comm_, where);
   at::Tensor& tensor = single(tensors, where);
   if (tensor.defined() && tensor.layout() == c10::kSparse) return allreduceSparse(tensors, opts);
   DataType type = checkTensor(tensor, where);
@@ -625,6 +665,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   const char* where = "broadcast";
+  CallScope scope(*comm_, where);
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
   if (opts.rootRank < 0 || opts.rootRank >= size_) {
@@ -642,6 +683,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather";
+  CallScope scope(*comm_, where);
   at::Tensor& input = single(inputs, where);
   DataType type = checkTensor(input, where);
   if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
@@ -669,6 +711,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor";
+  CallScope scope(*comm_, where);
   DataType type = checkTensor(input, where);
   checkSameType(where, output, type, "output");
   if (output.numel() != input.numel() * size_) {
@@ -693,6 +736,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptio
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
   const char* where = "reduce";
+  CallScope scope(*comm_, where);
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
@@ -715,6 +759,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   const char* where = "gather";
+  CallScope scope(*comm_, where);
   at::Tensor& input = single(inputs, where);
   DataType type = checkTensor(input, where);
   checkRank(where, "dst", opts.rootRank, size_);
@@ -744,6 +789,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
   const char* where = "scatter";
+  CallScope scope(*comm_, where);
   at::Tensor& output = single(outputs, where);
   DataType type = checkTensor(output, where);
   checkRank(where, "src", opts.rootRank, size_);
@@ -768,6 +814,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter";
+  CallScope scope(*comm_, where);
   at::Tensor& output = single(outputs, where);
   DataType type = checkTensor(output, where);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
@@ -787,6 +834,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor";
+  CallScope scope(*comm_, where);
   DataType type = checkTensor(output, where);
   checkSameType(where, input, type, "input");
   if (input.numel() != output.numel() * size_) {
@@ -858,6 +906,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const char* where = "all_to_all_single";
+  CallScope scope(*comm_, where);
   DataType type = checkTensor(input, where);
   checkSameType(where, output, type, "output");
   std::vector<int64_t> sendRows = splitsOf(where, "input", input, inputSplitSizes, size_);
@@ -884,6 +933,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   const char* where = "all_to_all";
+  CallScope scope(*comm_, where);
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != inputs.size()) {
     badInput(where, "needs " + std::to_string(size_) + " input and output tensors, got " +
                         std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
@@ -981,6 +1031,7 @@ DataType commonType(const char* where, const std::vector<at::Tensor>& tensors) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   const char* where = "all_reduce_coalesced";
+  CallScope scope(*comm_, where);
   DataType type = commonType(where, tensors);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   // One allreduce over the tensors laid end to end.
@@ -1002,6 +1053,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor_coalesced";
+  CallScope scope(*comm_, where);
   DataType type = commonType(where, inputs);
   if (outputs.size() != inputs.size()) badInput(where, "needs one output per input");
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -1043,6 +1095,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   // outputLists[r][i] receives rank r's inputs[i] (rank-major, as torch documents it).
   const char* where = "all_gather_coalesced";
+  CallScope scope(*comm_, where);
   DataType type = commonType(where, inputs);
   if (outputLists.size() != static_cast<size_t>(size_)) {
     badInput(where, "needs " + std::to_string(size_) + " output lists, one per rank, got " +
@@ -1085,6 +1138,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor_coalesced";
+  CallScope scope(*comm_, where);
   DataType type = commonType(where, inputs);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   if (outputs.size() != inputs.size()) badInput(where, "needs one output per input");

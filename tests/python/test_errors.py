@@ -92,29 +92,78 @@ def test_wait_with_timeout_gives_up_but_the_op_can_still_finish():
     run_ranks(_wait_timeout, 2)
 
 
-def _mismatched(rank, size):
-    # Ranks that call a collective with different sizes or dtypes raise; none returns a partial
-    # or garbled result, and the group goes on working. At 2 ranks both see the other's message
-    # and say so; at 3, a rank that only waits on one that failed still times out (the failure
-    # is not yet sent to every rank).
-    group = dist.new_group(backend="ddl", timeout=timedelta(seconds=3))
-    n = 100 if rank == 0 else 200
-    cases = [
+def _mismatch_cases(rank, size, group):
+    # Every case: the last rank calls something else than the others.
+    odd = rank == size - 1
+    n = 200 if odd else 100
+    big = (2 if odd else 1) << 20
+    return [
         ("all_reduce 100 vs 200", lambda: dist.all_reduce(torch.ones(n), group=group)),
         ("all_reduce float32 vs float64", lambda: dist.all_reduce(
-            torch.ones(100, dtype=torch.float32 if rank == 0 else torch.float64), group=group)),
+            torch.ones(100, dtype=torch.float64 if odd else torch.float32), group=group)),
+        ("all_reduce SUM vs MAX", lambda: dist.all_reduce(
+            torch.ones(100), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, group=group)),
+        ("all_reduce 4 MiB vs 8 MiB", lambda: dist.all_reduce(torch.ones(big), group=group)),
         ("all_gather 100 vs 200", lambda: dist.all_gather(
             [torch.empty(n) for _ in range(size)], torch.ones(n), group=group)),
+        ("all_gather 1M vs 2M", lambda: dist.all_gather(
+            [torch.empty(big) for _ in range(size)], torch.ones(big), group=group)),
+        ("broadcast, each rank its own source", lambda: dist.broadcast(
+            torch.ones(100), src=rank, group=group)),
+        ("reduce_scatter 100 vs 200", lambda: dist.reduce_scatter_tensor(
+            torch.empty(n), torch.ones(n * size), group=group)),
+        ("all_reduce vs broadcast", lambda: dist.broadcast(torch.ones(100), src=0, group=group)
+         if odd else dist.all_reduce(torch.ones(100), group=group)),
     ]
-    expected = "different sizes or dtypes" + ("" if size == 2 else "|Timed out")
-    for what, call in cases:
-        with pytest.raises(RuntimeError, match=expected):
+
+
+def _mismatched(rank, size):
+    # Ranks that call different things all raise, at once (not at the 60 s timeout), naming
+    # the calls; none returns a partial or garbled result, and the group goes on working.
+    group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
+    for what, call in _mismatch_cases(rank, size, group):
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="calls differ|different sizes or dtypes") as info:
             call()
+        took = time.monotonic() - start
+        assert took < 5, (what, took)
+        if size == 2:  # both ranks see the other's call
+            assert "rank 0 called" in str(info.value) and "rank 1 called" in str(info.value), \
+                (what, str(info.value))
         t = torch.ones(5)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         assert torch.equal(t, torch.full((5,), float(size))), what
 
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_mismatched_calls_raise_on_every_rank(size):
     run_ranks(_mismatched, size, timeout=120)
+
+
+def _refused_on_one_rank(rank, size):
+    # Arguments refused on one rank end the op on every rank at once, and the group goes on.
+    group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
+    cases = [
+        ("all_gather with a list one too long", "needs a list of",
+         lambda: dist.all_gather([torch.empty(3) for _ in range(size + (rank == 0))],
+                                 torch.ones(3), group=group)),
+        ("BAND on float32, 4 MiB", "BAND",
+         lambda: dist.all_reduce(torch.ones(1 << 20), group=group,
+                                 op=dist.ReduceOp.BAND if rank == 0 else dist.ReduceOp.SUM)),
+    ]
+    for what, reason, call in cases:
+        start = time.monotonic()
+        with pytest.raises((ValueError, RuntimeError), match=reason) as info:
+            call()
+        assert time.monotonic() - start < 5, what
+        if rank != 0:
+            assert "rank 0 refused its call" in str(info.value), str(info.value)
+        for _ in range(2):
+            t = torch.ones(1 << 20)
+            dist.all_reduce(t, group=group)
+            assert torch.equal(t, torch.full((1 << 20,), float(size))), what
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_arguments_refused_on_one_rank_end_the_op_everywhere(size):
+    run_ranks(_refused_on_one_rank, size, timeout=120)
