@@ -52,6 +52,17 @@ ProcessGroupDDL = _C.ProcessGroupDDL
 _C.check_config()
 
 
+def dump_trace(path=None):
+    """Writes the flight recorder (the last operations of this process's ddl groups) to `path`,
+    by default TORCH_DDL_TRACE_FILE followed by the rank; returns the path written. Read the
+    ranks' dumps with `python -m torch_ddl.info --trace FILES`."""
+    written = _C.dump_trace(path or "")
+    if not written:
+        raise RuntimeError("ddl: the flight recorder could not be written "
+                           f"({path or 'TORCH_DDL_TRACE_FILE is empty'})")
+    return written
+
+
 def empty_shared(*size, dtype=torch.float32):
     """An uninitialised CPU tensor in memory that the ddl ranks of one host can map.
 

@@ -5,6 +5,7 @@ the allreduce plans the cost model weighs per message size.
     torchrun --nproc_per_node 4 -m torch_ddl.info --plan # the job's topology and plans (rank 0)
     python -m torch_ddl.info --plan --hosts 2x4 --links 1:50us:117MB
     python -m torch_ddl.info --plan --hosts a,a,a,b --topology "r0: a; r1: b"
+    python -m torch_ddl.info --trace /tmp/torch_ddl_trace_rank_*   # where the ranks diverged
 """
 
 import argparse
@@ -87,7 +88,13 @@ def main():
     parser.add_argument("--topology", help="offline: racks, as TORCH_DDL_TOPOLOGY")
     parser.add_argument("--links", help="offline: link costs, as TORCH_DDL_LINKS")
     parser.add_argument("--sizes", help="message sizes in bytes, comma-separated")
+    parser.add_argument("--trace", nargs="+", metavar="DUMP",
+                        help="flight recorder dumps (files, a directory or a glob): name the "
+                             "first operation where the ranks diverge")
     args = parser.parse_args()
+    if args.trace:
+        from torch_ddl import trace
+        raise SystemExit(trace.main(args.trace))
     if args.plan:
         plan_main(args)
         return

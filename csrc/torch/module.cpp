@@ -4,6 +4,7 @@
 
 #include "../core/engine/config.h"
 #include "../core/engine/engine.h"
+#include "../core/engine/trace.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
@@ -113,6 +114,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
   m.def("adopted_buffers", [] { return ddl::Engine::process().sharedBuffers()->adopted(); });
   m.def("ucx_version", &ddl::UcxTransport::version);
+  m.def(
+      "dump_trace",
+      [](const std::string& path) { return ddl::FlightRecorder::process().write(path); },
+      py::arg("path") = "");
+  m.def("trace_bytes", [] { return py::bytes(ddl::FlightRecorder::process().dump()); });
   m.def("cuda_built", [] { return ddl::cudaStreams() != nullptr; });
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "link_probe.h"
 #include "tag.h"
+#include "trace.h"
 
 namespace ddl {
 namespace {
@@ -34,6 +35,12 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
     case PlanAlgorithm::kTrivial:
       break;
     case PlanAlgorithm::kRecursiveDoubling:
+      if (op.inlined()) {  // two ranks: the peer's data came with its call print
+        const int peer = 1 - op.rank();
+        co_await op.all(op.printFrom(peer));
+        op.memory().reduce(type, reduce, data, op.inlinePayload(peer), count);
+        break;
+      }
       co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
       break;
     case PlanAlgorithm::kLeaders:
@@ -139,6 +146,8 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
     group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
   }
   group->name = "group " + std::to_string(group->id);
+  FlightRecorder::process().describeGroup(group->id, group->name, rank, size);
+  FlightRecorder::process().noteRank(rank);
   group->sharedRing = std::make_shared<SharedRing>(&engine);
   group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
   store.set(key + "address/" + std::to_string(rank), engine.localAddress());
@@ -279,19 +288,26 @@ std::string Communicator::where(const char* name) const {
 
 std::shared_ptr<Work> Communicator::start(const CallPrint& print, const char* name,
                                           CallOptions& options,
-                                          const std::function<Task(Op&)>& body) {
-  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &print, name, options, body);
+                                          const std::function<Task(Op&)>& body,
+                                          const void* inlineData, size_t inlineBytes) {
+  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &print, name, options, body,
+                 kNotPointToPoint, inlineData, inlineBytes);
 }
 
 std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* print,
                                             const char* name, CallOptions& options,
-                                            const std::function<Task(Op&)>& body) {
+                                            const std::function<Task(Op&)>& body, int peer,
+                                            const void* inlineData, size_t inlineBytes) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
   op->setMemory(memoryFor(options.memory, options.device));
+  op->traceRecord = FlightRecorder::process().created(group_->id, sequence, name,
+                                                      print != nullptr ? *print : CallPrint{},
+                                                      peer != kNotPointToPoint, peer, timeout);
   if (print != nullptr && size() > 1) {
     op->setPrint(*print);
+    if (inlineBytes > 0) op->setInline(inlineData, inlineBytes);
     op->task = checkedCall(*op, body(*op));
   } else {
     op->task = body(*op);
@@ -325,9 +341,14 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
       refuse("allreduce", e.what());
     }
   }
+  // Two ranks, a small host allreduce: its data rides in the call print.
+  const size_t bytes = count * elementSize(type);
+  const bool carried = plan->algorithm == PlanAlgorithm::kRecursiveDoubling && size() == 2 &&
+                       bytes > 0 && bytes <= Op::kInlineMax && options.memory == MemoryKind::kHost;
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,
-      [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); });
+      [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); },
+      carried ? data : nullptr, carried ? bytes : 0);
 }
 
 size_t Communicator::checkedBytes(const char* name, size_t count, DataType type, size_t times) {
@@ -440,8 +461,9 @@ std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int pee
     throw Error(where("send") + ": rank " + std::to_string(peer) + " is not a rank of it");
   }
   if (peer == rank()) throw Error(where("send") + ": a rank cannot send to itself");
-  return startAt(userTag, nullptr, "send", options,
-                 [=](Op& op) { return sendTask(op, data, bytes, peer, userTag); });
+  return startAt(
+      userTag, nullptr, "send", options,
+      [=](Op& op) { return sendTask(op, data, bytes, peer, userTag); }, peer);
 }
 
 std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int peer, uint32_t userTag,
@@ -450,8 +472,9 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int peer, uin
     throw Error(where("recv") + ": rank " + std::to_string(peer) + " is not a rank of it");
   }
   if (peer == rank()) throw Error(where("recv") + ": a rank cannot receive from itself");
-  return startAt(userTag, nullptr, "recv", options,
-                 [=](Op& op) { return recvTask(op, data, bytes, peer, userTag); });
+  return startAt(
+      userTag, nullptr, "recv", options,
+      [=](Op& op) { return recvTask(op, data, bytes, peer, userTag); }, peer);
 }
 
 }  // namespace ddl

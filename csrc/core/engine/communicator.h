@@ -127,10 +127,17 @@ class Communicator {
   Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout, Topology topology,
                LinkCosts links);
   // A collective: numbered, checked against the other ranks' calls (control.h).
+  // `inlineBytes` of `inlineData` ride in the call print (Op::setInline).
   std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
-                              const std::function<Task(Op&)>& body);
+                              const std::function<Task(Op&)>& body,
+                              const void* inlineData = nullptr, size_t inlineBytes = 0);
+  // `print` null: outside the call checks (point to point, monitored barriers). `peer`: the
+  // other rank of a point-to-point op (-1: any), kNotPointToPoint for the others.
+  static constexpr int kNotPointToPoint = -2;
   std::shared_ptr<Work> startAt(uint32_t sequence, const CallPrint* print, const char* name,
-                                CallOptions& options, const std::function<Task(Op&)>& body);
+                                CallOptions& options, const std::function<Task(Op&)>& body,
+                                int peer = kNotPointToPoint, const void* inlineData = nullptr,
+                                size_t inlineBytes = 0);
   std::string where(const char* name) const;
   // Bad arguments: the other ranks are told (reject) and the caller gets an Error.
   [[noreturn]] void refuse(const char* name, const std::string& what);

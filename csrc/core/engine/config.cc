@@ -68,6 +68,11 @@ const std::vector<ConfigEntry> kTable = {
      "1: a group that spans hosts measures the latency and bandwidth of each level above the "
      "host that TORCH_DDL_LINKS does not name, once at creation (two ranks, about 40 ms at "
      "1 Gbit/s), for the cost model; 0: the defaults"},
+    {"TORCH_DDL_TRACE_ENTRIES", "2000",
+     "operations the flight recorder keeps (all groups of the process, newest last); 0: none"},
+    {"TORCH_DDL_TRACE_FILE", "/tmp/torch_ddl_trace_rank_",
+     "where the flight recorder is dumped when an op fails (this prefix, then the rank), in the "
+     "layout of torch's flight recorder; empty: only on demand (torch_ddl.dump_trace)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -151,6 +156,8 @@ Config read() {
     throw Error("ddl: TORCH_DDL_SHARE_TENSORS=" + share + " is not 0 or 1");
   }
   c.shareTensors = share == "1";
+  c.traceEntries = parseSize(kTable[17], 0);
+  c.traceFile = configValue(kTable[18]);
   return c;
 }
 

@@ -37,6 +37,8 @@ struct Config {
   std::string links;              // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)
   long spinMicros = 0;            // busy-poll time before the progress thread or a waiter sleeps
   bool shareTensors = true;       // adopt large, reused allreduce tensors (shm/shared_buffers.h)
+  size_t traceEntries = 0;        // operations the flight recorder keeps (trace.h)
+  std::string traceFile;          // dump prefix on failure ("": on demand only)
 };
 
 struct ConfigEntry {

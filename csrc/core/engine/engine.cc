@@ -12,6 +12,7 @@
 #include "../types.h"
 #include "config.h"
 #include "tag.h"
+#include "trace.h"
 
 namespace ddl {
 
@@ -185,6 +186,7 @@ bool Engine::drainSubmissions() {
   for (auto& fn : calls) fn();
   for (auto& op : ops) {
     op->startClock();
+    FlightRecorder::process().started(op->traceRecord);
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
@@ -281,6 +283,8 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   // An op that another rank refused to start cannot have finished anywhere: what it shares may
   // be given up without doubt (shm/shared_ring.h).
   op->endsCleanly_ = cause == Cause::kNoticeRefusal;
+  FlightRecorder::process().ended(op->traceRecord, error, error.empty() ? "" : op->pendingPeers());
+  if (!error.empty() && cause != Cause::kRefused) FlightRecorder::process().writeOnFailure();
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;

@@ -1,5 +1,6 @@
 #include "op.h"
 
+#include <cstring>
 #include <set>
 
 #include "engine.h"
@@ -75,20 +76,29 @@ void Op::observe(Request* req) {
   ++op->completions_;
   if (!op->failure_.empty()) return;
   if (req->isCallPrint && !req->isSend && !req->failed) {
-    const CallPrint* theirs = nullptr;
-    for (const PrintIn& in : op->printsIn_) {
-      if (in.request == req) theirs = &in.print;
+    const PrintIn* in = nullptr;
+    for (const auto& p : op->printsIn_) {
+      if (p->request == req) in = p.get();
     }
     const std::string peer = "rank " + std::to_string(req->peer);
-    if (theirs == nullptr || req->receivedBytes != sizeof(CallPrint) ||
-        theirs->magic != CallPrint::kMagic) {
+    CallPrint theirs;
+    if (in != nullptr && req->receivedBytes >= sizeof(CallPrint)) {
+      std::memcpy(&theirs, in->bytes, sizeof(theirs));
+    }
+    if (in == nullptr || req->receivedBytes < sizeof(CallPrint) ||
+        theirs.magic != CallPrint::kMagic) {
       op->failure_ = peer + " sent a malformed call check";
-    } else if (!(*theirs == op->print_)) {
-      op->failure_ = "the ranks' calls differ: " + peer + " called " + theirs->describe() +
+    } else if (!(theirs == op->print_)) {
+      op->failure_ = "the ranks' calls differ: " + peer + " called " + theirs.describe() +
                      ", rank " + std::to_string(op->rank()) + " called " + op->print_.describe();
-      if (theirs->sequence != op->print_.sequence) {
-        op->failure_ += " (as op #" + std::to_string(theirs->sequence) + ")";
+      if (theirs.sequence != op->print_.sequence) {
+        op->failure_ += " (as op #" + std::to_string(theirs.sequence) + ")";
       }
+    } else if (op->inlined() && req->receivedBytes != sizeof(CallPrint) + op->inlineBytes_) {
+      op->failure_ = peer + "'s call check carried " +
+                     std::to_string(req->receivedBytes - sizeof(CallPrint)) +
+                     " bytes of data where this rank expects " + std::to_string(op->inlineBytes_) +
+                     " (the ranks' settings differ)";
     }
     return;
   }
@@ -141,8 +151,32 @@ void Op::setPrint(const CallPrint& print) {
   print_.sequence = sequence_;
 }
 
+void Op::setInline(const void* data, size_t bytes) {
+  inlineData_ = data;
+  inlineBytes_ = bytes <= kInlineMax ? bytes : 0;
+}
+
+Request* Op::printFrom(int peer) const {
+  for (const auto& p : printsIn_) {
+    if (p->request->peer == peer) return p->request;
+  }
+  return nullptr;
+}
+
+const char* Op::inlinePayload(int peer) const {
+  for (const auto& p : printsIn_) {
+    if (p->request->peer == peer && p->request->done) return p->bytes + sizeof(CallPrint);
+  }
+  return nullptr;
+}
+
 void Op::startCallCheck() {
   const int n = size();
+  if (inlined()) {
+    printOut_.resize(sizeof(CallPrint) + inlineBytes_);
+    std::memcpy(printOut_.data(), &print_, sizeof(CallPrint));
+    std::memcpy(printOut_.data() + sizeof(CallPrint), inlineData_, inlineBytes_);
+  }
   printSent_.assign(n, false);
   printAsked_.assign(n, false);
   sendPrint((rank() + 1) % n);
@@ -158,7 +192,9 @@ void Op::sendPrint(int peer) {
   if (refuseAfterFailure(req)) return;
   uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
                          static_cast<uint32_t>(group_->rank));
-  group_->engine->transport().send(group_->peers.at(peer), t, &print_, sizeof(print_), req);
+  const void* bytes = inlined() ? static_cast<const void*>(printOut_.data()) : &print_;
+  const size_t length = inlined() ? printOut_.size() : sizeof(print_);
+  group_->engine->transport().send(group_->peers.at(peer), t, bytes, length, req);
 }
 
 void Op::askPrint(int peer) {
@@ -167,13 +203,14 @@ void Op::askPrint(int peer) {
   // Marked before it is posted: the transport may complete it inside recv().
   Request* req = newRequest(peer, false);
   req->isCallPrint = true;
-  PrintIn& in = printsIn_.emplace_back();
+  printsIn_.push_back(std::make_unique<PrintIn>());
+  PrintIn& in = *printsIn_.back();
   in.request = req;
   printRequests_.push_back(req);
   if (refuseAfterFailure(req)) return;
   uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
                          static_cast<uint32_t>(peer));
-  group_->engine->transport().recv(t, tag::kMatchAll, &in.print, sizeof(in.print), req);
+  group_->engine->transport().recv(t, tag::kMatchAll, in.bytes, sizeof(in.bytes), req);
 }
 
 Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {

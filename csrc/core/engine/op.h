@@ -113,6 +113,7 @@ class Op {
 
   // Engine side.
   Task task;
+  uint64_t traceRecord = 0;  // its flight recorder entry (trace.h)
   std::shared_ptr<Work> work;
   const std::string& name() const { return name_; }
   uint32_t sequence() const { return sequence_; }
@@ -145,6 +146,14 @@ class Op {
   void startCallCheck();
   // Every print sent and asked for so far (the op completes once all are done).
   const std::vector<Request*>& callCheckRequests() const { return printRequests_; }
+  // A small allreduce at two ranks carries its data in the print (one message each way instead
+  // of two): set before the op starts; the bytes are read when it starts.
+  static constexpr size_t kInlineMax = 1024;
+  void setInline(const void* data, size_t bytes);
+  bool inlined() const { return inlineBytes_ > 0; }
+  // The print asked from `peer` (nullptr if none), and the data it carried once it arrived.
+  Request* printFrom(int peer) const;
+  const char* inlinePayload(int peer) const;
 
  private:
   friend class Engine;
@@ -173,10 +182,13 @@ class Op {
   CallPrint print_;                           // collective kNone: no call check
   std::vector<bool> printSent_, printAsked_;  // by peer
   struct PrintIn {
-    CallPrint print;
+    alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
     Request* request;
   };
-  std::deque<PrintIn> printsIn_;  // a deque: receives write into them where they are
+  std::vector<std::unique_ptr<PrintIn>> printsIn_;
+  const void* inlineData_ = nullptr;
+  size_t inlineBytes_ = 0;
+  std::vector<char> printOut_;  // the print and its data, when it carries data
   std::vector<Request*> printRequests_;
 };
 

@@ -1,0 +1,81 @@
+// Flight recorder: the last TORCH_DDL_TRACE_ENTRIES operations of every group of the process
+// (collective, sequence number, count, dtype, reduce op, root, state, when it was created,
+// started and ended, and, for one that failed, its error and the peers it still waited for).
+// Recording costs a lock and a few stores per op. The trace is written when an op fails (to
+// TORCH_DDL_TRACE_FILE + rank, at most every 100 ms) and on demand, as a pickle laid out like
+// torch's own flight recorder dumps (version, pg_config, entries with process_group,
+// collective_seq_id, profiling_name "ddl:all_reduce", input_sizes, state, time_*_ns, ...), so
+// that `python -m torch_ddl.info --trace` can line up the ranks' dumps and name the first
+// operation where they diverge.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "control.h"
+
+namespace ddl {
+
+struct TraceEntry {
+  enum class State { kScheduled, kStarted, kCompleted, kFailed };
+  uint64_t record = 0;  // process-wide, in the order ops were created
+  uint32_t groupId = 0;
+  uint32_t sequence = 0;  // collective sequence number (point to point: the user tag)
+  bool pointToPoint = false;
+  int peer = -1;  // point to point: the other rank
+  const char* name = "";
+  CallPrint print;
+  int64_t timeoutMs = 0;
+  State state = State::kScheduled;
+  int64_t createdNs = 0, startedNs = 0, endedNs = 0;
+  std::string error;    // failed: what ended it
+  std::string awaited;  // failed: the peers it still waited for
+};
+
+class FlightRecorder {
+ public:
+  static FlightRecorder& process();
+
+  // A group as the dump describes it (rank within it, size, the global ranks where known).
+  void describeGroup(uint32_t groupId, const std::string& name, int rank, int size);
+  // Sets the rank the dump file is named by (the first one wins; env RANK takes precedence).
+  void noteRank(int rank);
+
+  // Returns the record id (0: not recorded, the recorder is off).
+  uint64_t created(uint32_t groupId, uint32_t sequence, const char* name, const CallPrint& print,
+                   bool pointToPoint, int peer, std::chrono::milliseconds timeout);
+  void started(uint64_t record);
+  void ended(uint64_t record, const std::string& error, const std::string& awaited);
+
+  std::vector<TraceEntry> entries() const;
+  // The dump, as pickle bytes.
+  std::string dump() const;
+  // Writes the dump to `path` (default: TORCH_DDL_TRACE_FILE + rank); returns the path written,
+  // or "" when there is nowhere to write it.
+  std::string write(const std::string& path = "") const;
+  // On failure: writes the default dump unless one was written less than a second ago.
+  void writeOnFailure();
+
+ private:
+  TraceEntry* find(uint64_t record);
+  std::string defaultPath() const;
+
+  mutable std::mutex mutex_;
+  std::deque<TraceEntry> entries_;
+  uint64_t next_ = 1;
+  struct GroupInfo {
+    std::string name;
+    int rank;
+    int size;
+  };
+  std::map<uint32_t, GroupInfo> groups_;
+  int rank_ = -1;
+  std::chrono::steady_clock::time_point lastFailureDump_{};
+};
+
+}  // namespace ddl
