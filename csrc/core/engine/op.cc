@@ -240,10 +240,11 @@ Op::Until Op::next() {
 }
 
 std::string Op::pendingPeers() const {
-  std::set<int> recvFrom, sendTo;
+  std::set<int> recvFrom, sendTo, notStarted;
   bool fromAnyone = false;
   for (const auto& r : requests_) {
     if (r->done) continue;
+    if (r->isCallPrint && !r->isSend) notStarted.insert(r->peer);  // its call check is missing
     if (r->peer < 0) {
       fromAnyone = true;
       continue;
@@ -264,6 +265,11 @@ std::string Op::pendingPeers() const {
   if (!sendTo.empty()) {
     text += (text.empty() ? "" : "; ") + std::string("rank") + (sendTo.size() > 1 ? "s " : " ") +
             list(sendTo) + " did not take the data sent to it";
+  }
+  if (!notStarted.empty()) {
+    text += (text.empty() ? "" : "; ") + std::string("rank") +
+            (notStarted.size() > 1 ? "s " : " ") + list(notStarted) +
+            (notStarted.size() > 1 ? " have" : " has") + " not started this op";
   }
   return text.empty() ? "no message outstanding" : text;
 }
