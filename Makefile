@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-python demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full
+.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full
 
 all: build
 
@@ -55,6 +55,12 @@ test-cpp: build/cpp/core_tests
 
 test-python: build $(CLUSTER_TOOLS)
 	$(PY) -m pytest tests/python -q -x -p no:cacheprovider
+
+# The randomised fault trials at full length (make test runs 6): a random rank of 2 - 4 dies by
+# kill -9 or exit at a random point of a random collective; every survivor must name it in 2 s.
+faults: build
+	DDL_FAULT_TRIALS=$${DDL_FAULT_TRIALS:-30} $(PY) -m pytest tests/python/test_faults.py -q \
+	  -p no:cacheprovider -k random -rA
 
 # PyTorch's own distributed suite: the CI subset (one or more tests per collective) over ddl.
 conformance: build
