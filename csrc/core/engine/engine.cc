@@ -207,8 +207,7 @@ bool Engine::drainSubmissions() {
       if (early != control->early.end()) {
         Notice notice = std::move(early->second);
         control->early.erase(early);
-        finishOp(it, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
-                 causeOf(notice));
+        finishOp(it, reportOf(notice), causeOf(notice));
         continue;
       }
     }
@@ -454,26 +453,28 @@ Engine::Cause Engine::causeOf(const Notice& notice) {
   }
 }
 
+std::string Engine::reportOf(const Notice& notice) {
+  return "rank " + std::to_string(notice.from) + " reports: " + notice.text;
+}
+
 void Engine::applyNotice(GroupControl& control, const Notice& notice) {
-  const std::string text = "rank " + std::to_string(notice.from) + " reports: " + notice.text;
+  const std::string text = reportOf(notice);
   const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
-  const bool inFlight = std::any_of(active_.begin(), active_.end(), [&](const auto& op) {
-    return &op->group() == control.group && op->checksCall() && op->sequence() == notice.sequence;
+  auto op = std::find_if(active_.begin(), active_.end(), [&](const auto& o) {
+    return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
   });
+  const bool inFlight = op != active_.end();
   if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
     control.group->state->fail(
         timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication,
         control.group->name + ", op #" + std::to_string(notice.sequence) + ": " + text);
     refusalsPending_ = true;
   }
-  for (auto it = active_.begin(); it != active_.end(); ++it) {
-    const Op& op = **it;
-    if (&op.group() == control.group && op.checksCall() && op.sequence() == notice.sequence) {
-      // A rank that timed out here is alive and in the op; this rank, in it too, waits for its
-      // own deadline (about as near) and names whom it still waits for itself.
-      if (!timedOut) finishOp(it, text, causeOf(notice));
-      return;
-    }
+  if (inFlight) {
+    // A rank that timed out here is alive and in the op; this rank, in it too, waits for its
+    // own deadline (about as near) and names whom it still waits for itself.
+    if (!timedOut) finishOp(op, text, causeOf(notice));
+    return;
   }
   if (static_cast<int64_t>(notice.sequence) > control.started) {
     control.early[notice.sequence] = notice;

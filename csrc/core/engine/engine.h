@@ -92,6 +92,7 @@ class Engine {
   // failed group. Failures of the first three kinds are told to the other ranks.
   enum class Cause { kOwn, kTimeout, kLost, kNotice, kNoticeTimeout, kNoticeRefusal, kRefused };
   static Cause causeOf(const Notice& notice);
+  static std::string reportOf(const Notice& notice);  // "rank 2 reports: ..."
   void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
                 Cause cause = Cause::kOwn);
   // Notices: posts `control`'s receive; applies what arrived; cleans up sends; discards what

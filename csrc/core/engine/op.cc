@@ -7,6 +7,11 @@
 #include "tag.h"
 
 namespace ddl {
+namespace {
+
+constexpr uint64_t kPrintSlot = tag::slot(tag::kControlPhase, tag::kPrintStep);
+
+}  // namespace
 
 void GroupState::recordFailure(Failure kind, const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -76,10 +81,7 @@ void Op::observe(Request* req) {
   ++op->completions_;
   if (!op->failure_.empty()) return;
   if (req->isCallPrint && !req->isSend && !req->failed) {
-    const PrintIn* in = nullptr;
-    for (const auto& p : op->printsIn_) {
-      if (p->request == req) in = p.get();
-    }
+    const PrintIn* in = op->printIn(req->peer);
     const std::string peer = "rank " + std::to_string(req->peer);
     CallPrint theirs;
     if (in != nullptr && req->receivedBytes >= sizeof(CallPrint)) {
@@ -121,10 +123,13 @@ void Op::observe(Request* req) {
 
 Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
   if (checksCall() && !printSent_.empty()) sendPrint(peer);
-  Request* req = newRequest(peer, true);
+  return postSend(newRequest(peer, true), slot, data, bytes);
+}
+
+Request* Op::postSend(Request* req, uint64_t slot, const void* data, size_t bytes) {
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
-  group_->engine->transport().send(group_->peers.at(peer), t, data, bytes, req);
+  group_->engine->transport().send(group_->peers.at(req->peer), t, data, bytes, req);
   return req;
 }
 
@@ -140,8 +145,12 @@ Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t 
   if (checksCall() && !printAsked_.empty()) askPrint(peer);
   Request* req = newRequest(peer, false);
   req->expectedBytes = expected;  // before posting: the transport may complete it at once
+  return postReceive(req, slot, data, bytes);
+}
+
+Request* Op::postReceive(Request* req, uint64_t slot, void* data, size_t bytes) {
   if (refuseAfterFailure(req)) return req;
-  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(peer));
+  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(req->peer));
   group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;
 }
@@ -156,18 +165,21 @@ void Op::setInline(const void* data, size_t bytes) {
   inlineBytes_ = bytes <= kInlineMax ? bytes : 0;
 }
 
-Request* Op::printFrom(int peer) const {
+const Op::PrintIn* Op::printIn(int peer) const {
   for (const auto& p : printsIn_) {
-    if (p->request->peer == peer) return p->request;
+    if (p->request->peer == peer) return p.get();
   }
   return nullptr;
 }
 
+Request* Op::printFrom(int peer) const {
+  const PrintIn* in = printIn(peer);
+  return in != nullptr ? in->request : nullptr;
+}
+
 const char* Op::inlinePayload(int peer) const {
-  for (const auto& p : printsIn_) {
-    if (p->request->peer == peer && p->request->done) return p->bytes + sizeof(CallPrint);
-  }
-  return nullptr;
+  const PrintIn* in = printIn(peer);
+  return in != nullptr && in->request->done ? in->bytes + sizeof(CallPrint) : nullptr;
 }
 
 void Op::startCallCheck() {
@@ -189,12 +201,9 @@ void Op::sendPrint(int peer) {
   Request* req = newRequest(peer, true);
   req->isCallPrint = true;
   printRequests_.push_back(req);
-  if (refuseAfterFailure(req)) return;
-  uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
-                         static_cast<uint32_t>(group_->rank));
   const void* bytes = inlined() ? static_cast<const void*>(printOut_.data()) : &print_;
   const size_t length = inlined() ? printOut_.size() : sizeof(print_);
-  group_->engine->transport().send(group_->peers.at(peer), t, bytes, length, req);
+  postSend(req, kPrintSlot, bytes, length);
 }
 
 void Op::askPrint(int peer) {
@@ -207,10 +216,7 @@ void Op::askPrint(int peer) {
   PrintIn& in = *printsIn_.back();
   in.request = req;
   printRequests_.push_back(req);
-  if (refuseAfterFailure(req)) return;
-  uint64_t t = tag::make(group_->id, sequence_, tag::slot(tag::kControlPhase, tag::kPrintStep),
-                         static_cast<uint32_t>(peer));
-  group_->engine->transport().recv(t, tag::kMatchAll, in.bytes, sizeof(in.bytes), req);
+  postReceive(req, kPrintSlot, in.bytes, sizeof(in.bytes));
 }
 
 Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <coroutine>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -161,6 +160,9 @@ class Op {
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
   Request* postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);
+  // Post a request made by newRequest (nothing leaves a failed op).
+  Request* postSend(Request* req, uint64_t slot, const void* data, size_t bytes);
+  Request* postReceive(Request* req, uint64_t slot, void* data, size_t bytes);
   bool refuseAfterFailure(Request* req);
 
   std::shared_ptr<const Group> group_;
@@ -185,7 +187,8 @@ class Op {
     alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
     Request* request;
   };
-  std::vector<std::unique_ptr<PrintIn>> printsIn_;
+  std::vector<std::unique_ptr<PrintIn>> printsIn_;  // one per peer asked
+  const PrintIn* printIn(int peer) const;
   const void* inlineData_ = nullptr;
   size_t inlineBytes_ = 0;
   std::vector<char> printOut_;  // the print and its data, when it carries data
