@@ -1031,6 +1031,33 @@ TEST(GroupState, ATimeoutFailsTheGroupOnEveryRank) {
       std::chrono::milliseconds(300));
 }
 
+TEST(GroupState, ATimeoutNamesTheRankAtTheEndOfTheWait) {
+  // Rank 3 of 5 never comes in time. In a ring only rank 4 waits on it directly; the others wait
+  // on ranks that wait in turn. Halfway to the deadline each says whom it waits for, and every
+  // rank's timeout follows those reports to rank 3.
+  std::vector<std::string> errors(5);
+  runRanks(
+      5,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 16, 1.0f);
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return;
+        }
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        errors[comm.rank()] = work->error();
+      },
+      std::chrono::milliseconds(600));
+  for (int r : {0, 1, 2, 4}) {
+    const std::string& e = errors[r];
+    EXPECT_NE(e.find("Timed out after 600 ms"), std::string::npos) << e;
+    const bool direct = e.find("rank 3 has not started this op") != std::string::npos;
+    const bool followed = e.find("to rank 3, which has not started this op") != std::string::npos;
+    EXPECT_TRUE(direct || followed) << "rank " << r << ": " << e;
+  }
+}
+
 TEST(CallCheck, EveryRankNamingItselfTheRootFails) {
   // Nobody receives anything: only the call check can see it.
   std::vector<std::string> errors(3);

@@ -123,26 +123,40 @@ def _stopped(rank, size, store):
         os.kill(os.getpid(), signal.SIGSTOP)  # a stopped rank is alive: only the timeout names it
         return
     start = time.time()
-    with pytest.raises(RuntimeError, match=f"Timed out after 3000 ms.*rank {size - 1}"):
+    with pytest.raises(RuntimeError, match="Timed out after 3000 ms") as info:
         for _ in range(1000):
             dist.all_reduce(x)
     assert time.time() - start < 6
+    # The stopped rank is the end of every survivor's wait: its next rank misses its call print,
+    # the others follow what the ranks they wait for reported halfway to the deadline.
+    stopped = size - 1
+    message = str(info.value)
+    assert (f"rank {stopped} has not started this op" in message
+            or f"to rank {stopped}, which" in message), message
+    print(f"rank {rank}: {message}", flush=True)
+    # Every survivor stays until all have timed out: one that exits is a lost peer to the rest.
+    store = dist.distributed_c10d._get_default_store()
+    store.add("timed out", 1)
+    deadline = time.time() + 20
+    while store.add("timed out", 0) < size - 1 and time.time() < deadline:
+        time.sleep(0.05)
+    os._exit(0)
 
 
-def test_a_stopped_peer_gets_the_timeout_naming_it():
-    size = 2
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_stopped_peer_gets_the_timeout_naming_it(size):
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(_entry, args=(_stopped, size, os.path.join(tmp, "store")),
                                  nprocs=size, join=False, start_method="spawn")
         try:
-            ctx.processes[0].join(60)
-            code = ctx.processes[0].exitcode
+            for p in ctx.processes[:-1]:
+                p.join(60)
+            codes = [p.exitcode for p in ctx.processes[:-1]]
         finally:
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
-    assert code == 0, code
-
+    assert codes == [0] * (size - 1), codes
 
 
 def _aborted(rank, size, store, done):

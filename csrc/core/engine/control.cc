@@ -78,7 +78,7 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   NoticeHeader header;
   if (bytes < sizeof(header)) return std::nullopt;
   std::memcpy(&header, data, sizeof(header));
-  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kRefusal)) {
+  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting)) {
     return std::nullopt;
   }
   Notice notice;

@@ -76,7 +76,9 @@ CallPrint callPrint(Collective collective, size_t count = 0,
 struct Notice {
   // kRefusal: the sender refused its arguments and never started the op (the op fails, and no
   // rank can have finished it: what it shared with others may be given up cleanly).
-  enum class Scope : uint8_t { kOp, kGroup, kGroupTimeout, kRefusal };
+  // kWaiting: the sender is still in the op halfway to its deadline and says whom it waits for
+  // (text: "peers;not started", comma-separated ranks); nothing ends.
+  enum class Scope : uint8_t { kOp, kGroup, kGroupTimeout, kRefusal, kWaiting };
   static constexpr size_t kMaxBytes = 2048;
   uint32_t sequence = 0;
   Scope scope = Scope::kOp;

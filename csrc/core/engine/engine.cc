@@ -335,17 +335,60 @@ void Engine::checkDeadlines() {
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
     Op& op = **current;
-    if (now < op.deadline()) continue;
+    if (now < op.deadline()) {
+      if (!op.waitsReported && now >= op.halfway()) reportWaits(op);
+      continue;
+    }
     std::string why = op.describeTimeout
                           ? op.describeTimeout()
                           : "Timed out after " + std::to_string(op.timeout().count()) +
                                 " ms: " + op.pendingPeers();
-    finishOp(current, why, Cause::kTimeout);
+    finishOp(current, why + op.waitChain(!op.describeTimeout), Cause::kTimeout);
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
                                 [](const Orphaned& o) { return allDone(o.requests); }),
                  orphans_.end());
   orphanCount_.store(orphans_.size());
+}
+
+namespace {
+
+std::string joinRanks(const std::set<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+std::set<int> splitRanks(const std::string& text) {
+  std::set<int> ranks;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    try {
+      ranks.insert(std::stoi(text.substr(at, end - at)));
+    } catch (const std::exception&) {
+    }
+    at = end + 1;
+  }
+  return ranks;
+}
+
+}  // namespace
+
+void Engine::reportWaits(Op& op) {
+  op.waitsReported = true;
+  // With two ranks the one waited for is the other: nothing to follow.
+  if (!op.checksCall() || op.size() <= 2 || op.group().control == nullptr) return;
+  GroupControl& control = *op.group().control;
+  if (!control.open) return;
+  const Op::Waits waits = op.waits();
+  Notice notice;
+  notice.sequence = op.sequence();
+  notice.scope = Notice::Scope::kWaiting;
+  notice.from = op.rank();
+  notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
+  sendNotice(control, notice);
 }
 
 void Engine::failRefusedOps() {
@@ -464,6 +507,15 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
     return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
   });
   const bool inFlight = op != active_.end();
+  if (notice.scope == Notice::Scope::kWaiting) {  // only for ops in flight here
+    if (inFlight) {
+      const size_t split = notice.text.find(';');
+      Op::Waits& waits = (*op)->reportedWaits[notice.from];
+      waits.peers = splitRanks(notice.text.substr(0, split));
+      if (split != std::string::npos) waits.notStarted = splitRanks(notice.text.substr(split + 1));
+    }
+    return;
+  }
   if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
     control.group->state->fail(
         timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication,
@@ -530,7 +582,9 @@ void Engine::sleep() {
     int timeoutMs = -1;
     if (!active_.empty()) {
       auto nearest = Clock::now() + std::chrono::hours(1);
-      for (auto& op : active_) nearest = std::min(nearest, op->deadline());
+      for (auto& op : active_) {
+        nearest = std::min(nearest, op->waitsReported ? op->deadline() : op->halfway());
+      }
       auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(nearest - Clock::now());
       timeoutMs = static_cast<int>(std::clamp<long>(wait.count() + 1, 0, 1000));
     } else if (!orphans_.empty()) {

@@ -102,6 +102,8 @@ class Engine {
   bool serviceControls();
   void applyNotice(GroupControl& control, const Notice& notice);
   void sendNotice(GroupControl& control, const Notice& notice);
+  // Tells the op's other ranks whom it still waits for, halfway to its deadline (op.h).
+  void reportWaits(Op& op);
   void buryOp(GroupControl& control, uint32_t sequence);
   // Fails the ops in flight whose group was failed (set by finishOp and notices).
   void failRefusedOps();

@@ -51,7 +51,8 @@ Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
       sequence_(sequence),
       name_(std::move(name)),
       timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout) {}
+      deadline_(std::chrono::steady_clock::now() + timeout),
+      halfway_(std::chrono::steady_clock::now() + timeout / 2) {}
 
 Op::~Op() {
   task = Task();  // the coroutine frame first: its locals may point at this op's requests
@@ -195,6 +196,12 @@ void Op::startCallCheck() {
   askPrint((rank() + n - 1) % n);
 }
 
+bool Op::isStartPrint(const Request& req) const {
+  // Every rank sends its print to the next as it starts; the prints it sends to other peers go
+  // before its first message to each, so a missing one only says it has not got that far.
+  return req.isCallPrint && !req.isSend && req.peer == (rank() + size() - 1) % size();
+}
+
 void Op::sendPrint(int peer) {
   if (printSent_[peer]) return;
   printSent_[peer] = true;
@@ -250,7 +257,7 @@ std::string Op::pendingPeers() const {
   bool fromAnyone = false;
   for (const auto& r : requests_) {
     if (r->done) continue;
-    if (r->isCallPrint && !r->isSend) notStarted.insert(r->peer);  // its call check is missing
+    if (isStartPrint(*r)) notStarted.insert(r->peer);  // it has not sent its print yet
     if (r->peer < 0) {
       fromAnyone = true;
       continue;
@@ -278,6 +285,74 @@ std::string Op::pendingPeers() const {
             (notStarted.size() > 1 ? " have" : " has") + " not started this op";
   }
   return text.empty() ? "no message outstanding" : text;
+}
+
+Op::Waits Op::waits() const {
+  Waits w;
+  for (const auto& r : requests_) {
+    if (r->done || r->peer < 0) continue;
+    w.peers.insert(r->peer);
+    if (isStartPrint(*r)) w.notStarted.insert(r->peer);
+  }
+  return w;
+}
+
+std::string Op::waitChain(bool notStartedSaid) const {
+  const Waits own = waits();
+  std::string text;
+  if (!notStartedSaid) {
+    for (int r : own.notStarted) text += "; rank " + std::to_string(r) + " has not started this op";
+  }
+  if (reportedWaits.empty()) return text;
+  // Who saw which rank not start the op (this rank first).
+  std::map<int, int> notStartedSeenBy;
+  for (int r : own.notStarted) notStartedSeenBy.emplace(r, rank());
+  for (const auto& [from, w] : reportedWaits) {
+    for (int r : w.notStarted) notStartedSeenBy.emplace(r, from);
+  }
+  // Breadth first from the peers this rank waits for, through the ranks that reported waiting,
+  // to the ranks at the ends of the waits: ones that had not started the op, and ones in it that
+  // sent no report (stopped, or not in the op: it is not known which).
+  std::map<int, int> via;  // rank -> the rank it was reached from (-1: waited for here)
+  std::vector<int> queue;
+  for (int r : own.peers) {
+    via.emplace(r, -1);
+    queue.push_back(r);
+  }
+  std::vector<std::pair<int, std::string>> ends;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const int r = queue[i];
+    if (auto seen = notStartedSeenBy.find(r); seen != notStartedSeenBy.end()) {
+      ends.emplace_back(r, "has not started this op" +
+                               (seen->second == rank()
+                                    ? std::string()
+                                    : " (rank " + std::to_string(seen->second) + " saw no call)"));
+      continue;
+    }
+    auto report = reportedWaits.find(r);
+    if (report == reportedWaits.end()) {
+      ends.emplace_back(r, "sent no report halfway to the timeout (stopped, or not in this op)");
+      continue;
+    }
+    for (int next : report->second.peers) {
+      if (next == rank() || !via.emplace(next, r).second) continue;
+      queue.push_back(next);
+    }
+  }
+  for (const auto& [r, why] : ends) {
+    if (via[r] == -1 && own.notStarted.count(r)) continue;  // said already
+    std::vector<int> path;
+    for (int at = via[r]; at != -1; at = via[at]) path.push_back(at);
+    std::string through;
+    if (!path.empty()) {
+      through = " through rank" + std::string(path.size() > 1 ? "s " : " ");
+      for (size_t k = path.size(); k-- > 0;) {
+        through += std::to_string(path[k]) + (k ? ", " : "");
+      }
+    }
+    text += "; the wait leads" + through + " to rank " + std::to_string(r) + ", which " + why;
+  }
+  return text;
 }
 
 std::vector<std::unique_ptr<Request>> Op::takePending() {

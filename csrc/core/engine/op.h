@@ -7,8 +7,10 @@
 #include <chrono>
 #include <coroutine>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,11 +121,30 @@ class Op {
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The deadline counts from when the engine starts the op (a device op may wait for its stream).
-  void startClock() { deadline_ = std::chrono::steady_clock::now() + timeout_; }
+  void startClock() {
+    const auto now = std::chrono::steady_clock::now();
+    deadline_ = now + timeout_;
+    halfway_ = now + timeout_ / 2;
+  }
   // A request failed: the first failure's description, empty while all is well.
   const std::string& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
   std::string pendingPeers() const;
+  // Whom this op still waits for: peers it has posted requests to, and of them the previous
+  // rank if its call print, sent as it starts, has not arrived (it has not started the op).
+  struct Waits {
+    std::set<int> peers;
+    std::set<int> notStarted;
+  };
+  Waits waits() const;
+  // Halfway to its deadline an op of more than two ranks that is still running tells the others
+  // whom it waits for (Engine::reportWaits); a rank that times out follows those reports from
+  // the ranks it waits for to the rank at the end of the wait: "; ..." or "" (none to add).
+  // notStartedSaid: the words so far (pendingPeers) already say which peers have not started.
+  std::chrono::steady_clock::time_point halfway() const { return halfway_; }
+  bool waitsReported = false;
+  std::map<int, Waits> reportedWaits;  // by the reporting rank
+  std::string waitChain(bool notStartedSaid) const;
   // Set by an algorithm whose timeout deserves its own words (the engine's default is "Timed
   // out after N ms: " + pendingPeers()). Called on the progress thread while the frame lives.
   std::function<std::string()> describeTimeout;
@@ -170,6 +191,7 @@ class Op {
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point halfway_;
   Memory* memory_ = &memoryFor(MemoryKind::kHost);
   std::vector<std::unique_ptr<Request>> requests_;
   uint64_t completions_ = 0;
@@ -180,6 +202,7 @@ class Op {
   std::string failure_;
   void sendPrint(int peer);
   void askPrint(int peer);
+  bool isStartPrint(const Request& req) const;
   bool endsCleanly_ = false;
   CallPrint print_;                           // collective kNone: no call check
   std::vector<bool> printSent_, printAsked_;  // by peer
