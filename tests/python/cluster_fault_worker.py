@@ -1,6 +1,6 @@
 """One rank of the across-hosts fault tests (test_cluster.py): a loop of 4 MiB collectives in
 which rank --victim dies (kill -9), exits, or loses its host's link (its eth0 goes down while it
-lives on). Every survivor must raise within --bound seconds of that moment, naming the victim,
+lives on), after --before calls and a pause of --pause-us. Every survivor must raise within --bound seconds of that moment, naming the victim,
 and fail a later call at once. The victim writes the moment into --stamp.
 
     python cluster_fault_worker.py --victim 2 --how kill --op all_reduce --stamp FILE
@@ -33,14 +33,17 @@ def main():
     parser.add_argument("--op", default="all_reduce")
     parser.add_argument("--stamp", required=True)
     parser.add_argument("--bound", type=float, default=3.0)
+    parser.add_argument("--before", type=int, default=3, help="calls before the victim goes")
+    parser.add_argument("--pause-us", type=int, default=0, help="then a pause, in microseconds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("ddl", timeout=timedelta(seconds=60))
     rank, size = dist.get_rank(), dist.get_world_size()
     call = fault_call(args.op, size)
     if rank == args.victim:
-        for _ in range(3):
+        for _ in range(args.before):
             call()
+        time.sleep(args.pause_us / 1e6)  # the others are somewhere inside their next op
         if args.how == "link":
             subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, timeout=10)
         with open(args.stamp, "w") as f:

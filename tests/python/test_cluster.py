@@ -89,3 +89,37 @@ def test_a_rank_on_another_host_that_dies_or_is_cut_off_fails_the_survivors_in_s
         assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
         assert "NOTICED" in out, out[-2000:]
         print(f"{how} {op} rank {rank}:", [l for l in out.splitlines() if "NOTICED" in l][0])
+
+
+CLUSTER_FAULT_TRIALS = int(os.environ.get("DDL_CLUSTER_FAULT_TRIALS", "3"))
+
+
+@pytest.mark.parametrize("trial", range(CLUSTER_FAULT_TRIALS))
+def test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective(trial, tmp_path):
+    # Seeded per trial and printed, so that a failure can be replayed (DDL_FAULT_SEED).
+    import random
+    import time
+    seed = int(os.environ.get("DDL_FAULT_SEED", str(int(time.time()) // 3600))) * 1000 + trial
+    rng = random.Random(seed)
+    layout = rng.choice([[1, 1], [2, 1], [1, 2], [2, 2], [3, 1]])
+    size = sum(layout)
+    op = rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+    how = rng.choice(["kill", "exit"])
+    victim = rng.randrange(size)
+    before, pause_us = rng.randrange(1, 30), rng.randrange(0, 3000)
+    print(f"seed {seed}: hosts of {layout} ranks, rank {victim} {how} after {before} x {op}"
+          f" + {pause_us} us")
+    stamp = tmp_path / "stamp"
+    with Cluster(2, layout, rate="1gbit") as cluster:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        results = cluster.launch([sys.executable, FAULT_WORKER, "--victim", str(victim), "--how",
+                                  how, "--op", op, "--stamp", str(stamp), "--before",
+                                  str(before), "--pause-us", str(pause_us)], env=env,
+                                 timeout=120)
+    for rank, (code, out) in enumerate(results):
+        if rank == victim:
+            assert code in ((-9, 137) if how == "kill" else (0,)), f"victim exited {code}:\n{out[-4000:]}"
+            continue
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+        assert "NOTICED" in out, out[-2000:]
+        print(f"rank {rank}:", [line for line in out.splitlines() if "NOTICED" in line][0])
