@@ -4,10 +4,19 @@
 
 Each process trains on its shard (DistributedSampler); DistributedDataParallel averages the
 gradients over the chosen backend. Prints loss, test accuracy and samples/s per epoch.
+
+With --checkpoint FILE, rank 0 saves the model and optimizer after every epoch and a (re)started
+job resumes from the last one saved: under `torchrun --max-restarts N` a failed attempt costs at
+most one epoch. --fail-in-epoch E makes the last rank exit with code 1 in epoch E of the first
+attempt, to try it:
+
+    torchrun --nproc_per_node=2 --max-restarts=1 examples/train_digits.py \
+        --checkpoint /tmp/digits.pt --fail-in-epoch 2
 """
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -52,6 +61,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", help="save after every epoch here, resume from it")
+    parser.add_argument("--fail-in-epoch", type=int, default=0,
+                        help="the last rank exits with code 1 in this epoch of the first attempt")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -66,16 +78,28 @@ def main():
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     model = DDP(DigitsCNN())
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
+    first = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint)
+        model.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        first = saved["epochs"]
     if rank == 0:
         print(f"training DigitsCNN on {len(train)} digits, {world} processes, "
-              f"backend {args.backend}", flush=True)
-    for epoch in range(args.epochs):
+              f"backend {args.backend}" + (f", attempt {attempt}" if attempt else "") +
+              (f", resumed after epoch {first}" if first else ""), flush=True)
+    for epoch in range(first, args.epochs):
         sampler.set_epoch(epoch)
         model.train()
         start = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
-        for x, y in loader:
+        for step, (x, y) in enumerate(loader):
+            if (attempt == 0 and rank == world - 1 and epoch + 1 == args.fail_in_epoch
+                    and step == 3):
+                print(f"rank {rank} fails in epoch {epoch + 1}", flush=True)
+                sys.exit(1)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -91,6 +115,13 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs}  loss {totals[0] / totals[1]:.4f}  "
                   f"test accuracy {correct / len(test):.3f}  "
                   f"samples/s {totals[1].item() / elapsed.item():.0f}", flush=True)
+            if args.checkpoint:  # written whole, then renamed: a crash leaves the last one
+                state = {"model": model.module.state_dict(),
+                         "optimizer": optimizer.state_dict(), "epochs": epoch + 1}
+                torch.save(state, args.checkpoint + ".tmp")
+                os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        if args.checkpoint:
+            dist.barrier()  # every rank resumes from the same epoch
     dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import timedelta
 
 import pytest
@@ -120,6 +121,29 @@ def test_torchrun_restarts_a_job_whose_rank_failed():
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in range(2):
         assert f"rank {rank} attempt 1 finished" in out.stdout, out.stdout + out.stderr
+
+
+RESTART_TRIALS = int(os.environ.get("DDL_RESTART_TRIALS", "1"))
+
+
+@pytest.mark.parametrize("trial", range(RESTART_TRIALS))
+def test_the_example_resumes_after_a_rank_fails_under_torchrun_restarts(trial, tmp_path):
+    # The last rank exits with code 1 in epoch 2 of the first attempt; the survivors' ops fail
+    # naming it, torchrun restarts the job, which forms its group again and resumes after
+    # epoch 1 from the checkpoint.
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc_per_node=2", "--max-restarts=1", f"--master_port={free_port()}",
+           os.path.join(ROOT, "examples", "train_digits.py"), "--backend", "ddl", "--epochs",
+           "3", "--checkpoint", str(tmp_path / "digits.pt"), "--fail-in-epoch", "2"]
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env())
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "rank 1 fails in epoch 2" in text, text
+    assert "attempt 1, resumed after epoch 1" in text, text
+    assert "epoch 3/3" in text, text
+    assert "epoch 1/3" in out.stdout.split("resumed")[0]
+    print(f"trial {trial}: failed, restarted and finished in {time.monotonic() - start:.1f} s")
 
 
 def test_info_tool():
