@@ -56,11 +56,21 @@ test-cpp: build/cpp/core_tests
 test-python: build $(CLUSTER_TOOLS)
 	$(PY) -m pytest tests/python -q -x -p no:cacheprovider
 
-# The randomised fault trials at full length (make test runs 6): a random rank of 2 - 4 dies by
-# kill -9 or exit at a random point of a random collective; every survivor must name it in 2 s.
-faults: build
-	DDL_FAULT_TRIALS=$${DDL_FAULT_TRIALS:-30} $(PY) -m pytest tests/python/test_faults.py -q \
-	  -p no:cacheprovider -k random -rA
+# The fault suite at full length (make test runs all of it with 6 + 3 random trials and 1
+# restart): a random rank of 2 - 4 killed or exiting at a random point of a random collective,
+# on one host (30 trials) and across two emulated hosts (30), every survivor naming it within
+# 2 - 3 s; SIGSTOP; the mismatch matrix; one rank's bad arguments; abort; torchrun restarts of
+# the example (5); PowerSGD and waiting callbacks against gloo; adoption under a memory limit.
+faults: build $(CLUSTER_TOOLS)
+	DDL_FAULT_TRIALS=$${DDL_FAULT_TRIALS:-30} DDL_CLUSTER_FAULT_TRIALS=$${DDL_CLUSTER_FAULT_TRIALS:-30} \
+	DDL_RESTART_TRIALS=$${DDL_RESTART_TRIALS:-5} $(PY) -m pytest -q -p no:cacheprovider -rA \
+	  tests/python/test_faults.py tests/python/test_errors.py tests/python/test_adoption.py \
+	  "tests/python/test_cluster.py::test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective" \
+	  "tests/python/test_cluster.py::test_a_rank_on_another_host_that_dies_or_is_cut_off_fails_the_survivors_in_seconds" \
+	  "tests/python/test_launch.py::test_the_example_resumes_after_a_rank_fails_under_torchrun_restarts" \
+	  "tests/python/test_launch.py::test_torchrun_restarts_a_job_whose_rank_failed" \
+	  "tests/python/test_launch.py::test_destroy_and_init_again_in_the_same_processes" \
+	  tests/python/test_ddp.py -k "not test_ddp_matches_gloo or power_sgd"
 
 # PyTorch's own distributed suite: the CI subset (one or more tests per collective) over ddl.
 conformance: build
