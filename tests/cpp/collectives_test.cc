@@ -403,6 +403,10 @@ class HoldingTransport : public Transport {
   void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override {
     inner_->recv(tag, mask, data, bytes, req);
   }
+  bool receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                      Request* req) override {
+    return inner_->receiveArrived(tag, mask, data, bytes, req);
+  }
   void cancel(Request* req) override {
     held_.push_back(req);
     heldCount_.store(held_.size());

@@ -99,7 +99,7 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
 Task checkedCall(Op& op, Task body) {
   op.startCallCheck();
   co_await body;
-  co_await op.all(op.callCheckRequests());
+  co_await op.until([&op] { return op.callCheckDone(); });
 }
 
 uint64_t pointToPointSlot(uint32_t userTag) {

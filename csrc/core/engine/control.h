@@ -98,7 +98,7 @@ struct GroupControl {
   const Group* group = nullptr;  // valid while open
   uint32_t groupId = 0;
   bool open = false;
-  bool received = false;  // the receive completed: apply `arrived`, post it again
+  bool received = false;  // the receive completed: apply `arrived`, take the next one
   std::unique_ptr<Request> receive;
   std::vector<char> buffer = std::vector<char>(Notice::kMaxBytes);
   std::vector<Notice> arrived;

@@ -268,9 +268,6 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   std::unique_ptr<Op> op = std::move(*it);
   active_.erase(it);
   activeCount_.fetch_sub(1);
-  std::string where = op->name() + " on " + op->group().name + " (rank " +
-                      std::to_string(op->rank()) + " of " + std::to_string(op->size()) + ", op #" +
-                      std::to_string(op->sequence()) + ")";
   if (error.empty() && !op->failure().empty()) error = op->failure();
   if (error.empty() && op->task.done()) {
     try {
@@ -278,6 +275,11 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
     } catch (const std::exception& e) {
       error = e.what();
     }
+  }
+  std::string where;  // the words are built for a failed op only
+  if (!error.empty()) {
+    where = op->name() + " on " + op->group().name + " (rank " + std::to_string(op->rank()) +
+            " of " + std::to_string(op->size()) + ", op #" + std::to_string(op->sequence()) + ")";
   }
   // An op that another rank refused to start cannot have finished anywhere: what it shares may
   // be given up without doubt (shm/shared_ring.h).
@@ -408,10 +410,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   control->open = true;
   group->control = control;
   if (group->size < 2) return;
-  call([&] {
-    controls_.push_back(control);
-    postNoticeReceive(*control);
-  });
+  call([&] { controls_.push_back(control); });
 }
 
 void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control) {
@@ -442,15 +441,19 @@ void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32
   });
 }
 
-void Engine::postNoticeReceive(GroupControl& control) {
-  control.received = false;
-  control.receive = std::make_unique<Request>();
-  control.receive->owner = &control;
-  control.receive->observer = &Engine::onNotice;
+bool Engine::takeNotice(GroupControl& control) {
+  if (control.receive && !control.receive->done) return false;  // one at a time
+  auto receive = std::make_unique<Request>();
+  receive->owner = &control;
+  receive->observer = &Engine::onNotice;
   const uint64_t t =
       tag::make(control.groupId, 0, tag::slot(tag::kControlPhase, tag::kNoticeStep), 0);
-  transport_->recv(t, tag::kGroupAndSlot, control.buffer.data(), control.buffer.size(),
-                   control.receive.get());
+  if (!transport_->receiveArrived(t, tag::kGroupAndSlot, control.buffer.data(),
+                                  control.buffer.size(), receive.get())) {
+    return false;
+  }
+  control.receive = std::move(receive);
+  return true;
 }
 
 void Engine::onNotice(Request* req) {
@@ -540,15 +543,19 @@ bool Engine::serviceControls() {
   const auto now = Clock::now();
   for (size_t i = 0; i < controls_.size();) {
     std::shared_ptr<GroupControl> control = controls_[i];
-    if (control->received) {
-      std::vector<Notice> arrived;
-      arrived.swap(control->arrived);
-      control->received = false;
-      if (control->open) {
-        for (const Notice& notice : arrived) applyNotice(*control, notice);
-        postNoticeReceive(*control);
+    // Notices wait in the transport until taken here (every millisecond, and when one that was
+    // being received completes): taken before the graves below are swept.
+    while (true) {
+      if (control->received) {
+        std::vector<Notice> arrived;
+        arrived.swap(control->arrived);
+        control->received = false;
+        if (control->open) {
+          for (const Notice& notice : arrived) applyNotice(*control, notice);
+        }
+        any = true;
       }
-      any = true;
+      if (!control->open || !takeNotice(*control)) break;
     }
     control->sent.remove_if([](const GroupControl::Sent& s) { return s.request->done; });
     // What failed ops left behind, while a later op could not yet take it for its own (the tag's
@@ -630,6 +637,7 @@ void Engine::run() {
       sched_yield();
       continue;
     }
+    if (!controls_.empty() && serviceControls()) continue;  // no notice is left untaken
     sleep();
     lastActivity = Clock::now();
   }

@@ -97,7 +97,9 @@ class Engine {
                 Cause cause = Cause::kOwn);
   // Notices: posts `control`'s receive; applies what arrived; cleans up sends; discards what
   // failed ops left behind. True when something happened.
-  void postNoticeReceive(GroupControl& control);
+  // Starts receiving a notice that has arrived for the group, if one has and none is being
+  // received (notices are not posted for: a receive under a mask costs every message).
+  bool takeNotice(GroupControl& control);
   static void onNotice(Request* req);
   bool serviceControls();
   void applyNotice(GroupControl& control, const Notice& notice);

@@ -83,34 +83,35 @@ void Op::observe(Request* req) {
   if (!op->failure_.empty()) return;
   if (req->isCallPrint && !req->isSend && !req->failed) {
     const PrintIn* in = op->printIn(req->peer);
-    const std::string peer = "rank " + std::to_string(req->peer);
+    auto peer = [req] { return "rank " + std::to_string(req->peer); };  // for failures only
     CallPrint theirs;
     if (in != nullptr && req->receivedBytes >= sizeof(CallPrint)) {
       std::memcpy(&theirs, in->bytes, sizeof(theirs));
     }
     if (in == nullptr || req->receivedBytes < sizeof(CallPrint) ||
         theirs.magic != CallPrint::kMagic) {
-      op->failure_ = peer + " sent a malformed call check";
+      op->failure_ = peer() + " sent a malformed call check";
     } else if (!(theirs == op->print_)) {
-      op->failure_ = "the ranks' calls differ: " + peer + " called " + theirs.describe() +
+      op->failure_ = "the ranks' calls differ: " + peer() + " called " + theirs.describe() +
                      ", rank " + std::to_string(op->rank()) + " called " + op->print_.describe();
       if (theirs.sequence != op->print_.sequence) {
         op->failure_ += " (as op #" + std::to_string(theirs.sequence) + ")";
       }
     } else if (op->inlined() && req->receivedBytes != sizeof(CallPrint) + op->inlineBytes_) {
-      op->failure_ = peer + "'s call check carried " +
+      op->failure_ = peer() + "'s call check carried " +
                      std::to_string(req->receivedBytes - sizeof(CallPrint)) +
                      " bytes of data where this rank expects " + std::to_string(op->inlineBytes_) +
                      " (the ranks' settings differ)";
     }
     return;
   }
-  const std::string disagree =
-      ": the ranks called " + op->name_ + " with different sizes or dtypes";
+  auto disagree = [op] {  // for failures only
+    return ": the ranks called " + op->name_ + " with different sizes or dtypes";
+  };
   if (req->failed && !req->isSend && req->expectedBytes != Request::kAnySize &&
       req->error.find("truncated") != std::string::npos) {
     op->failure_ = "rank " + std::to_string(req->peer) + " sent more than the " +
-                   std::to_string(req->expectedBytes) + " bytes this rank expects" + disagree;
+                   std::to_string(req->expectedBytes) + " bytes this rank expects" + disagree();
   } else if (req->failed) {
     op->failure_ = std::string(req->isSend ? "send to" : "receive from") + " rank " +
                    std::to_string(req->peer) + " failed: " + req->error;
@@ -118,12 +119,12 @@ void Op::observe(Request* req) {
              req->receivedBytes != req->expectedBytes) {
     op->failure_ = "rank " + std::to_string(req->peer) + " sent " +
                    std::to_string(req->receivedBytes) + " bytes where this rank expects " +
-                   std::to_string(req->expectedBytes) + disagree;
+                   std::to_string(req->expectedBytes) + disagree();
   }
 }
 
 Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
-  if (checksCall() && !printSent_.empty()) sendPrint(peer);
+  if (callCheckStarted_) sendPrint(peer);
   return postSend(newRequest(peer, true), slot, data, bytes);
 }
 
@@ -143,7 +144,7 @@ Request* Op::recvUpTo(int peer, uint64_t slot, void* data, size_t bytes) {
 }
 
 Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected) {
-  if (checksCall() && !printAsked_.empty()) askPrint(peer);
+  if (callCheckStarted_) askPrint(peer);
   Request* req = newRequest(peer, false);
   req->expectedBytes = expected;  // before posting: the transport may complete it at once
   return postReceive(req, slot, data, bytes);
@@ -190,10 +191,30 @@ void Op::startCallCheck() {
     std::memcpy(printOut_.data(), &print_, sizeof(CallPrint));
     std::memcpy(printOut_.data() + sizeof(CallPrint), inlineData_, inlineBytes_);
   }
-  printSent_.assign(n, false);
-  printAsked_.assign(n, false);
+  callCheckStarted_ = true;
   sendPrint((rank() + 1) % n);
   askPrint((rank() + n - 1) % n);
+}
+
+bool Op::markPrint(int peer, uint8_t bit) {
+  if (size() <= 64) {  // no allocation for most groups
+    uint64_t& mask = bit == kPrintSent ? printsSentMask_ : printsAskedMask_;
+    const uint64_t one = uint64_t{1} << peer;
+    const bool was = (mask & one) != 0;
+    mask |= one;
+    return was;
+  }
+  if (printFlags_.empty()) printFlags_.assign(static_cast<size_t>(size()), 0);
+  const bool was = (printFlags_[peer] & bit) != 0;
+  printFlags_[peer] |= bit;
+  return was;
+}
+
+bool Op::callCheckDone() const {
+  for (const Request* r : printRequests_) {
+    if (!r->done) return false;
+  }
+  return true;
 }
 
 bool Op::isStartPrint(const Request& req) const {
@@ -203,8 +224,7 @@ bool Op::isStartPrint(const Request& req) const {
 }
 
 void Op::sendPrint(int peer) {
-  if (printSent_[peer]) return;
-  printSent_[peer] = true;
+  if (markPrint(peer, kPrintSent)) return;
   Request* req = newRequest(peer, true);
   req->isCallPrint = true;
   printRequests_.push_back(req);
@@ -214,8 +234,7 @@ void Op::sendPrint(int peer) {
 }
 
 void Op::askPrint(int peer) {
-  if (printAsked_[peer]) return;
-  printAsked_[peer] = true;
+  if (markPrint(peer, kPrintAsked)) return;
   // Marked before it is posted: the transport may complete it inside recv().
   Request* req = newRequest(peer, false);
   req->isCallPrint = true;

@@ -164,8 +164,8 @@ class Op {
   // peer's data, so no data of a rank that called something else is ever used. A print that
   // differs fails the op at once.
   void startCallCheck();
-  // Every print sent and asked for so far (the op completes once all are done).
-  const std::vector<Request*>& callCheckRequests() const { return printRequests_; }
+  // Whether every print sent and asked for so far is done (the op completes once they are).
+  bool callCheckDone() const;
   // A small allreduce at two ranks carries its data in the print (one message each way instead
   // of two): set before the op starts; the bytes are read when it starts.
   static constexpr size_t kInlineMax = 1024;
@@ -204,8 +204,14 @@ class Op {
   void askPrint(int peer);
   bool isStartPrint(const Request& req) const;
   bool endsCleanly_ = false;
-  CallPrint print_;                           // collective kNone: no call check
-  std::vector<bool> printSent_, printAsked_;  // by peer
+  CallPrint print_;  // collective kNone: no call check
+  bool callCheckStarted_ = false;
+  // Which peers were sent this op's print and asked for theirs: bits of the masks in groups of
+  // up to 64 ranks, kPrintSent | kPrintAsked by peer in larger ones.
+  static constexpr uint8_t kPrintSent = 1, kPrintAsked = 2;
+  uint64_t printsSentMask_ = 0, printsAskedMask_ = 0;
+  std::vector<uint8_t> printFlags_;
+  bool markPrint(int peer, uint8_t bit);  // sets it; whether it was set
   struct PrintIn {
     alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
     Request* request;

@@ -86,6 +86,13 @@ class Transport {
   }
   virtual void releaseWindow(uint64_t /*id*/) {}
 
+  // Starts receiving a message that has arrived for `tag` under `mask` with no receive posted
+  // for it, into `data`, completing `req` as recv does; false when none has arrived. For rare
+  // messages (a group's notices): a receive posted under a mask is searched by every message
+  // that arrives, this costs nothing until it is called.
+  virtual bool receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                              Request* req) = 0;
+
   // Receives and drops the messages that arrived for `tag` under `mask` with no receive posted
   // for them (left behind by an operation that failed before it posted its receives).
   virtual void discard(uint64_t /*tag*/, uint64_t /*mask*/) {}

@@ -120,6 +120,20 @@ void LoopbackTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t byt
   posted_.push_back(recv);
 }
 
+bool LoopbackTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                                       Request* req) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if ((it->tag & mask) == (tag & mask)) {
+      PostedRecv recv{tag, mask, data, bytes, req};
+      Message message = std::move(*it);
+      unexpected_.erase(it);
+      match(recv, message);
+      return true;
+    }
+  }
+  return false;
+}
+
 void LoopbackTransport::discard(uint64_t tag, uint64_t mask) {
   std::erase_if(unexpected_, [&](const Message& m) { return (m.tag & mask) == (tag & mask); });
 }

@@ -42,6 +42,7 @@ class LoopbackTransport : public Transport {
   PeerId connect(const std::string& address) override;
   void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override;
   void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
+  bool receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
   void cancel(Request* req) override;
   void discard(uint64_t tag, uint64_t mask) override;
   bool progress() override;

@@ -223,6 +223,28 @@ void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, R
   }
 }
 
+bool UcxTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                                  Request* req) {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
+  if (message == nullptr) return false;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.cb.recv = &onRecv;
+  p.user_data = req;
+  p.datatype = ucp_dt_make_contig(1);
+  ucs_status_ptr_t s = ucp_tag_msg_recv_nbx(worker_, data, bytes, message, &p);
+  if (s == nullptr) {
+    finishRecv(req, info.length > bytes ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK, &info);
+  } else if (UCS_PTR_IS_ERR(s)) {
+    finishRecv(req, UCS_PTR_STATUS(s), nullptr);
+  } else {
+    req->transportData = s;
+  }
+  return true;
+}
+
 void UcxTransport::discard(uint64_t tag, uint64_t mask) {
   ucp_tag_recv_info_t info{};
   while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info)) {
