@@ -204,37 +204,21 @@ void UcxTransport::send(PeerId peer, uint64_t tag, const void* data, size_t byte
   }
 }
 
-void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
-  ucp_tag_recv_info_t info{};
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
-  p.cb.recv = &onRecv;
-  p.user_data = req;
-  p.datatype = ucp_dt_make_contig(1);
-  p.recv_info.tag_info = &info;
-  ucs_status_ptr_t s = ucp_tag_recv_nbx(worker_, data, bytes, tag, mask, &p);
-  if (s == nullptr) {
-    finishRecv(req, UCS_OK, &info);
-  } else if (UCS_PTR_IS_ERR(s)) {
-    finishRecv(req, UCS_PTR_STATUS(s), nullptr);
-  } else {
-    req->transportData = s;
-  }
-}
+namespace {
 
-bool UcxTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
-                                  Request* req) {
-  ucp_tag_recv_info_t info{};
-  ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
-  if (message == nullptr) return false;
+ucp_request_param_t recvParams(Request* req) {
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.cb.recv = &onRecv;
   p.user_data = req;
   p.datatype = ucp_dt_make_contig(1);
-  ucs_status_ptr_t s = ucp_tag_msg_recv_nbx(worker_, data, bytes, message, &p);
+  return p;
+}
+
+// A receive just started: done already (`info` says what arrived), failed, or in flight.
+void receiveStarted(Request* req, ucs_status_ptr_t s, const ucp_tag_recv_info_t& info,
+                    size_t bytes) {
   if (s == nullptr) {
     finishRecv(req, info.length > bytes ? UCS_ERR_MESSAGE_TRUNCATED : UCS_OK, &info);
   } else if (UCS_PTR_IS_ERR(s)) {
@@ -242,6 +226,25 @@ bool UcxTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_
   } else {
     req->transportData = s;
   }
+}
+
+}  // namespace
+
+void UcxTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
+  ucp_tag_recv_info_t info{};
+  ucp_request_param_t p = recvParams(req);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+  p.recv_info.tag_info = &info;
+  receiveStarted(req, ucp_tag_recv_nbx(worker_, data, bytes, tag, mask, &p), info, bytes);
+}
+
+bool UcxTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                                  Request* req) {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
+  if (message == nullptr) return false;
+  ucp_request_param_t p = recvParams(req);
+  receiveStarted(req, ucp_tag_msg_recv_nbx(worker_, data, bytes, message, &p), info, bytes);
   return true;
 }
 
