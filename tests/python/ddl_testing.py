@@ -75,6 +75,23 @@ def fault_call(op, size):
     return calls[op]
 
 
+def random_fault(trial, shapes):
+    """A randomised fault trial's choices, seeded by DDL_FAULT_SEED (default: the current hour)
+    and the trial so that a failure can be replayed: the seed, a shape from `shapes` (a world
+    size, or ranks per host), its world size, the collective, kill or exit, the victim, the calls
+    before it goes and the pause after them (microseconds)."""
+    import random
+    seed = int(os.environ.get("DDL_FAULT_SEED", str(int(time.time()) // 3600))) * 1000 + trial
+    rng = random.Random(seed)
+    shape = rng.choice(shapes)
+    size = sum(shape) if isinstance(shape, list) else shape
+    op = rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+    how = rng.choice(["kill", "exit"])
+    victim = rng.randrange(size)
+    before, pause_us = rng.randrange(1, 30), rng.randrange(0, 3000)
+    return seed, shape, size, op, how, victim, before, pause_us
+
+
 def make_input(dtype, op, rank, size, n):
     """Small integers, exact in every dtype, whose reductions over 4 ranks cannot overflow."""
     g = torch.Generator().manual_seed(1000 * rank + 17 * size + n)

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "cluster"))
 from cluster import Cluster, unavailable_reason  # noqa: E402
+from ddl_testing import random_fault  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("cluster_worker.py"))
 REASON = unavailable_reason()
@@ -96,17 +97,8 @@ CLUSTER_FAULT_TRIALS = int(os.environ.get("DDL_CLUSTER_FAULT_TRIALS", "3"))
 
 @pytest.mark.parametrize("trial", range(CLUSTER_FAULT_TRIALS))
 def test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective(trial, tmp_path):
-    # Seeded per trial and printed, so that a failure can be replayed (DDL_FAULT_SEED).
-    import random
-    import time
-    seed = int(os.environ.get("DDL_FAULT_SEED", str(int(time.time()) // 3600))) * 1000 + trial
-    rng = random.Random(seed)
-    layout = rng.choice([[1, 1], [2, 1], [1, 2], [2, 2], [3, 1]])
-    size = sum(layout)
-    op = rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
-    how = rng.choice(["kill", "exit"])
-    victim = rng.randrange(size)
-    before, pause_us = rng.randrange(1, 30), rng.randrange(0, 3000)
+    seed, layout, _, op, how, victim, before, pause_us = random_fault(
+        trial, [[1, 1], [2, 1], [1, 2], [2, 2], [3, 1]])
     print(f"seed {seed}: hosts of {layout} ranks, rank {victim} {how} after {before} x {op}"
           f" + {pause_us} us")
     stamp = tmp_path / "stamp"
@@ -118,7 +110,8 @@ def test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective(
                                  timeout=120)
     for rank, (code, out) in enumerate(results):
         if rank == victim:
-            assert code in ((-9, 137) if how == "kill" else (0,)), f"victim exited {code}:\n{out[-4000:]}"
+            want = (-9, 137) if how == "kill" else (0,)  # nsenter passes a signal on as 128 + n
+            assert code in want, f"victim exited {code}:\n{out[-4000:]}"
             continue
         assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
         assert "NOTICED" in out, out[-2000:]

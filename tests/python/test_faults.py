@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ddl_testing import fault_call
+from ddl_testing import fault_call, random_fault
 
 TIMEOUT = timedelta(seconds=60)
 BOUND_S = 2.0
@@ -98,15 +98,7 @@ FAULT_TRIALS = int(os.environ.get("DDL_FAULT_TRIALS", "6"))
 
 @pytest.mark.parametrize("trial", range(FAULT_TRIALS))
 def test_random_rank_dies_at_a_random_point_of_a_random_collective(trial):
-    # Seeded per trial and printed, so that a failure can be replayed (DDL_FAULT_SEED).
-    import random
-    seed = int(os.environ.get("DDL_FAULT_SEED", str(int(time.time()) // 3600))) * 1000 + trial
-    rng = random.Random(seed)
-    size = rng.choice([2, 3, 4])
-    op = rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
-    how = rng.choice(["kill", "exit"])
-    victim = rng.randrange(size)
-    before, pause_us = rng.randrange(1, 30), rng.randrange(0, 3000)
+    seed, _, size, op, how, victim, before, pause_us = random_fault(trial, [2, 3, 4])
     print(f"seed {seed}: {size} ranks, rank {victim} {how} after {before} x {op} + {pause_us} us")
     _run_fault(size, victim, how, op, before, pause_us)
 

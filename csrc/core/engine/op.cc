@@ -51,8 +51,7 @@ Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
       sequence_(sequence),
       name_(std::move(name)),
       timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout),
-      halfway_(std::chrono::steady_clock::now() + timeout / 2) {}
+      deadline_(std::chrono::steady_clock::now() + timeout) {}
 
 Op::~Op() {
   task = Task();  // the coroutine frame first: its locals may point at this op's requests

@@ -121,11 +121,7 @@ class Op {
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The deadline counts from when the engine starts the op (a device op may wait for its stream).
-  void startClock() {
-    const auto now = std::chrono::steady_clock::now();
-    deadline_ = now + timeout_;
-    halfway_ = now + timeout_ / 2;
-  }
+  void startClock() { deadline_ = std::chrono::steady_clock::now() + timeout_; }
   // A request failed: the first failure's description, empty while all is well.
   const std::string& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
@@ -141,7 +137,7 @@ class Op {
   // whom it waits for (Engine::reportWaits); a rank that times out follows those reports from
   // the ranks it waits for to the rank at the end of the wait: "; ..." or "" (none to add).
   // notStartedSaid: the words so far (pendingPeers) already say which peers have not started.
-  std::chrono::steady_clock::time_point halfway() const { return halfway_; }
+  std::chrono::steady_clock::time_point halfway() const { return deadline_ - timeout_ / 2; }
   bool waitsReported = false;
   std::map<int, Waits> reportedWaits;  // by the reporting rank
   std::string waitChain(bool notStartedSaid) const;
@@ -191,7 +187,6 @@ class Op {
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
-  std::chrono::steady_clock::time_point halfway_;
   Memory* memory_ = &memoryFor(MemoryKind::kHost);
   std::vector<std::unique_ptr<Request>> requests_;
   uint64_t completions_ = 0;
