@@ -242,6 +242,24 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   }
 }
 
+TEST(Plan, WavesFlowThroughTheLinksAsThroughAFlowShop) {
+  // No latency, so the times are exact: 2 hosts of 2 ranks, B bytes. One wave of W holds the
+  // host link for its reduce-scatter and its allgather, B/(2W) each at 100 MB/s; the host
+  // stages of the first wave (B/(2W) per rank at 1 GB/s, in and out) are not hidden behind it.
+  const LinkCosts links = parseLinks("0:0us:1GB,1:0us:100MB");
+  const Topology t = simulated({0, 0, 1, 1});
+  const size_t count = 1 << 20;
+  const double bytes = 4.0 * count;
+  for (int waves : {1, 2, 4, 8}) {
+    PlanRequest request{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, waves};
+    const double want = bytes / 100e6 + bytes / (waves * 1e9);
+    EXPECT_NEAR(planAllreduce(t, links, count, 4, request).predicted, want, want * 1e-9)
+        << waves << " waves";
+  }
+  // So the planner takes more waves as the host stages grow (here: the most it may).
+  EXPECT_EQ(planAllreduce(t, links, count, 4, PlanRequest{}).waves, 8);
+}
+
 // The multi-dimensional allreduce over the loopback, from plans for simulated topologies.
 void runPlanned(const Topology& t, int colors, int rings, const std::vector<size_t>& counts,
                 size_t segmentBytes = 0, int waves = 1) {

@@ -175,6 +175,12 @@ class Loads {
     return worst;
   }
   double latency(const LinkCosts& links) const { return links.at(maxDimension_).latency; }
+  // Adds to `busy` each link's time in this load: its bytes over its bandwidth plus `extra`
+  // (the steps' latencies of the stage that loads it).
+  using Busy = std::map<std::tuple<int, int, bool>, double>;
+  void occupy(const LinkCosts& links, double extra, Busy& busy) const {
+    for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth + extra;
+  }
 
  private:
   const Topology& t_;
@@ -452,8 +458,8 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
   size_t stages = 0;
   for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
   double sum = 0;
-  double slowest = 0;
-  Loads total(t);  // every lane's bytes: no schedule beats its busiest link
+  Loads::Busy wave;  // how long one wave holds each link, over both halves
+  Loads total(t);    // every lane's bytes: no schedule beats its busiest link
   for (size_t i = 0; i < stages; ++i) {
     Loads first(t);  // the first waves' bytes in stage i
     size_t longest = 0;
@@ -473,10 +479,12 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
       total.add(loads, 2);
       if (lane.after < 0) first.add(loads, 1);
     }
-    double stage = first.seconds(links) + (longest - 1) * first.latency(links);
-    sum += 2 * stage;  // reduce-scatter and allgather move the same bytes
-    slowest = std::max(slowest, stage);
+    const double steps = (longest - 1) * first.latency(links);
+    sum += 2 * (first.seconds(links) + steps);  // reduce-scatter and allgather move the same bytes
+    first.occupy(links, steps, wave);
   }
+  double slowest = 0;  // the bottleneck of the flow: the link a wave holds longest
+  for (auto& [key, seconds] : wave) slowest = std::max(slowest, 2 * seconds);
   return std::max(sum + (plan.waves - 1) * slowest, total.seconds(links));
 }
 

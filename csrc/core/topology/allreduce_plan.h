@@ -137,9 +137,11 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
 // Seconds the plan should take (alpha-beta per link): the first waves of all lanes advance stage
 // by stage in step, each stage costing its rings' steps times the latency plus its busiest
 // link's bytes (of every lane in that stage) over that link's bandwidth; reduce-scatter and
-// allgather make 2S such stages, and W waves flow through them as through a flow shop:
-// sum(t_s) + (W-1) max(t_s); never less than the busiest link's bytes over all stages and waves
-// (waves on different stages may share a link: a rack crossing also crosses the host's). A
+// allgather make 2S such stages, and W waves flow through them as through a flow shop whose
+// machines are the links: sum(t_s) + (W-1) b, where b is the longest time one wave holds one
+// link (its bytes and steps there, summed over the stages and both halves that use it: the
+// reduce-scatter and allgather of a level share its link); never less than the busiest link's
+// bytes over all stages and waves (a rack crossing also crosses the host's link). A
 // message across dimension k loads the links of dimensions 1..k of the blocks it leaves and
 // enters (a rack crossing also crosses the host's link). Flat rings and recursive doubling are
 // costed the same way, step by step.
