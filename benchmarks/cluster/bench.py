@@ -4,6 +4,7 @@ auto plans, next to each schedule's link-limited ideal and the cost model's pred
     sudo python benchmarks/cluster/bench.py --shape 2x2 --rate 1gbit
     sudo python benchmarks/cluster/bench.py --shape 2x4
     sudo python benchmarks/cluster/bench.py --shape 2x2x2 --rack-rate 500mbit   # racks x hosts x ranks
+    sudo python benchmarks/cluster/bench.py --shape 2x4 --min-bytes 1M --waves 1,2,4,8
 
 The link's real TCP payload rate is measured first (one connection between two hosts, below the
 shaped rate) for the ideals. The cost model gets what a user's job gets: the figures ddl's own
@@ -35,6 +36,13 @@ VARIANTS = {  # name -> environment of its ddl group
 }
 
 
+def add_wave_variants(waves):
+    """--waves 1,2,4,8: the multidim plan (1 colour, 1 ring) cut into each number of waves."""
+    for w in [int(v) for v in waves.split(",")] if waves else []:
+        VARIANTS[f"waves={w}"] = {"TORCH_DDL_ALLREDUCE_ALGO": "multidim", "TORCH_DDL_COLORS": "1",
+                                  "TORCH_DDL_RINGS": "1", "TORCH_DDL_WAVES": str(w)}
+
+
 def parse_size(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.upper().rstrip("IB").rstrip("B")
@@ -54,6 +62,7 @@ def worker(args):
 
     import torch_ddl
 
+    add_wave_variants(args.waves)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"gloo": dist.group.WORLD}
@@ -156,6 +165,7 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--budget", type=float, default=3.0,
                         help="seconds of link time per variant and size, at most")
+    parser.add_argument("--waves", help="also multidim cut into these numbers of waves (1,2,4)")
     parser.add_argument("--png", help="write a plot of busbw against size here")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--given-links", action="store_true",
@@ -186,6 +196,8 @@ def main():
         argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
                 "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                 "--iters", str(args.iters), "--budget", str(args.budget)]
+        if args.waves:
+            argv += ["--waves", args.waves]
         results = cluster.launch(argv, env=env, timeout=3600)
     failed = [(r, code, out) for r, (code, out) in enumerate(results) if code != 0]
     if failed:
@@ -198,7 +210,8 @@ def main():
             print(f"# cost model's links (auto group): {json.loads(line[6:])['auto']}")
     import torch_ddl  # noqa: F401  (after the run: the offline model for the ideals)
     factor = 2 * (world - 1) / world
-    names = ["gloo", "ring", "multidim", "multicolor", "auto"]
+    add_wave_variants(args.waves)
+    names = ["gloo", *VARIANTS]
     print(f"{'size':>9} " + " ".join(f"{n:>10}" for n in names) +
           f" {'ideal:ring':>10} {'ideal:dim':>10} {'auto/gloo':>9} {'auto/ideal':>10}"
           f" {'predicted':>9} {'measured':>9} {'error':>6}  auto plan")
