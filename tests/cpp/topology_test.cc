@@ -260,6 +260,16 @@ TEST(Plan, WavesFlowThroughTheLinksAsThroughAFlowShop) {
   EXPECT_EQ(planAllreduce(t, links, count, 4, PlanRequest{}).waves, 8);
 }
 
+TEST(Plan, AStepWaitsForItsSlowestMessageWhicheverLevelItCrosses) {
+  // A busy host's ranks may answer more slowly than the network: the flat ring's steps, each
+  // with messages inside the hosts and across, then cost the host level's latency.
+  const LinkCosts links = parseLinks("0:1ms:1000GB,1:10us:1000GB");
+  const Topology t = simulated({0, 0, 1, 1});
+  const double ring =
+      planAllreduce(t, links, 4, 4, PlanRequest{PlanRequest::Algorithm::kRing}).predicted;
+  EXPECT_NEAR(ring, 2 * 3 * 1e-3, 1e-4);  // 2(P-1) steps
+}
+
 // The multi-dimensional allreduce over the loopback, from plans for simulated topologies.
 void runPlanned(const Topology& t, int colors, int rings, const std::vector<size_t>& counts,
                 size_t segmentBytes = 0, int waves = 1) {
@@ -345,11 +355,12 @@ TEST(Leaders, EveryShapeMatchesTheExpectedSums) {
   }
 }
 
-// The link probe over the loopback: the first ring across hosts measures, every rank gets the
-// same figures; links the user gave, or a probe turned off, are left alone.
+// The link probe over the loopback: every host's ring measures the host level, the first ring
+// across hosts the level above; every rank gets the same figures; links the user gave, or a
+// probe turned off, are left alone.
 TEST(LinkProbe, EveryRankPlansWithTheFiguresOneRingMeasured) {
-  const Topology t = simulated({0, 0, 1, 1, 2, 2});
-  for (const char* given : {"", "1:50us:117MB"}) {
+  const Topology t = simulated({0, 0, 1, 1, 1, 2});  // uneven: a host of one rank takes no part
+  for (const char* given : {"", "1:50us:117MB", "0:3us:7GB"}) {
     for (const char* probe : {"1", "0"}) {
       ScopedEnv env({{"TORCH_DDL_PROBE_LINKS", probe}});
       MemoryStore store;
@@ -360,15 +371,26 @@ TEST(LinkProbe, EveryRankPlansWithTheFiguresOneRingMeasured) {
         got[comm.rank()] = links;
       });
       const LinkCost& across = got[0].at(1);
-      if (std::string(probe) == "1" && std::string(given).empty()) {
+      const LinkCost& host = got[0].at(0);
+      const bool probed = std::string(probe) == "1";
+      if (probed && std::string(given) != "0:3us:7GB") {
+        EXPECT_EQ(host.origin, "probed");
+        EXPECT_GT(host.latency, 0);
+        EXPECT_GT(host.bandwidth, 0);
+      } else {
+        EXPECT_EQ(host.origin,
+                  std::string(given).empty() || given[0] == '1' ? "default" : "TORCH_DDL_LINKS");
+        EXPECT_EQ(host.bandwidth, parseLinks(given).at(0).bandwidth);
+      }
+      if (probed && std::string(given) != "1:50us:117MB") {
         EXPECT_EQ(across.origin, "probed");
         EXPECT_GT(across.latency, 0);
         EXPECT_GT(across.bandwidth, 0);
       } else {
-        EXPECT_EQ(across.origin, std::string(given).empty() ? "default" : "TORCH_DDL_LINKS");
+        EXPECT_EQ(across.origin,
+                  std::string(given) == "1:50us:117MB" ? "TORCH_DDL_LINKS" : "default");
         EXPECT_EQ(across.bandwidth, parseLinks(given).at(1).bandwidth);
       }
-      EXPECT_EQ(got[0].at(0).origin, "default");  // the host level is not probed
       for (int r = 1; r < t.size; ++r) {
         EXPECT_EQ(got[r].describe(), got[0].describe()) << "rank " << r;
       }

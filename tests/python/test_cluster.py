@@ -37,10 +37,13 @@ def test_two_hosts_of_two_every_collective_matches_gloo_and_auto_is_two_level():
         report = run(cluster, "--subgroup", "0,1")
     h0, h1 = cluster.host_names
     assert report["topology"] == f"2 hosts ({h0}: 0 1, {h1}: 2 3)"
-    # The link across hosts was probed at creation: 1 Gbit/s carries about 119 MB/s of TCP
-    # payload (the probe's one stream sees somewhat less).
+    # Both levels were probed at creation: each host's ranks (shared memory, faster than the
+    # link), and the link across hosts: 1 Gbit/s carries about 119 MB/s of TCP payload (the
+    # probe's one stream sees somewhat less).
     links = report["links"]
-    assert links.endswith("(1 probed)"), links
+    assert links.endswith("(0 probed, 1 probed)"), links
+    host = float(links.split(",")[0].split(":")[2].split("MB")[0])
+    assert host > 130, links
     across = float(links.split(",")[1].split(":")[2].split("MB")[0])
     assert 60 < across < 130, links
     assert report["plans"][str(4 << 20)].startswith("multidim"), report

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "../types.h"
@@ -18,6 +19,12 @@ constexpr size_t kLargeBytes = 4 << 20;
 constexpr double kFastEnough = 0.010;  // seconds for kSmallBytes: then kLargeBytes is cheap too
 // Point-to-point tags no user operation has used yet when a group is created.
 constexpr uint32_t kPingTag = 0xfffffff0u, kDataTag = 0xfffffff1u, kAckTag = 0xfffffff2u;
+// The host level: every host's ranks at once, as in a host stage.
+constexpr uint32_t kTokenTag = 0xfffffff3u, kStepTag = 0xfffffff4u;
+constexpr int kLaps = 5;                // token laps around the host ring
+constexpr int kSteps = 5;               // ring steps of kStepBytes
+constexpr size_t kStepBytes = 1 << 20;  // per rank and step
+constexpr size_t kStepFloats = kStepBytes / sizeof(float);
 
 using Clock = std::chrono::steady_clock;
 
@@ -85,11 +92,86 @@ void respond(Communicator& comm, int peer) {
   }
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The host level, on this rank's host ring `ring` (its host's ranks in rank order, at least 2):
+// the figures its first rank measured (the others return nothing). Latency: a token's laps,
+// per step. Bandwidth: ring steps in which every rank sends kStepBytes to the next, receives as
+// much from the previous and adds it to its own, as a host stage's reduce-scatter does.
+std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& ring) {
+  const int n = static_cast<int>(ring.size());
+  const int at = static_cast<int>(std::find(ring.begin(), ring.end(), comm.rank()) - ring.begin());
+  const int next = ring[(at + 1) % n], prev = ring[(at + n - 1) % n];
+  const bool first = at == 0;
+  uint64_t token = 0;
+  std::vector<double> laps;
+  for (int lap = 0; lap < kLaps; ++lap) {
+    auto start = Clock::now();
+    if (first) {
+      await(comm, comm.send(&token, sizeof(token), next, kTokenTag));
+      await(comm, comm.recv(&token, sizeof(token), prev, kTokenTag));
+      laps.push_back(seconds(start) / n);
+    } else {
+      await(comm, comm.recv(&token, sizeof(token), prev, kTokenTag));
+      await(comm, comm.send(&token, sizeof(token), next, kTokenTag));
+    }
+  }
+  std::vector<float> mine(kStepFloats, 1.0f), theirs(kStepFloats);
+  std::vector<double> steps;
+  for (int step = 0; step < kSteps; ++step) {
+    auto start = Clock::now();
+    auto in = comm.recv(theirs.data(), kStepBytes, prev, kStepTag);
+    auto out = comm.send(mine.data(), kStepBytes, next, kStepTag);
+    await(comm, in);
+    for (size_t i = 0; i < kStepFloats; ++i) mine[i] += theirs[i];
+    await(comm, out);
+    steps.push_back(seconds(start));
+  }
+  if (!first) return std::nullopt;
+  const double latency = median(laps), step = median(steps);
+  const double wire = step - latency > step / 4 ? step - latency : step;
+  return LinkCost{latency, static_cast<double>(kStepBytes) / wire, "probed"};
+}
+
+void probeHosts(Communicator& comm, KeyValueStore& store, const std::string& key,
+                const Topology& topology, LinkCosts* links) {
+  if (links->at(0).origin != "default") return;
+  const std::vector<std::vector<int>> hosts = topology.members(0);
+  const std::vector<int>& mine = hosts[topology.levels[0].blockOf[comm.rank()]];
+  if (mine.size() > 1) {
+    if (std::optional<LinkCost> cost = measureHost(comm, mine)) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "%.9g %.9g", cost->latency, cost->bandwidth);
+      store.set(key + "links/0/" + std::to_string(topology.levels[0].blockOf[comm.rank()]), text);
+    }
+  }
+  // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
+  LinkCost worst{0, 0, "probed"};
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    if (hosts[h].size() < 2) continue;
+    LinkCost cost;
+    if (std::sscanf(store.get(key + "links/0/" + std::to_string(h)).c_str(), "%lf %lf",
+                    &cost.latency, &cost.bandwidth) != 2 ||
+        !(cost.bandwidth > 0)) {
+      throw Error("ddl: the link probe of host " + topology.levels[0].blockNames[h] +
+                  " published nothing");
+    }
+    worst.latency = std::max(worst.latency, cost.latency);
+    worst.bandwidth =
+        worst.bandwidth > 0 ? std::min(worst.bandwidth, cost.bandwidth) : cost.bandwidth;
+  }
+  if (worst.bandwidth > 0) links->byDimension[0] = worst;
+}
+
 }  // namespace
 
 void probeLinks(Communicator& comm, KeyValueStore& store, const std::string& key,
                 const Topology& topology, LinkCosts* links) {
   if (!config().probeLinks || topology.hosts() < 2) return;
+  probeHosts(comm, store, key, topology, links);
   const Grid grid = gridOf(topology);
   for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
     if (grid.dims[d] < 2 || links->at(d).origin != "default") continue;

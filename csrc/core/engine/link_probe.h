@@ -1,8 +1,15 @@
 // The link probe: at the creation of a group that spans hosts, the cost model's latency and
-// bandwidth of every dimension above the host (allreduce_plan.h, LinkCosts) are measured, unless
+// bandwidth of every dimension (allreduce_plan.h, LinkCosts) are measured, unless
 // TORCH_DDL_LINKS names them or TORCH_DDL_PROBE_LINKS=0.
 //
-// 1. Per dimension d, in order: the first ring of dimension d (topology.h) lends its first two
+// 0. The host level, on every host at once (the load a host stage meets: the other hosts'
+//    ranks are busy too): each host's ranks form a ring in rank order; its first rank times a
+//    token's laps (latency: a lap over the ranks) and ring steps in which every rank sends
+//    1 MiB to the next, receives 1 MiB and adds it to its own (bandwidth: 1 MiB over a step less
+//    the latency), and publishes the medians; every rank takes the slowest host's figures (the
+//    largest latency, the smallest bandwidth). Hosts of one rank take no part. About 2 ms at
+//    5 GB/s.
+// 1. Per dimension d >= 1, in order: the first ring of dimension d (topology.h) lends its first two
 //    ranks, the measurer and the responder; every other rank only waits for the result.
 // 2. Latency: kPings round trips of 8 bytes; the median round trip, halved.
 // 3. Bandwidth: the measurer sends kSmallBytes, then (when that took less than kFastEnough)

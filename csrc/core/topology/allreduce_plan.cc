@@ -154,7 +154,7 @@ class Loads {
   explicit Loads(const Topology& t) : t_(t) {}
   void transfer(int from, int to, double bytes) {
     int k = edgeDimension(t_, from, to);
-    maxDimension_ = std::max(maxDimension_, k);
+    dimensions_ |= 1u << std::min(k, 31);
     if (k == 0) {
       bytes_[{0, from, true}] += bytes;
       bytes_[{0, to, false}] += bytes;
@@ -167,14 +167,22 @@ class Loads {
   }
   void add(const Loads& other, double factor) {
     for (auto& [key, b] : other.bytes_) bytes_[key] += b * factor;
-    maxDimension_ = std::max(maxDimension_, other.maxDimension_);
+    dimensions_ |= other.dimensions_;
   }
   double seconds(const LinkCosts& links) const {
     double worst = 0;
     for (auto& [key, b] : bytes_) worst = std::max(worst, b / links.at(std::get<0>(key)).bandwidth);
     return worst;
   }
-  double latency(const LinkCosts& links) const { return links.at(maxDimension_).latency; }
+  // A step waits for its slowest message: the largest latency of the dimensions it crosses (not
+  // always the outermost: a busy host's ranks may answer more slowly than the network).
+  double latency(const LinkCosts& links) const {
+    double worst = 0;
+    for (int k = 0; k < 32; ++k) {
+      if (dimensions_ >> k & 1u) worst = std::max(worst, links.at(k).latency);
+    }
+    return worst;
+  }
   // Adds to `busy` each link's time in this load: its bytes over its bandwidth plus `extra`
   // (the steps' latencies of the stage that loads it).
   using Busy = std::map<std::tuple<int, int, bool>, double>;
@@ -184,7 +192,7 @@ class Loads {
 
  private:
   const Topology& t_;
-  int maxDimension_ = 0;
+  uint32_t dimensions_ = 0;  // bit k: a message crosses dimension k
   std::map<std::tuple<int, int, bool>, double> bytes_;
 };
 
