@@ -36,9 +36,12 @@ VARIANTS = {  # name -> environment of its ddl group
 }
 
 
-def add_wave_variants(waves):
-    """--waves 1,2,4,8: the multidim plan (1 colour, 1 ring) cut into each number of waves."""
-    for w in [int(v) for v in waves.split(",")] if waves else []:
+def add_variants(args):
+    """--algos leaders,...: these algorithms too (TORCH_DDL_ALLREDUCE_ALGO); --waves 1,2,4,8: the
+    multidim plan (1 colour, 1 ring) cut into each number of waves."""
+    for a in args.algos.split(",") if args.algos else []:
+        VARIANTS[a] = {"TORCH_DDL_ALLREDUCE_ALGO": a}
+    for w in [int(v) for v in args.waves.split(",")] if args.waves else []:
         VARIANTS[f"waves={w}"] = {"TORCH_DDL_ALLREDUCE_ALGO": "multidim", "TORCH_DDL_COLORS": "1",
                                   "TORCH_DDL_RINGS": "1", "TORCH_DDL_WAVES": str(w)}
 
@@ -62,7 +65,7 @@ def worker(args):
 
     import torch_ddl
 
-    add_wave_variants(args.waves)
+    add_variants(args)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"gloo": dist.group.WORLD}
@@ -165,6 +168,7 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--budget", type=float, default=3.0,
                         help="seconds of link time per variant and size, at most")
+    parser.add_argument("--algos", help="also these TORCH_DDL_ALLREDUCE_ALGO values (leaders,...)")
     parser.add_argument("--waves", help="also multidim cut into these numbers of waves (1,2,4)")
     parser.add_argument("--png", help="write a plot of busbw against size here")
     parser.add_argument("--json", help="write the rows here")
@@ -196,8 +200,9 @@ def main():
         argv = [sys.executable, str(Path(__file__).resolve()), "--worker",
                 "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                 "--iters", str(args.iters), "--budget", str(args.budget)]
-        if args.waves:
-            argv += ["--waves", args.waves]
+        for option in ("algos", "waves"):
+            if getattr(args, option):
+                argv += [f"--{option}", getattr(args, option)]
         results = cluster.launch(argv, env=env, timeout=3600)
     failed = [(r, code, out) for r, (code, out) in enumerate(results) if code != 0]
     if failed:
@@ -210,9 +215,10 @@ def main():
             print(f"# cost model's links (auto group): {json.loads(line[6:])['auto']}")
     import torch_ddl  # noqa: F401  (after the run: the offline model for the ideals)
     factor = 2 * (world - 1) / world
-    add_wave_variants(args.waves)
+    add_variants(args)
     names = ["gloo", *VARIANTS]
-    print(f"{'size':>9} " + " ".join(f"{n:>10}" for n in names) +
+    width = {n: max(10, len(n)) for n in names}
+    print(f"{'size':>9} " + " ".join(f"{n:>{width[n]}}" for n in names) +
           f" {'ideal:ring':>10} {'ideal:dim':>10} {'auto/gloo':>9} {'auto/ideal':>10}"
           f" {'predicted':>9} {'measured':>9} {'error':>6}  auto plan")
     for row in rows:
@@ -225,7 +231,7 @@ def main():
         row["ideal_ring"], row["ideal_dim"] = ideal_ring, ideal_dim
         error = (row["auto_predicted"] - row["auto"]) / row["auto"]
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        print(f"{label:>9} " + " ".join(f"{busbw[n]:10.1f}" for n in names) +
+        print(f"{label:>9} " + " ".join(f"{busbw[n]:{width[n]}.1f}" for n in names) +
               f" {ideal_ring:10.1f} {ideal_dim:10.1f} {busbw['auto'] / busbw['gloo']:9.2f}"
               f" {busbw['auto'] / ideal_dim:10.2f} {row['auto_predicted'] * 1e3:8.2f}m"
               f" {row['auto'] * 1e3:8.2f}m {error * 100:5.0f}%  {row['auto_plan']}")
