@@ -50,6 +50,33 @@ double transfer(Communicator& comm, int peer, std::vector<char>& data, size_t by
   return seconds(start);
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `bytes` took `took` seconds, of which `latency` was waiting (left out unless it is most of it).
+LinkCost measured(double latency, size_t bytes, double took) {
+  const double wire = took - latency > took / 4 ? took - latency : took;
+  return LinkCost{latency, static_cast<double>(bytes) / wire, "probed"};
+}
+
+void publish(KeyValueStore& store, const std::string& key, const LinkCost& cost) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.9g %.9g", cost.latency, cost.bandwidth);
+  store.set(key, text);
+}
+
+// What the measuring rank published under `key`; `what` names the probe in the error.
+LinkCost published(KeyValueStore& store, const std::string& key, const std::string& what) {
+  LinkCost cost{0, 0, "probed"};
+  if (std::sscanf(store.get(key).c_str(), "%lf %lf", &cost.latency, &cost.bandwidth) != 2 ||
+      !(cost.bandwidth > 0)) {
+    throw Error("ddl: the link probe of " + what + " published nothing");
+  }
+  return cost;
+}
+
 LinkCost measure(Communicator& comm, int peer) {
   char ping = 0;
   std::vector<double> trips;
@@ -60,8 +87,7 @@ LinkCost measure(Communicator& comm, int peer) {
     await(comm, back);
     trips.push_back(seconds(start));
   }
-  std::sort(trips.begin(), trips.end());
-  const double trip = trips[trips.size() / 2];
+  const double trip = median(trips);
   std::vector<char> data(kLargeBytes);
   size_t bytes = kSmallBytes;
   double took = transfer(comm, peer, data, bytes);
@@ -71,8 +97,9 @@ LinkCost measure(Communicator& comm, int peer) {
     bytes = kLargeBytes;
     took = transfer(comm, peer, data, bytes);
   }
-  const double wire = took - trip > took / 4 ? took - trip : took;
-  return LinkCost{trip / 2, static_cast<double>(bytes) / wire, "probed"};
+  LinkCost cost = measured(trip, bytes, took);
+  cost.latency = trip / 2;
+  return cost;
 }
 
 void respond(Communicator& comm, int peer) {
@@ -90,11 +117,6 @@ void respond(Communicator& comm, int peer) {
     await(comm, comm.recv(data.data(), kLargeBytes, peer, kDataTag));
     await(comm, comm.send(&ack, 1, peer, kAckTag));
   }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // The host level, on this rank's host ring `ring` (its host's ranks in rank order, at least 2):
@@ -131,9 +153,7 @@ std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& 
     steps.push_back(seconds(start));
   }
   if (!first) return std::nullopt;
-  const double latency = median(laps), step = median(steps);
-  const double wire = step - latency > step / 4 ? step - latency : step;
-  return LinkCost{latency, static_cast<double>(kStepBytes) / wire, "probed"};
+  return measured(median(laps), kStepBytes, median(steps));
 }
 
 void probeHosts(Communicator& comm, KeyValueStore& store, const std::string& key,
@@ -143,27 +163,21 @@ void probeHosts(Communicator& comm, KeyValueStore& store, const std::string& key
   const std::vector<int>& mine = hosts[topology.levels[0].blockOf[comm.rank()]];
   if (mine.size() > 1) {
     if (std::optional<LinkCost> cost = measureHost(comm, mine)) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.9g %.9g", cost->latency, cost->bandwidth);
-      store.set(key + "links/0/" + std::to_string(topology.levels[0].blockOf[comm.rank()]), text);
+      publish(store, key + "links/0/" + std::to_string(topology.levels[0].blockOf[comm.rank()]),
+              *cost);
     }
   }
   // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
-  LinkCost worst{0, 0, "probed"};
+  std::optional<LinkCost> worst;
   for (size_t h = 0; h < hosts.size(); ++h) {
     if (hosts[h].size() < 2) continue;
-    LinkCost cost;
-    if (std::sscanf(store.get(key + "links/0/" + std::to_string(h)).c_str(), "%lf %lf",
-                    &cost.latency, &cost.bandwidth) != 2 ||
-        !(cost.bandwidth > 0)) {
-      throw Error("ddl: the link probe of host " + topology.levels[0].blockNames[h] +
-                  " published nothing");
-    }
-    worst.latency = std::max(worst.latency, cost.latency);
-    worst.bandwidth =
-        worst.bandwidth > 0 ? std::min(worst.bandwidth, cost.bandwidth) : cost.bandwidth;
+    const LinkCost cost = published(store, key + "links/0/" + std::to_string(h),
+                                    "host " + topology.levels[0].blockNames[h]);
+    if (!worst) worst = cost;
+    worst->latency = std::max(worst->latency, cost.latency);
+    worst->bandwidth = std::min(worst->bandwidth, cost.bandwidth);
   }
-  if (worst.bandwidth > 0) links->byDimension[0] = worst;
+  if (worst) links->byDimension[0] = *worst;
 }
 
 }  // namespace
@@ -180,18 +194,11 @@ void probeLinks(Communicator& comm, KeyValueStore& store, const std::string& key
     const int measurer = rings[0][0], responder = rings[0][1];
     const std::string result = key + "links/" + std::to_string(d);
     if (comm.rank() == measurer) {
-      LinkCost cost = measure(comm, responder);
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.9g %.9g", cost.latency, cost.bandwidth);
-      store.set(result, text);
+      publish(store, result, measure(comm, responder));
     } else if (comm.rank() == responder) {
       respond(comm, measurer);
     }
-    LinkCost cost{0, 0, "probed"};
-    if (std::sscanf(store.get(result).c_str(), "%lf %lf", &cost.latency, &cost.bandwidth) != 2 ||
-        !(cost.bandwidth > 0)) {
-      throw Error("ddl: the link probe of dimension " + std::to_string(d) + " published nothing");
-    }
+    const LinkCost cost = published(store, result, "dimension " + std::to_string(d));
     if (static_cast<int>(links->byDimension.size()) <= d) {
       links->byDimension.resize(d + 1, links->byDimension.back());
     }
