@@ -118,6 +118,7 @@ format:
 clean:
 	rm -rf build torch_ddl/_C*.so *.egg-info
 
-# The glue against torch 2.11's headers (the version on GPU machines); downloads ~0.5 GB once.
+# The glue against torch 2.11's headers (the version on GPU machines), and the CUDA part where
+# nvcc is found; downloads ~0.5 GB once.
 compat: $(ENV_STAMP)
 	tools/check_torch_headers.sh 2.11.0
