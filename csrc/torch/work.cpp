@@ -1,0 +1,183 @@
+#include "work.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "compat.hpp"
+
+namespace ddl {
+namespace {
+
+// Finalizes works whose Future someone holds, off the progress thread: Future callbacks (DDP's
+// comm hooks among them) run here, never on the thread that drives the network. A callback may
+// start a collective and wait for its future (PowerSGD does), whose completion is posted here
+// too: so that it never waits behind the callback that waits for it, a worker is added whenever
+// more completions are queued than workers are idle (up to kMaxWorkers; idle ones stay).
+class CompletionThreads {
+ public:
+  static CompletionThreads& instance() {
+    static auto* threads = new CompletionThreads();  // never destroyed: may outlive exit
+    return *threads;
+  }
+  void post(std::function<void()> fn) {
+    bool spawn = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(fn));
+      spawn = queue_.size() > idle_ && workers_ < kMaxWorkers;
+      if (spawn) ++workers_;
+    }
+    if (spawn) {
+      std::thread([this] { work(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxWorkers = 64;
+
+  void work() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ++idle_;
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        --idle_;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  size_t idle_ = 0;
+  size_t workers_ = 0;
+};
+
+}  // namespace
+
+WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(torch_compat::tensorListFuture()) {}
+
+WorkDDL::~WorkDDL() = default;
+
+std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
+  name_ = name;
+  core_ = std::make_shared<ddl::Work>(name);
+  auto self = c10::intrusive_ptr<WorkDDL>::reclaim_copy(this);
+  // The hook holds `self` until it runs (once, on the progress thread). A device op is always
+  // finalized at once: the caller's streams may be waiting for it.
+  core_->setCompletionHook([self] {
+    if (self->futureRequested_.load() || self->device_) {
+      CompletionThreads::instance().post([self] { self->finalize(); });
+    }
+  });
+  return core_;
+}
+
+std::shared_ptr<const void> WorkDDL::tensorsInUse() const {
+  auto held = std::make_shared<std::vector<at::Tensor>>(outputs_);
+  held->insert(held->end(), keep_.begin(), keep_.end());
+  for (const auto& [destination, source] : copies_) {
+    held->push_back(destination);
+    held->push_back(source);
+  }
+  return held;
+}
+
+void WorkDDL::finalize() {
+  int expected = 0;
+  if (!finalizeState_.compare_exchange_strong(expected, 1)) {
+    while (finalizeState_.load() != 2) finalizeState_.wait(1);
+    return;
+  }
+  std::exception_ptr error;
+  auto finish = [&] {
+    if (core_->failed()) {
+      error = torch_compat::backendError(core_->error());
+      return;
+    }
+    at::NoGradGuard noGrad;
+    for (auto& [destination, source] : copies_) destination.copy_(source);
+    for (auto& fn : after_) fn();
+  };
+  try {
+    if (device_) {
+      device_->finishOnHost(finish);
+    } else {
+      finish();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  copies_.clear();
+  keep_.clear();
+  after_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finalizeState_.store(2);
+  finalizeState_.notify_all();
+}
+
+bool WorkDDL::isCompleted() {
+  if (!core_->done()) return false;
+  finalize();
+  return true;
+}
+
+bool WorkDDL::isSuccess() const { return core_->done() && !core_->failed(); }
+
+std::exception_ptr WorkDDL::exception() const {
+  if (core_->done() && core_->failed()) return torch_compat::backendError(core_->error());
+  return nullptr;
+}
+
+std::vector<at::Tensor> WorkDDL::result() { return outputs_; }
+
+void WorkDDL::onDevice(std::shared_ptr<DeviceCompletion> completion,
+                       c10::intrusive_ptr<c10::ivalue::Future> future) {
+  device_ = std::move(completion);
+  future_ = std::move(future);
+}
+
+bool WorkDDL::wait(std::chrono::milliseconds timeout) {
+  bool unlimited = timeout == kNoTimeout || timeout.count() < 0;
+  if (!core_->wait(unlimited ? std::chrono::milliseconds(-1) : timeout)) {
+    C10_THROW_ERROR(DistBackendError, "ddl: wait() gave up after " +
+                                          std::to_string(timeout.count()) + " ms on " +
+                                          core_->description() + ", which is still running");
+  }
+  finalize();
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
+  futureRequested_.store(true);
+  if (core_->done()) finalize();
+  return future_;
+}
+
+int WorkDDL::sourceRank() const { return core_ ? core_->source() : -1; }
+
+}  // namespace ddl

@@ -1,0 +1,69 @@
+// The c10d Work of a ddl call: it finishes with the core Work, copies results that need a copy
+// into the caller's tensors, and completes the Future (Future callbacks run on completion
+// threads, never on the progress thread).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
+#include <vector>
+
+#include "../core/engine/work.h"
+#include "device_streams.hpp"
+
+namespace ddl {
+
+// A c10d Work over a core Work. Results that need a copy after the transfer (non-contiguous
+// outputs, list-form outputs) are finalized exactly once: by the first of wait(),
+// isCompleted(), getFuture() on a finished op, or the completion thread when a Future is pending.
+class WorkDDL : public c10d::Work {
+ public:
+  WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  ~WorkDDL() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  int sourceRank() const override;
+
+  // Setup, before start(). Copies run in the order given; `source` must be a view of the
+  // buffer the operation writes (not a copy taken now).
+  void copyAfter(at::Tensor destination, at::Tensor source) {
+    copies_.emplace_back(std::move(destination), std::move(source));
+  }
+  void keepAlive(at::Tensor tensor) { keep_.push_back(std::move(tensor)); }
+  // Runs at finalization after the copies, on success only; what it throws fails the work.
+  void thenRun(std::function<void()> fn) { after_.push_back(std::move(fn)); }
+  // The core Work this one finishes with; its completion hook is installed here.
+  std::shared_ptr<ddl::Work> coreWork(const char* name);
+  // Every tensor the operation may touch (outputs, kept tensors, copies), for the core Work to
+  // retain.
+  std::shared_ptr<const void> tensorsInUse() const;
+  // A device op: completes through `completion`; its Future is `future` (device-aware).
+  void onDevice(std::shared_ptr<DeviceCompletion> completion,
+                c10::intrusive_ptr<c10::ivalue::Future> future);
+  const char* name() const { return name_; }
+
+ private:
+  void finalize();
+
+  std::vector<at::Tensor> outputs_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies_;
+  std::vector<at::Tensor> keep_;
+  std::vector<std::function<void()>> after_;
+  std::shared_ptr<ddl::Work> core_;
+  const char* name_ = "collective";
+  std::shared_ptr<DeviceCompletion> device_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> futureRequested_{false};
+  std::atomic<int> finalizeState_{0};  // 0 not started, 1 running, 2 done
+};
+
+}  // namespace ddl
