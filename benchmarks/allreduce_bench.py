@@ -189,6 +189,9 @@ def main():
                         help="where the tensors live (cuda: ddl reduces on the GPU)")
     args = parser.parse_args()
     if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device is visible to this torch "
+                         f"({torch.__version__})")
         if args.reference:
             parser.error("--reference compares host-memory allreduces: leave out --device cuda")
         args.no_shared = True
