@@ -73,12 +73,37 @@ def time_op(group, tensor, rounds, budget_s):
     samples = []
     for _ in range(rounds):
         dist.barrier(group=group)
+        time_op.window = [time.time_ns()]
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(tensor, group=group)
         sync()
         samples.append((time.perf_counter() - t0) / iters)
+        time_op.window.append(time.time_ns())
     return statistics.median(samples)
+
+
+def phases(window):
+    """Where a ddl allreduce's time went in the last timed round (`window`: its wall-clock span),
+    from the flight recorder's timestamps: median microseconds from the call to the progress
+    thread taking the op up (for CUDA tensors: the caller's stream reaching the call), on the
+    progress thread, and from its end to the next call (completion, the caller waking, Python)."""
+    import pickle
+
+    import torch_ddl
+
+    entries = [e for e in pickle.loads(torch_ddl._C.trace_bytes())["entries"]
+               if e["profiling_name"] == "ddl:all_reduce" and e["time_discovered_completed_ns"]
+               and window[0] <= e["time_created_ns"] <= window[1]]
+    entries.sort(key=lambda e: e["time_created_ns"])
+    if len(entries) < 2:
+        return None
+    us = lambda values: statistics.median(values) / 1e3  # noqa: E731
+    return (us([e["time_discovered_started_ns"] - e["time_created_ns"] for e in entries]),
+            us([e["time_discovered_completed_ns"] - e["time_discovered_started_ns"]
+                for e in entries]),
+            us([b["time_created_ns"] - a["time_discovered_completed_ns"]
+                for a, b in zip(entries, entries[1:])]))
 
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
@@ -143,6 +168,8 @@ def worker(rank, args):
         for name in args.order:
             t = time_op(groups[name], tensor, args.rounds, args.budget)
             result[name] = t
+            if name == "ddl" and args.phases:
+                result["phases"] = phases(time_op.window)
         if not args.no_shared:
             shared = torch_ddl.empty_shared(n).fill_(1.0)
             result["shared"] = time_op(groups["shared"], shared, args.rounds, args.budget)
@@ -165,6 +192,8 @@ def worker(rank, args):
                 line += f" | {s * 1e6:10.1f} {g / s:7.2f}x {s / g:7.3f}"
             for name in references:
                 line += f" | {g / result[name]:9.2f}x"
+            if result.get("phases"):
+                line += " | {:8.1f} {:8.1f} {:8.1f}".format(*result["phases"])
             print(line, flush=True)
     dist.destroy_process_group()
     return rows
@@ -185,6 +214,9 @@ def main():
                         "(2 ranks only) and show their busbw x gloo")
     parser.add_argument("--no-shared", action="store_true",
                         help="leave out ddl on torch_ddl.empty_shared tensors")
+    parser.add_argument("--phases", action="store_true",
+                        help="split ddl's time per op (flight recorder): call to start, on the "
+                        "progress thread, end to the next call (median us)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the tensors live (cuda: ddl reduces on the GPU)")
     args = parser.parse_args()
@@ -211,6 +243,8 @@ def main():
         if not have_mpi():
             print("(no mpicxx/mpirun: the MPI reference is left out; "
                   "apt-get install openmpi-bin libopenmpi-dev adds it)")
+    if args.phases:
+        header += f" | {'to start':>8} {'running':>8} {'to next':>8}"
     print(header)
     mp.start_processes(worker, args=(args,), nprocs=p, start_method="spawn")
 

@@ -58,7 +58,7 @@ sys.exit(1 if torch.cuda.is_available() and not built else 0)"
 tests() { "$py" -m pytest tests/python -q -rs -p no:cacheprovider; }
 bench() {
   "$py" benchmarks/allreduce_bench.py --device cuda --world-size 2 --min-bytes 64K \
-    --max-bytes 64M --budget 0.25 --rounds 3
+    --max-bytes 64M --budget 0.25 --rounds 3 --phases
 }
 conformance() { CUDA_VISIBLE_DEVICES="" PYTHON=$py tests/conformance/run.sh subset ddl 2; }
 

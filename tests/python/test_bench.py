@@ -78,3 +78,31 @@ def test_bench_reference_needs_two_ranks():
     done = subprocess.run([sys.executable, BENCH, "--world-size", "3", "--reference"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--world-size 2" in done.stderr
+
+
+def test_bench_phases_split_ddls_time_per_op():
+    done = subprocess.run(
+        [sys.executable, BENCH, "--world-size", "2", "--min-bytes", "4K", "--max-bytes", "64K",
+         "--rounds", "1", "--budget", "0.05", "--port", str(free_port()), "--no-shared",
+         "--phases"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if "|" in line and "KiB" in line]
+    assert len(rows) == 3, done.stdout
+    for row in rows:
+        cells = row.split("|")
+        ddl_us = float(cells[2].split()[0])
+        start, running, following = (float(v) for v in cells[4].split())
+        assert start >= 0 and running > 0 and following >= 0, row
+        # The three phases are each op's time: their sum is about the measured time per op.
+        assert running < 5 * ddl_us and start + running + following < 5 * ddl_us, row
+
+
+def test_bench_refuses_cuda_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    done = subprocess.run([sys.executable, BENCH, "--device", "cuda"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device is visible" in done.stderr
