@@ -56,7 +56,8 @@ def human(n):
 
 
 def time_op(group, tensor, rounds, budget_s):
-    """Median seconds per allreduce over `rounds` rounds sized to fit the time budget."""
+    """Median seconds per allreduce over `rounds` rounds sized to fit the time budget, and the
+    last round's span in wall-clock nanoseconds (for phases())."""
     # Warm-up (a fixed count: every rank must issue the same collectives), timed to size rounds.
     warm = 20 if tensor.numel() * 4 <= 1 << 20 else 3
     sync = torch.cuda.synchronize if tensor.is_cuda else (lambda: None)
@@ -73,14 +74,14 @@ def time_op(group, tensor, rounds, budget_s):
     samples = []
     for _ in range(rounds):
         dist.barrier(group=group)
-        time_op.window = [time.time_ns()]
+        start_ns = time.time_ns()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(tensor, group=group)
         sync()
         samples.append((time.perf_counter() - t0) / iters)
-        time_op.window.append(time.time_ns())
-    return statistics.median(samples)
+        window = (start_ns, time.time_ns())
+    return statistics.median(samples), window
 
 
 def phases(window):
@@ -166,13 +167,12 @@ def worker(rank, args):
         tensor = torch.ones(n, dtype=torch.float32, device=device)
         result = {}
         for name in args.order:
-            t = time_op(groups[name], tensor, args.rounds, args.budget)
-            result[name] = t
+            result[name], window = time_op(groups[name], tensor, args.rounds, args.budget)
             if name == "ddl" and args.phases:
-                result["phases"] = phases(time_op.window)
+                result["phases"] = phases(window)
         if not args.no_shared:
             shared = torch_ddl.empty_shared(n).fill_(1.0)
-            result["shared"] = time_op(groups["shared"], shared, args.rounds, args.budget)
+            result["shared"], _ = time_op(groups["shared"], shared, args.rounds, args.budget)
             del shared
         if args.reference:
             # Rank 0 runs the references while the others wait here (asleep, not polling).

@@ -43,7 +43,8 @@ fi
 for f in "$root"/csrc/torch/cuda/*.cpp; do glue -I"$cuda/include" "$f"; done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+release=$("$cuda/bin/nvcc" --version | grep -o 'release [0-9.]*')
 for f in "$root"/csrc/cuda/*.cu; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -arch=sm_90 -I"$ucxinc" -c "$f" -o "$out/$(basename "$f").o"
-  echo "ok: $(basename "$f") compiles with $("$cuda/bin/nvcc" --version | grep -o 'release [0-9.]*')"
+  echo "ok: $(basename "$f") compiles with nvcc $release"
 done

@@ -18,7 +18,7 @@ out=${OUT_DIR:-$root/build/gpu-check}
 mkdir -p "$out"
 
 site=$root/build/gpu-site
-if [ -d "$site" ]; then export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}; fi
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}  # where wheels from .whl/ go (below)
 missing=()
 "$py" -c "import libucx" 2>/dev/null || missing+=(libucx)
 "$py" -c "import expecttest" 2>/dev/null || missing+=(expecttest)
@@ -28,7 +28,6 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
   "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
-  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
 
