@@ -177,7 +177,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
         mapped.base = SharedBuffers::mapAdopted(o.key, &mapped.length, &why);
       } else {
         void* base = nullptr;
-        mapped.window = transport.mapWindow(op.group().peers[j], o.key, &base);
+        mapped.window = transport.mapWindow(op.group().peer(j), o.key, &base);
         mapped.base = mapped.window != 0 ? static_cast<char*>(base) : nullptr;
       }
       if (mapped.base == nullptr) {

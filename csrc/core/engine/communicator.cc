@@ -123,6 +123,21 @@ Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
 std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
                                                    int size, std::chrono::milliseconds timeout,
                                                    const Topology* simulated) {
+  GroupOptions options;
+  options.timeout = timeout;
+  options.topology = simulated;
+  std::unique_ptr<Pending> pending = begin(engine, store, rank, size, options);
+  pending->work->wait();
+  return finish(*pending);
+}
+
+Communicator::Pending::~Pending() {
+  if (claimed) engine->releaseGroupId(group->id);
+}
+
+std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyValueStore& store,
+                                                           int rank, int size,
+                                                           const GroupOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
                 std::to_string(size));
@@ -130,15 +145,23 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   if (static_cast<uint32_t>(size) > tag::kMaxRanks) {
     throw Error("ddl: groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
+  auto pending = std::make_unique<Pending>();
+  pending->engine = &engine;
+  pending->store = &store;
+  pending->options = options;
   auto group = std::make_shared<Group>();
+  pending->group = group;
   group->engine = &engine;
   group->rank = rank;
   group->size = size;
+  group->addresses.resize(size);
+  group->peers.assign(size, -1);
   // The store may hold the keys of an earlier creation of a group with this prefix (a group
   // destroyed and created again; a FileStore reused): every rank counts itself in, and the
   // creation the count falls in names this one's keys, so nobody reads a stale value.
   const int64_t joined = store.add("ddl/joined", 1);
-  const std::string key = "ddl/" + std::to_string((joined - 1) / size) + "/";
+  pending->key = "ddl/" + std::to_string((joined - 1) / size) + "/";
+  const std::string& key = pending->key;
   if (rank == 0) {
     group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kMaxGroups);
     store.set(key + "group_id", std::to_string(group->id));
@@ -150,53 +173,77 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
   FlightRecorder::process().noteRank(rank);
   group->sharedRing = std::make_shared<SharedRing>(&engine);
   group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
-  store.set(key + "address/" + std::to_string(rank), engine.localAddress());
-  std::vector<std::string> addresses(size);
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) addresses[r] = store.get(key + "address/" + std::to_string(r));
+  RankCard card;
+  card.rank = rank;
+  card.address = engine.localAddress();
+  card.identity = options.locality ? "" : ProcessIdentity::self().encode();
+  card.locality = (options.locality ? *options.locality : Locality::self()).encode();
+  card.idTaken = !engine.claimGroupId(group->id);
+  pending->claimed = !card.idTaken;
+  if (size > 1) {
+    store.set(key + "address/" + std::to_string(rank), card.address);
   }
-  group->peers = engine.connect(addresses);
+  const int parent = bootstrapParent(rank);
+  if (parent >= 0) {
+    group->addresses[parent] = store.get(key + "address/" + std::to_string(parent));
+  }
+  pending->directory = std::make_shared<GroupDirectory>();
+  pending->work = std::make_shared<Work>("group creation");
+  auto op = std::make_unique<Op>(group, 0, "group creation", options.timeout, pending->work);
+  const std::string racks = options.racks ? *options.racks : config().topology;
+  op->task = bootstrapGroup(*op, group, std::move(card), parseRackMap(racks), pending->directory);
+  engine.submit(std::move(op));
+  return pending;
+}
+
+std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
+  if (!pending.work->done()) throw Error("ddl: the group's creation has not finished");
+  if (pending.work->failed()) throw Error(pending.work->error());
+  GroupDirectory& directory = *pending.directory;
+  if (!directory.error.empty()) throw Error(directory.error);
+  std::shared_ptr<Group> group = pending.group;
+  Engine& engine = *pending.engine;
+  const GroupOptions& options = pending.options;
   engine.openControl(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
-  store.set(key + "process/" + std::to_string(rank), ProcessIdentity::self().encode());
-  std::vector<ProcessIdentity> identities(size);
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) {
-      identities[r] = ProcessIdentity::decode(store.get(key + "process/" + std::to_string(r)));
+  std::vector<ProcessIdentity> identities(group->size);
+  for (int r = 0; r < group->size; ++r) {
+    if (r != group->rank && !directory.identities[r].empty()) {
+      identities[r] = ProcessIdentity::decode(directory.identities[r]);
     }
   }
-  engine.watch(group->peers, identities);
-  // Where every rank runs: the group's levels (topology.h), from facts, not from rank order.
-  const Config& c = config();
-  store.set(key + "locality/" + std::to_string(rank), Locality::self().encode());
-  std::vector<Locality> localities(size);
-  for (int r = 0; r < size; ++r) {
-    localities[r] = Locality::decode(store.get(key + "locality/" + std::to_string(r)));
+  engine.watch(group, identities);
+  Topology topology = options.topology != nullptr ? *options.topology : directory.topology;
+  if (topology.size != group->size) {
+    throw Error("ddl: the topology given is for another group size");
   }
-  Topology topology =
-      simulated != nullptr ? *simulated : buildTopology(localities, parseRackMap(c.topology));
-  if (topology.size != size) throw Error("ddl: the topology given is for another group size");
+  directory = GroupDirectory{};
+  const std::string links = options.links ? *options.links : config().links;
+  PlanRequest request = options.plan ? *options.plan : planRequest();
   auto comm = std::shared_ptr<Communicator>(
-      new Communicator(std::move(group), timeout, std::move(topology), parseLinks(c.links)));
+      new Communicator(group, options.timeout,
+                       PlanBook::forMachine(std::move(topology), parseLinks(links), request,
+                                            config().hierarchical)));
+  comm->ownsId_ = pending.claimed;
+  pending.claimed = false;
   // Measured on real hosts only: a simulated topology's ranks share one process.
-  if (simulated == nullptr) probeLinks(*comm, store, key, comm->topology_, &comm->links_);
+  if (options.topology == nullptr && !options.locality) {
+    LinkCosts probed = comm->links();
+    probeLinks(*comm, *pending.store, pending.key, comm->topology(), &probed);
+    comm->book_ = PlanBook::forMachine(comm->topology(), std::move(probed), std::move(request),
+                                       config().hierarchical);
+  }
   return comm;
 }
 
 Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
-                           Topology topology, LinkCosts links)
-    : group_(std::move(group)),
-      timeout_(timeout),
-      topology_(std::move(topology)),
-      links_(std::move(links)),
-      request_(planRequest()),
-      hierarchical_(config().hierarchical),
-      allgatherStages_(std::make_shared<const std::vector<BlockStage>>(
-          hierarchical_ ? planBlockStages(topology_, false) : std::vector<BlockStage>{})),
-      reduceScatterStages_(std::make_shared<const std::vector<BlockStage>>(
-          hierarchical_ ? planBlockStages(topology_, true) : std::vector<BlockStage>{})) {}
+                           std::shared_ptr<PlanBook> book)
+    : group_(std::move(group)), timeout_(timeout), book_(std::move(book)) {}
 
-Communicator::~Communicator() { Engine::closeControl(group_->engine, group_->control); }
+Communicator::~Communicator() {
+  Engine::closeControl(group_->engine, group_->control);
+  if (ownsId_) group_->engine->releaseGroupId(group_->id);
+}
 
 void Communicator::reject(const char* name, const std::string& why) noexcept {
   const auto sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
@@ -248,15 +295,7 @@ PlanRequest Communicator::planRequest() {
 }
 
 std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, DataType type) {
-  const std::pair<size_t, size_t> key{count, elementSize(type)};
-  std::lock_guard<std::mutex> lock(plansMutex_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
-  auto plan = std::make_shared<const AllreducePlan>(
-      planAllreduce(topology_, links_, count, elementSize(type), request_));
-  if (plans_.size() >= kPlanCache) plans_.clear();
-  plans_.emplace(key, plan);
-  return plan;
+  return book_->allreduce(count, elementSize(type));
 }
 
 std::pair<int, int> Communicator::hostRings() {
@@ -301,7 +340,8 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
-  op->setMemory(memoryFor(options.memory, options.device));
+  op->setMemory(options.memory == MemoryKind::kHost ? group_->engine->hostMemory()
+                                                    : memoryFor(options.memory, options.device));
   op->traceRecord = FlightRecorder::process().created(group_->id, sequence, name,
                                                       print != nullptr ? *print : CallPrint{},
                                                       peer != kNotPointToPoint, peer, timeout);
@@ -344,7 +384,9 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   // Two ranks, a small host allreduce: its data rides in the call print.
   const size_t bytes = count * elementSize(type);
   const bool carried = plan->algorithm == PlanAlgorithm::kRecursiveDoubling && size() == 2 &&
-                       bytes > 0 && bytes <= Op::kInlineMax && options.memory == MemoryKind::kHost;
+                       bytes > 0 && bytes <= Op::kInlineMax &&
+                       options.memory == MemoryKind::kHost &&
+                       group_->engine->hostMemory().holdsBytes();
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,
       [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); },
@@ -368,18 +410,18 @@ std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType
                                               CallOptions options) {
   checkRoot("broadcast", root);
   size_t bytes = checkedBytes("broadcast", count, type);
-  return start(callPrint(Collective::kBroadcast, count, type, std::nullopt, root), "broadcast",
-               options,
-               [=, place = broadcastTreePlace(topology_, root, rank(), hierarchical_)](Op& op) {
-                 return broadcastTree(op, data, bytes, place, pipelineSettings(op));
-               });
+  return start(
+      callPrint(Collective::kBroadcast, count, type, std::nullopt, root), "broadcast", options,
+      [=, place = broadcastTreePlace(topology(), root, rank(), book_->hierarchical())](Op& op) {
+        return broadcastTree(op, data, bytes, place, pipelineSettings(op));
+      });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
   size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
   return start(callPrint(Collective::kAllgather, count, type), "allgather", options,
-               [=, stages = allgatherStages_](Op& op) {
+               [=, stages = book_->blockStages(false)](Op& op) {
                  if (!stages->empty()) {
                    return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
                  }
@@ -413,7 +455,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, Data
   if (!bad.empty()) refuse("reduce_scatter", bad);
   checkedBytes("reduce_scatter", count, type, static_cast<size_t>(size()));
   return start(callPrint(Collective::kReduceScatter, count, type, reduce), "reduce_scatter",
-               options, [=, stages = reduceScatterStages_](Op& op) {
+               options, [=, stages = book_->blockStages(true)](Op& op) {
                  return reduceScatterTask(op, data, count, type, reduce, stages);
                });
 }

@@ -9,12 +9,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "../algorithms/algorithms.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
+#include "../topology/plan_book.h"
 #include "../topology/topology.h"
+#include "bootstrap.h"
 #include "engine.h"
 #include "store.h"
 #include "work.h"
@@ -40,14 +43,37 @@ struct CallOptions {
   std::shared_ptr<const AllreducePlan> plan;
 };
 
+// How a group is made, beyond its store, rank and size.
+struct GroupOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Tests: the machine the group believes it runs on, instead of the one its ranks find.
+  const Topology* topology = nullptr;
+  // A simulated cluster (sim/cluster.h): where this rank runs instead of Locality::self(), the
+  // rack map and link figures instead of TORCH_DDL_TOPOLOGY's and TORCH_DDL_LINKS's; no process
+  // identity is published and no link is probed.
+  std::optional<Locality> locality;
+  std::optional<std::string> racks;
+  std::optional<std::string> links;
+  // What the planner is asked (default: the configuration's, planRequest()).
+  std::optional<PlanRequest> plan;
+};
+
 class Communicator {
  public:
-  // Collective over `size` processes: exchanges worker addresses through `store` and connects,
-  // and builds the topology from what every rank publishes there (tests may pass a simulated
-  // one instead).
+  // Collective over `size` processes: finds the group's id and its tree parent through `store`
+  // and learns every rank's address and locality over the group's own messages
+  // (engine/bootstrap.h); connects to peers as its operations first need them.
   static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
                                               int size, std::chrono::milliseconds timeout,
                                               const Topology* simulated = nullptr);
+  // create() in two halves, for a driver that must not block (a simulator turning every rank's
+  // engine on one thread): begin() makes the store requests, which read only keys of lower
+  // ranks, and starts the exchange; once pending->work is done, finish() makes the
+  // communicator, or throws why it could not.
+  struct Pending;
+  static std::unique_ptr<Pending> begin(Engine& engine, KeyValueStore& store, int rank, int size,
+                                        const GroupOptions& options);
+  static std::shared_ptr<Communicator> finish(Pending& pending);
 
   ~Communicator();
 
@@ -60,8 +86,8 @@ class Communicator {
   // Operations started on this group so far.
   uint64_t sequenceNumber() const { return sequence_.load(); }
   // The levels found at creation, and the link costs the planner weighs.
-  const Topology& topology() const { return topology_; }
-  const LinkCosts& links() const { return links_; }
+  const Topology& topology() const { return book_->topology(); }
+  const LinkCosts& links() const { return book_->links(); }
   // The host-level rings of multidim allreduces set up so far: how many move their bytes
   // through shared-memory slots, and how many over messages (their ranks could not map each
   // other's windows). Asks the progress thread.
@@ -124,8 +150,8 @@ class Communicator {
                              CallOptions options = {});
 
  private:
-  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout, Topology topology,
-               LinkCosts links);
+  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
+               std::shared_ptr<PlanBook> book);
   // A collective: numbered, checked against the other ranks' calls (control.h).
   // `inlineBytes` of `inlineData` ride in the call print (Op::setInline).
   std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
@@ -146,19 +172,25 @@ class Communicator {
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
   std::shared_ptr<const Group> group_;
+  bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
-  const Topology topology_;
-  LinkCosts links_;  // set at creation (the probe), read-only after
-  const PlanRequest request_;
-  // Level by level across hosts (TORCH_DDL_HIERARCHICAL): broadcast trees, and the stages of
-  // allgather and reduce-scatter (empty: the flat ring).
-  const bool hierarchical_;
-  const std::shared_ptr<const std::vector<BlockStage>> allgatherStages_;
-  const std::shared_ptr<const std::vector<BlockStage>> reduceScatterStages_;
-  static constexpr size_t kPlanCache = 256;
-  std::mutex plansMutex_;
-  std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;
+  // The group's machine, link figures and plans, shared with the process's other groups of the
+  // same (topology/plan_book.h). Set at creation (again once the links are probed), read-only
+  // after.
+  std::shared_ptr<PlanBook> book_;
+};
+
+struct Communicator::Pending {
+  Engine* engine = nullptr;
+  KeyValueStore* store = nullptr;
+  std::shared_ptr<Group> group;
+  GroupOptions options;
+  std::string key;  // the store keys' prefix of this creation
+  std::shared_ptr<Work> work;
+  std::shared_ptr<GroupDirectory> directory;
+  bool claimed = false;  // the group's id is claimed on the engine
+  ~Pending();            // gives the id back unless finish() handed it on
 };
 
 }  // namespace ddl

@@ -60,14 +60,22 @@ struct NoticeHeader {
   uint32_t sequence;
   int32_t from;
   uint8_t scope;
-  uint8_t reserved[3];
+  uint8_t tree;
+  uint8_t reserved;
+  uint16_t gone;  // rank + 1, 0 for none
 };
 constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
 
 }  // namespace
 
 std::string Notice::encode() const {
-  NoticeHeader header{kNoticeMagic, sequence, from, static_cast<uint8_t>(scope), {}};
+  NoticeHeader header{kNoticeMagic,
+                      sequence,
+                      from,
+                      static_cast<uint8_t>(scope),
+                      static_cast<uint8_t>(tree ? 1 : 0),
+                      0,
+                      static_cast<uint16_t>(gone + 1)};
   std::string bytes(sizeof(header), '\0');
   std::memcpy(bytes.data(), &header, sizeof(header));
   bytes += text.substr(0, kMaxBytes - sizeof(header));
@@ -85,6 +93,8 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   notice.sequence = header.sequence;
   notice.scope = static_cast<Scope>(header.scope);
   notice.from = header.from;
+  notice.tree = header.tree != 0;
+  notice.gone = static_cast<int>(header.gone) - 1;
   notice.text.assign(data + sizeof(header), bytes - sizeof(header));
   return notice;
 }

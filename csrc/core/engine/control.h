@@ -32,6 +32,7 @@
 
 #include "../transport/transport.h"
 #include "../types.h"
+#include "clock.h"
 
 namespace ddl {
 
@@ -83,6 +84,11 @@ struct Notice {
   uint32_t sequence = 0;
   Scope scope = Scope::kOp;
   int from = -1;
+  // Passed on down a binomial tree rooted at `from` (Engine::relayNotice), so that it reaches
+  // every rank; false for one sent to chosen ranks only (wait reports in large groups).
+  bool tree = true;
+  // The rank it says is gone (-1: none): the tree passes around it (Engine::relayNotice).
+  int gone = -1;
   std::string text;
 
   std::string encode() const;  // at most kMaxBytes (the text is cut to fit)
@@ -111,7 +117,7 @@ struct GroupControl {
   std::list<Sent> sent;  // a list: a send in flight keeps its bytes where they are
   struct Grave {
     uint32_t sequence;
-    std::chrono::steady_clock::time_point until;
+    TimePoint until;
   };
   std::deque<Grave> graves;
   static constexpr size_t kMaxEarly = 1024;

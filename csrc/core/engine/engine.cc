@@ -16,21 +16,37 @@
 
 namespace ddl {
 
-using Clock = std::chrono::steady_clock;
-
 namespace {
+
+class SteadyClock : public Clock {
+ public:
+  TimePoint now() const override { return std::chrono::steady_clock::now(); }
+};
+
 std::mutex gLiveMutex;
 std::set<Engine*> gLive;  // engines constructed and not yet stopped
 }  // namespace
 
-Engine::Engine(std::unique_ptr<Transport> transport)
+const Clock& Clock::steady() {
+  static const SteadyClock clock;
+  return clock;
+}
+
+Engine::Engine(std::unique_ptr<Transport> transport, Drive drive, const Clock& clock,
+               Memory* hostMemory)
     : transport_(std::move(transport)),
       sharedBuffers_(std::make_shared<SharedBuffers>(this)),
       address_(transport_->localAddress()),
       transportName_(transport_->name()),
-      eventFd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-  if (eventFd_ < 0) throw Error("ddl: eventfd failed");
-  thread_ = std::thread([this] { run(); });
+      drive_(drive),
+      clock_(clock),
+      hostMemory_(hostMemory != nullptr ? hostMemory : &memoryFor(MemoryKind::kHost)),
+      lastHousekeeping_(clock.now()) {
+  if (drive_ == Drive::kThread) {
+    eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (eventFd_ < 0) throw Error("ddl: eventfd failed");
+    thread_ = std::thread([this] { run(); });
+  }
   std::lock_guard<std::mutex> lock(gLiveMutex);
   gLive.insert(this);
 }
@@ -39,13 +55,18 @@ Engine::~Engine() {
   sharedBuffers_->detach();
   stop();
   transport_.reset();  // before orphans_: a transport may still report on them while closing
-  close(eventFd_);
+  if (eventFd_ >= 0) close(eventFd_);
 }
 
 void Engine::stop() {
   {
     std::lock_guard<std::mutex> lock(gLiveMutex);
     gLive.erase(this);
+  }
+  if (drive_ == Drive::kExternal) {
+    if (stopping_.exchange(true)) return;
+    drainAfterStop();
+    return;
   }
   if (!thread_.joinable()) return;
   stopping_.store(true);
@@ -54,6 +75,10 @@ void Engine::stop() {
 }
 
 void Engine::wake() {
+  if (drive_ == Drive::kExternal) {
+    if (wakeHook_) wakeHook_();
+    return;
+  }
   if (sleeping_.load()) {
     uint64_t one = 1;
     (void)!write(eventFd_, &one, sizeof(one));
@@ -82,7 +107,8 @@ void Engine::submitIfAlive(Engine* engine, std::unique_ptr<Op> op) {
 }
 
 void Engine::call(const std::function<void()>& fn) {
-  if (std::this_thread::get_id() == thread_.get_id()) return fn();
+  // Driven from outside, the caller is on the thread that turns the loop.
+  if (drive_ == Drive::kExternal || std::this_thread::get_id() == thread_.get_id()) return fn();
   std::promise<void> done;
   auto wrapped = [&] {
     try {
@@ -118,35 +144,35 @@ std::vector<std::string> Engine::transportDevices() {
   return devices;
 }
 
-std::vector<PeerId> Engine::connect(const std::vector<std::string>& addresses) {
-  std::vector<PeerId> peers(addresses.size(), -1);
-  call([&] {
-    for (size_t i = 0; i < addresses.size(); ++i) {
-      if (!addresses[i].empty()) peers[i] = transport_->connect(addresses[i]);
-    }
-  });
-  return peers;
-}
-
-void Engine::watch(const std::vector<PeerId>& peers,
+void Engine::watch(const std::shared_ptr<const Group>& group,
                    const std::vector<ProcessIdentity>& identities) {
   const ProcessIdentity me = ProcessIdentity::self();
   call([&] {
-    for (size_t i = 0; i < peers.size() && i < identities.size(); ++i) {
-      if (peers[i] >= 0 && me.sameMachineAndNamespace(identities[i]) &&
-          identities[i].pid != me.pid) {
-        watch_.watch(peers[i], identities[i]);
+    for (int r = 0; r < group->size && r < static_cast<int>(identities.size()); ++r) {
+      if (r != group->rank && me.sameMachineAndNamespace(identities[r]) &&
+          identities[r].pid != me.pid) {
+        watch_.watch(group->peer(r), identities[r]);
       }
     }
   });
 }
 
+bool Engine::claimGroupId(uint32_t id) {
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  return groupIds_.insert(id).second;
+}
+
+void Engine::releaseGroupId(uint32_t id) {
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  groupIds_.erase(id);
+}
+
 std::string Engine::lostPeerOf(const Op& op) const {
   if (lost_.empty()) return "";
-  const auto now = Clock::now();
+  const TimePoint now = clock_.now();
   const Group& g = op.group();
   for (int r = 0; r < g.size; ++r) {
-    if (r == g.rank) continue;
+    if (r == g.rank || g.peers[r] < 0) continue;
     auto it = lost_.find(g.peers[r]);
     if (it != lost_.end() && now - it->second.since >= kLostGrace) {
       return "rank " + std::to_string(r) + " is gone: " + it->second.why;
@@ -158,11 +184,11 @@ std::string Engine::lostPeerOf(const Op& op) const {
 bool Engine::checkLiveness() {
   bool found = false;
   for (auto& [peer, why] : watch_.poll()) {
-    lost_.emplace(peer, Lost{why, Clock::now()});
+    lost_.emplace(peer, Lost{why, clock_.now()});
     found = true;
   }
   for (auto& [peer, why] : transport_->lostPeers()) {
-    lost_.emplace(peer, Lost{why, Clock::now()});
+    lost_.emplace(peer, Lost{why, clock_.now()});
     found = true;
   }
   if (lost_.empty()) return found;
@@ -171,7 +197,33 @@ bool Engine::checkLiveness() {
     std::string why = lostPeerOf(**current);
     if (!why.empty()) finishOp(current, why, Cause::kLost);
   }
+  announceLost();
   return found;
+}
+
+void Engine::announceLost() {
+  const TimePoint now = clock_.now();
+  for (auto& [peer, lost] : lost_) {
+    if (lost.announced || now - lost.since < kLostGrace) continue;
+    lost.announced = true;
+    for (const auto& control : controls_) {
+      if (!control->open) continue;
+      const Group& g = *control->group;
+      for (int r = 0; r < g.size; ++r) {
+        if (r == g.rank || g.peers[r] != peer) continue;
+        const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
+        g.state->fail(GroupState::Failure::kCommunication, g.name + ": " + why);
+        refusalsPending_ = true;
+        Notice notice;
+        notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control->started, 0));
+        notice.scope = Notice::Scope::kGroup;
+        notice.from = g.rank;
+        notice.gone = r;
+        notice.text = why;
+        sendNotice(*control, notice);
+      }
+    }
+  }
 }
 
 bool Engine::drainSubmissions() {
@@ -185,7 +237,7 @@ bool Engine::drainSubmissions() {
   }
   for (auto& fn : calls) fn();
   for (auto& op : ops) {
-    op->startClock();
+    op->startClock(clock_.now());
     FlightRecorder::process().started(op->traceRecord);
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
@@ -293,7 +345,8 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   if (!error.empty() && op->checksCall() && op->group().control != nullptr) {
     GroupControl& control = *op->group().control;
     // The others learn what ended it here; the messages they sent it are discarded.
-    const bool told = cause == Cause::kOwn || cause == Cause::kTimeout || cause == Cause::kLost;
+    // (A lost peer is told by announceLost, to every group that has it.)
+    const bool told = cause == Cause::kOwn || cause == Cause::kTimeout;
     if (told && control.open && op->size() > 1) {
       Notice notice;
       notice.sequence = op->sequence();
@@ -333,7 +386,7 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
 }
 
 void Engine::checkDeadlines() {
-  auto now = Clock::now();
+  const TimePoint now = clock_.now();
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
     Op& op = **current;
@@ -390,7 +443,14 @@ void Engine::reportWaits(Op& op) {
   notice.scope = Notice::Scope::kWaiting;
   notice.from = op.rank();
   notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
-  sendNotice(control, notice);
+  if (op.size() <= kWaitReportsToAll) {
+    sendNotice(control, notice);
+    return;
+  }
+  // A large group: only to the ranks this op sent to, the ones that may be waiting for it.
+  notice.tree = false;
+  const std::string bytes = notice.encode();
+  for (int peer : op.sentTo()) sendNoticeTo(control, notice, bytes, peer);
 }
 
 void Engine::failRefusedOps() {
@@ -467,25 +527,49 @@ void Engine::onNotice(Request* req) {
 }
 
 void Engine::sendNotice(GroupControl& control, const Notice& notice) {
+  relayNotice(control, notice, notice.encode());
+}
+
+void Engine::relayNotice(GroupControl& control, const Notice& notice, const std::string& bytes) {
   const Group& group = *control.group;
-  const std::string bytes = notice.encode();
-  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
-  for (int r = 0; r < group.size; ++r) {
-    if (r == group.rank) continue;
-    GroupControl::Sent& sent = control.sent.emplace_back();
-    sent.bytes = bytes;
-    sent.request = std::make_unique<Request>();
-    sent.request->peer = r;
-    sent.request->isSend = true;
-    transport_->send(group.peers[r],
-                     tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
-                     sent.bytes.data(), sent.bytes.size(), sent.request.get());
+  const int n = group.size;
+  if (notice.from < 0 || notice.from >= n) return;
+  relayBelow(control, notice, bytes, (group.rank - notice.from + n) % n);
+}
+
+void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::string& bytes,
+                        int v) {
+  const Group& group = *control.group;
+  const int n = group.size;
+  for (int step = 1; v + step < n; step <<= 1) {
+    if (step <= v) continue;
+    const int child = (notice.from + v + step) % n;
+    const PeerId peer = group.peers[child];
+    if (child == notice.gone || (peer >= 0 && lost_.count(peer) > 0)) {
+      relayBelow(control, notice, bytes, v + step);
+    } else {
+      sendNoticeTo(control, notice, bytes, child);
+    }
   }
+}
+
+void Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes,
+                          int to) {
+  const Group& group = *control.group;
+  GroupControl::Sent& sent = control.sent.emplace_back();
+  sent.bytes = bytes;
+  sent.request = std::make_unique<Request>();
+  sent.request->peer = to;
+  sent.request->isSend = true;
+  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
+  transport_->send(group.peer(to),
+                   tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
+                   sent.bytes.data(), sent.bytes.size(), sent.request.get());
 }
 
 void Engine::buryOp(GroupControl& control, uint32_t sequence) {
   if (control.graves.size() >= GroupControl::kMaxGraves) control.graves.pop_front();
-  control.graves.push_back({sequence, Clock::now() + std::chrono::seconds(10)});
+  control.graves.push_back({sequence, clock_.now() + std::chrono::seconds(10)});
 }
 
 Engine::Cause Engine::causeOf(const Notice& notice) {
@@ -540,7 +624,7 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
 bool Engine::serviceControls() {
   noticesArrived_ = false;
   bool any = false;
-  const auto now = Clock::now();
+  const TimePoint now = clock_.now();
   for (size_t i = 0; i < controls_.size();) {
     std::shared_ptr<GroupControl> control = controls_[i];
     // Notices wait in the transport until taken here (every millisecond, and when one that was
@@ -551,7 +635,10 @@ bool Engine::serviceControls() {
         arrived.swap(control->arrived);
         control->received = false;
         if (control->open) {
-          for (const Notice& notice : arrived) applyNotice(*control, notice);
+          for (const Notice& notice : arrived) {
+            if (notice.tree) relayNotice(*control, notice, notice.encode());
+            applyNotice(*control, notice);
+          }
         }
         any = true;
       }
@@ -578,6 +665,31 @@ bool Engine::serviceControls() {
   return any;
 }
 
+TimePoint Engine::nextTimer() const {
+  TimePoint next = TimePoint::max();
+  for (const auto& op : active_) {
+    next = std::min(next, op->waitsReported ? op->deadline() : op->halfway());
+  }
+  if (!lost_.empty() && !active_.empty()) {
+    next = std::min(next, clock_.now() + std::chrono::milliseconds(10));
+  }
+  for (const auto& [peer, lost] : lost_) {
+    if (!lost.announced) next = std::min(next, lost.since + kLostGrace);
+  }
+  // What happened since the last housekeeping (a peer the transport found gone, among others)
+  // is looked at one period later, as a running loop would.
+  if (activeSinceHousekeeping_) next = std::min(next, lastHousekeeping_ + kHousekeeping);
+  if (!orphans_.empty()) next = std::min(next, clock_.now() + std::chrono::seconds(1));
+  for (const auto& control : controls_) {
+    if (!control->graves.empty()) next = std::min(next, control->graves.front().until);
+  }
+  // Deadlines are checked once a housekeeping period has passed since the last check.
+  if (next != TimePoint::max()) {
+    next = std::max(next, lastHousekeeping_ + kHousekeeping + std::chrono::nanoseconds(1));
+  }
+  return next;
+}
+
 void Engine::sleep() {
   sleeping_.store(true);
   bool pending;
@@ -587,17 +699,11 @@ void Engine::sleep() {
   }
   if (!pending && transport_->arm()) {
     int timeoutMs = -1;
-    if (!active_.empty()) {
-      auto nearest = Clock::now() + std::chrono::hours(1);
-      for (auto& op : active_) {
-        nearest = std::min(nearest, op->waitsReported ? op->deadline() : op->halfway());
-      }
-      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(nearest - Clock::now());
+    const TimePoint next = nextTimer();
+    if (next != TimePoint::max()) {
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - clock_.now());
       timeoutMs = static_cast<int>(std::clamp<long>(wait.count() + 1, 0, 1000));
-    } else if (!orphans_.empty()) {
-      timeoutMs = 1000;
     }
-    if (!lost_.empty() && !active_.empty()) timeoutMs = std::clamp(timeoutMs, 0, 10);
     std::vector<pollfd> fds = {{eventFd_, POLLIN, 0}};
     if (transport_->wakeFd() >= 0) {
       fds.push_back({transport_->wakeFd(), POLLIN, 0});
@@ -612,22 +718,47 @@ void Engine::sleep() {
   (void)!read(eventFd_, &counter, sizeof(counter));
 }
 
+bool Engine::housekeep() {
+  if (!controls_.empty()) serviceControls();
+  const bool found = checkLiveness();
+  checkDeadlines();
+  return found;
+}
+
+bool Engine::turn() {
+  bool busy = transport_->progress();
+  busy |= drainSubmissions();
+  busy |= stepOps();
+  if (noticesArrived_) busy |= serviceControls();
+  if (refusalsPending_) failRefusedOps();
+  const TimePoint now = clock_.now();
+  if (now - lastHousekeeping_ > kHousekeeping) {
+    busy |= housekeep();
+    lastHousekeeping_ = now;
+    activeSinceHousekeeping_ = false;
+  } else if (busy) {
+    activeSinceHousekeeping_ = true;
+  }
+  return busy;
+}
+
+int Engine::settle() {
+  int turns = 0;
+  constexpr int kMaxTurns = 1 << 16;
+  while (turns < kMaxTurns && !stopping_.load()) {
+    ++turns;
+    if (turn()) continue;
+    if (!controls_.empty() && serviceControls()) continue;  // no notice is left untaken
+    break;
+  }
+  return turns;
+}
+
 void Engine::run() {
-  auto lastActivity = Clock::now();
-  auto lastDeadlineCheck = lastActivity;
+  auto lastActivity = clock_.now();
   while (true) {
-    bool busy = transport_->progress();
-    busy |= drainSubmissions();
-    busy |= stepOps();
-    if (noticesArrived_) busy |= serviceControls();
-    if (refusalsPending_) failRefusedOps();
-    auto now = Clock::now();
-    if (now - lastDeadlineCheck > std::chrono::milliseconds(1)) {
-      if (!controls_.empty()) serviceControls();
-      busy |= checkLiveness();
-      checkDeadlines();
-      lastDeadlineCheck = now;
-    }
+    const bool busy = turn();
+    const TimePoint now = clock_.now();
     if (stopping_.load()) break;
     if (busy) {
       lastActivity = now;
@@ -639,8 +770,12 @@ void Engine::run() {
     }
     if (!controls_.empty() && serviceControls()) continue;  // no notice is left untaken
     sleep();
-    lastActivity = Clock::now();
+    lastActivity = clock_.now();
   }
+  drainAfterStop();
+}
+
+void Engine::drainAfterStop() {
   while (!active_.empty()) {
     finishOp(active_.begin(), "aborted: the engine was shut down", Cause::kRefused);
   }

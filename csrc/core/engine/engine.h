@@ -1,11 +1,15 @@
-// Engine: one per process (and one per simulated rank in the unit tests). It owns the transport
-// and the progress thread, the only thread that touches the transport. Callers submit operations
-// from any thread and get a Work at once; the progress thread starts them, resumes their
-// coroutines as their messages complete, enforces deadlines and finishes their Work.
+// Engine: one per process (and one per simulated rank in the unit tests and the simulator). It
+// owns the transport and the run loop, the only code that touches the transport. Callers submit
+// operations from any thread and get a Work at once; each turn of the loop starts them, resumes
+// their coroutines as their messages complete, enforces deadlines and finishes their Work.
 //
-// Idle policy: after the last activity the thread polls for TORCH_DDL_SPIN_US, then arms the
-// transport and sleeps in poll(2) on the transport's wake-up fd and its own eventfd (written by
-// submit), waking at the nearest op deadline. An idle engine costs no CPU.
+// Who turns the loop is the engine's owner's choice: in a real process a progress thread of the
+// engine's own does (after the last activity it polls for TORCH_DDL_SPIN_US, then arms the
+// transport and sleeps in poll(2) on the transport's wake-up fd and its own eventfd, written by
+// submit, until nextTimer(): an idle engine costs no CPU); in a simulated cluster the
+// simulator's one event loop does (Drive::kExternal: turn() when a message arrives or the wake
+// hook fires, at nextTimer() otherwise). Every time the engine reads comes from the clock it is
+// handed, so the same code runs in real and in virtual time.
 #pragma once
 
 #include <atomic>
@@ -14,12 +18,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../shm/shared_buffers.h"
 #include "../transport/transport.h"
+#include "clock.h"
 #include "liveness.h"
 #include "op.h"
 
@@ -27,10 +33,28 @@ namespace ddl {
 
 class Engine {
  public:
-  explicit Engine(std::unique_ptr<Transport> transport);
+  enum class Drive { kThread, kExternal };
+  // `hostMemory`: what host-memory operations use for scratch, copies and reductions (null:
+  // memoryFor(kHost); a simulator's memory that charges virtual time).
+  explicit Engine(std::unique_ptr<Transport> transport, Drive drive = Drive::kThread,
+                  const Clock& clock = Clock::steady(), Memory* hostMemory = nullptr);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();  // stops the progress thread; ops still in flight fail
+
+  // Drive::kExternal: one turn of the run loop (transport progress, submissions, ops resumed,
+  // notices, and every millisecond of the clock deadlines and liveness); true when something
+  // happened (turn again). Call it on the one thread that calls everything else of this engine.
+  bool turn();
+  // Turns until nothing more happens at this time (bounded); the number of turns.
+  int settle();
+  // When the engine must be turned although nothing arrives (an op's deadline or halfway point,
+  // housekeeping while a peer is lost); TimePoint::max() when never.
+  TimePoint nextTimer() const;
+  // Drive::kExternal: called when something was submitted or posted for the next turn.
+  void setWakeHook(std::function<void()> hook) { wakeHook_ = std::move(hook); }
+  const Clock& clock() const { return clock_; }
+  Memory& hostMemory() const { return *hostMemory_; }
 
   // The process engine over UCX, created on first use.
   static Engine& process();
@@ -38,11 +62,15 @@ class Engine {
   static void shutdownProcess();
 
   std::string localAddress() const { return address_; }
-  // Connects to every address (deduplicated by the transport). Blocks until done.
-  std::vector<PeerId> connect(const std::vector<std::string>& addresses);
-  // Watches the peers whose identity shows them on this host (liveness.h): once one exits, the
-  // ops of every group that has it fail, now and later, naming it. Blocks until set up.
-  void watch(const std::vector<PeerId>& peers, const std::vector<ProcessIdentity>& identities);
+  // Watches the peers of `group` whose identity (by group rank) shows them on this host
+  // (liveness.h), connecting to them: once one exits, the ops of every group that has it fail,
+  // now and later, naming it. Blocks until set up.
+  void watch(const std::shared_ptr<const Group>& group,
+             const std::vector<ProcessIdentity>& identities);
+  // Group ids are agreed through the store and wrap (tag.h): a group claims its id on every
+  // rank's engine, and a claim of an id a live group holds fails (false). Any thread.
+  bool claimGroupId(uint32_t id);
+  void releaseGroupId(uint32_t id);
 
   // Thread-safe. The op's task must be set; its Work finishes when the op ends.
   void submit(std::unique_ptr<Op> op);
@@ -79,6 +107,10 @@ class Engine {
 
  private:
   void run();
+  // Work done every housekeeping period of the clock (deadlines, liveness, notices).
+  bool housekeep();
+  // Fails what is left once the loop has stopped.
+  void drainAfterStop();
   bool drainSubmissions();
   bool stepOps();
   void checkDeadlines();
@@ -103,8 +135,20 @@ class Engine {
   static void onNotice(Request* req);
   bool serviceControls();
   void applyNotice(GroupControl& control, const Notice& notice);
+  // Starts `notice` down its tree (from this rank, its root), or sends it to `to` alone.
   void sendNotice(GroupControl& control, const Notice& notice);
-  // Tells the op's other ranks whom it still waits for, halfway to its deadline (op.h).
+  void sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes, int to);
+  // Passes a notice of the tree on to this rank's children in it: the rank at distance v from
+  // the root sends to the ranks at distance v + 2^k for every 2^k > v (below the group's size).
+  // A notice reaches all P - 1 other ranks in P - 1 messages and log2(P) rounds, and whoever
+  // starts one, a rank sends only to the ranks 2^k after it: log2(P) endpoints.
+  // A child that is gone (the notice's `gone`, or a peer lost here) is passed around: this rank
+  // sends to its children in its stead.
+  void relayNotice(GroupControl& control, const Notice& notice, const std::string& bytes);
+  void relayBelow(GroupControl& control, const Notice& notice, const std::string& bytes, int v);
+  // Tells the op's other ranks whom it still waits for, halfway to its deadline (op.h): every
+  // rank in groups of up to kWaitReportsToAll ranks, else the ranks it sent to.
+  static constexpr int kWaitReportsToAll = 64;
   void reportWaits(Op& op);
   void buryOp(GroupControl& control, uint32_t sequence);
   // Fails the ops in flight whose group was failed (set by finishOp and notices).
@@ -120,6 +164,8 @@ class Engine {
   std::string transportName_;
   int eventFd_ = -1;
 
+  std::mutex idsMutex_;
+  std::set<uint32_t> groupIds_;  // held by live groups
   std::mutex submitMutex_;
   std::vector<std::unique_ptr<Op>> submitted_;
   std::vector<std::function<void()>> calls_;
@@ -141,13 +187,25 @@ class Engine {
   PeerWatch watch_;
   struct Lost {
     std::string why;
-    std::chrono::steady_clock::time_point since;
+    TimePoint since;
+    bool announced = false;  // its groups failed here and were told (announceLost)
   };
+  // Once a peer has been lost for kLostGrace, every open group that has it fails and says so
+  // down its notice tree, whether an op of it is in flight or not: ranks that never connected
+  // to the dead one (a receive from it fails nowhere) learn it in log2(P) rounds.
+  void announceLost();
   std::map<PeerId, Lost> lost_;
   std::vector<std::shared_ptr<GroupControl>> controls_;
   bool noticesArrived_ = false;   // a notice receive completed
   bool refusalsPending_ = false;  // a group failed: fail its ops in flight
   static constexpr std::chrono::milliseconds kLostGrace{50};
+  static constexpr std::chrono::milliseconds kHousekeeping{1};
+  const Drive drive_;
+  const Clock& clock_;
+  Memory* const hostMemory_;
+  TimePoint lastHousekeeping_{};
+  bool activeSinceHousekeeping_ = false;  // a turn did something after the last housekeeping
+  std::function<void()> wakeHook_;
   std::thread thread_;
 };
 

@@ -44,14 +44,19 @@ std::string GroupState::refusal() const {
   return refusal_;
 }
 
+PeerId Group::peer(int r) const {
+  PeerId& id = peers.at(static_cast<size_t>(r));
+  if (id < 0) id = engine->transport().connect(addresses.at(static_cast<size_t>(r)));
+  return id;
+}
+
 Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
        std::chrono::milliseconds timeout, std::shared_ptr<Work> work)
     : work(std::move(work)),
       group_(std::move(group)),
       sequence_(sequence),
       name_(std::move(name)),
-      timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout) {}
+      timeout_(timeout) {}
 
 Op::~Op() {
   task = Task();  // the coroutine frame first: its locals may point at this op's requests
@@ -130,7 +135,7 @@ Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
 Request* Op::postSend(Request* req, uint64_t slot, const void* data, size_t bytes) {
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
-  group_->engine->transport().send(group_->peers.at(req->peer), t, data, bytes, req);
+  group_->engine->transport().send(group_->peer(req->peer), t, data, bytes, req);
   return req;
 }
 
@@ -313,6 +318,14 @@ Op::Waits Op::waits() const {
     if (isStartPrint(*r)) w.notStarted.insert(r->peer);
   }
   return w;
+}
+
+std::set<int> Op::sentTo() const {
+  std::set<int> to;
+  for (const auto& r : requests_) {
+    if (r->isSend && r->peer >= 0) to.insert(r->peer);
+  }
+  return to;
 }
 
 std::string Op::waitChain(bool notStartedSaid) const {

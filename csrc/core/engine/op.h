@@ -16,6 +16,7 @@
 
 #include "../memory/memory.h"
 #include "../transport/transport.h"
+#include "clock.h"
 #include "control.h"
 #include "task.h"
 #include "work.h"
@@ -52,8 +53,15 @@ struct Group {
   int rank = 0;
   int size = 1;
   uint32_t id = 0;
-  std::vector<PeerId> peers;  // by group rank; peers[rank] is unused
-  std::string name;           // for messages, e.g. "group 3"
+  // Where each rank is reached (set at creation), and the endpoints opened so far: a rank
+  // connects to a peer when it first sends to it (peer()), so it holds endpoints to the peers
+  // its operations talked to, not to every rank. peers[r] is -1 while not connected; both are
+  // touched on the progress thread only.
+  std::vector<std::string> addresses;
+  mutable std::vector<PeerId> peers;
+  // The endpoint to group rank r, opened now if it was not.
+  PeerId peer(int r) const;
+  std::string name;  // for messages, e.g. "group 3"
   // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
@@ -118,10 +126,10 @@ class Op {
   std::shared_ptr<Work> work;
   const std::string& name() const { return name_; }
   uint32_t sequence() const { return sequence_; }
-  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  TimePoint deadline() const { return deadline_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The deadline counts from when the engine starts the op (a device op may wait for its stream).
-  void startClock() { deadline_ = std::chrono::steady_clock::now() + timeout_; }
+  void startClock(TimePoint now) { deadline_ = now + timeout_; }
   // A request failed: the first failure's description, empty while all is well.
   const std::string& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
@@ -133,11 +141,13 @@ class Op {
     std::set<int> notStarted;
   };
   Waits waits() const;
+  // The ranks this op has sent to (in a ring, its next rank: the ones that may wait for it).
+  std::set<int> sentTo() const;
   // Halfway to its deadline an op of more than two ranks that is still running tells the others
   // whom it waits for (Engine::reportWaits); a rank that times out follows those reports from
   // the ranks it waits for to the rank at the end of the wait: "; ..." or "" (none to add).
   // notStartedSaid: the words so far (pendingPeers) already say which peers have not started.
-  std::chrono::steady_clock::time_point halfway() const { return deadline_ - timeout_ / 2; }
+  TimePoint halfway() const { return deadline_ - timeout_ / 2; }
   bool waitsReported = false;
   std::map<int, Waits> reportedWaits;  // by the reporting rank
   std::string waitChain(bool notStartedSaid) const;
@@ -186,7 +196,7 @@ class Op {
   uint32_t sequence_;
   std::string name_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
+  TimePoint deadline_;  // set as the engine starts the op
   Memory* memory_ = &memoryFor(MemoryKind::kHost);
   std::vector<std::unique_ptr<Request>> requests_;
   uint64_t completions_ = 0;

@@ -46,6 +46,8 @@ inline constexpr uint32_t kSharedPhase = kPointToPointPhase - 1;
 inline constexpr uint32_t kControlPhase = kSharedPhase - 1;
 inline constexpr uint32_t kPrintStep = 0;
 inline constexpr uint32_t kNoticeStep = 1;
+// Group creation's messages up and down its tree (engine/bootstrap.h), under sequence 0.
+inline constexpr uint32_t kBootstrapStep = 2;
 // Phases a plan may hand out to rings and colours in flight at once.
 inline constexpr uint32_t kPlanPhases = kControlPhase;
 

@@ -38,6 +38,9 @@ class Memory {
   virtual void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) = 0;
   // The last step of AVG: buf[i] /= divisor (integers truncate toward zero).
   virtual void average(DataType type, void* buf, size_t count, size_t divisor) = 0;
+  // False for a simulation's memory that only counts the time its operations would take: then
+  // nothing may read or write the bytes behind its pointers except through this interface.
+  virtual bool holdsBytes() const { return true; }
 };
 
 // What a device module implements for its kind: the Memory of device `device`.

@@ -109,7 +109,7 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
   if (windows.inboxWindow != 0 && got->receivedBytes > sizeof(Geometry) &&
       nextGeometry.slotBytes == geometry.slotBytes && nextGeometry.slots == geometry.slots) {
     std::string nextKey(theirs.data() + sizeof(Geometry), got->receivedBytes - sizeof(Geometry));
-    windows.outboxWindow = transport.mapWindow(op.group().peers[next], nextKey, &base);
+    windows.outboxWindow = transport.mapWindow(op.group().peer(next), nextKey, &base);
     windows.outbox = static_cast<char*>(base);
     ok = windows.outboxWindow != 0;
   }

@@ -1,0 +1,237 @@
+#include "bootstrap.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "../types.h"
+#include "tag.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kBootstrapStep);
+
+class Writer {
+ public:
+  void number(uint64_t value) { bytes_.append(reinterpret_cast<const char*>(&value), 8); }
+  void text(const std::string& value) {
+    number(value.size());
+    bytes_ += value;
+  }
+  std::string take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& bytes) : at_(bytes.data()), left_(bytes.size()) {}
+  uint64_t number() {
+    uint64_t value = 0;
+    if (left_ < 8) {
+      ok_ = false;
+      return 0;
+    }
+    std::memcpy(&value, at_, 8);
+    at_ += 8;
+    left_ -= 8;
+    return value;
+  }
+  std::string text() {
+    const uint64_t length = number();
+    if (length > left_) {
+      ok_ = false;
+      return "";
+    }
+    std::string value(at_, length);
+    at_ += length;
+    left_ -= length;
+    return value;
+  }
+  // Whether everything read so far was there, and (with `whole`) nothing is left.
+  bool ok(bool whole = false) const { return ok_ && (!whole || left_ == 0); }
+
+ private:
+  const char* at_;
+  size_t left_;
+  bool ok_ = true;
+};
+
+std::string encodeCards(const std::vector<RankCard>& cards) {
+  Writer w;
+  w.number(cards.size());
+  for (const RankCard& c : cards) {
+    w.number(static_cast<uint64_t>(c.rank));
+    w.text(c.address);
+    w.text(c.identity);
+    w.text(c.locality);
+    w.number(c.idTaken ? 1 : 0);
+  }
+  return w.take();
+}
+
+bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards) {
+  Reader r(bytes);
+  const uint64_t n = r.number();
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    RankCard c;
+    c.rank = static_cast<int>(r.number());
+    c.address = r.text();
+    c.identity = r.text();
+    c.locality = r.text();
+    c.idTaken = r.number() != 0;
+    cards->push_back(std::move(c));
+  }
+  return r.ok(true);
+}
+
+std::string encodeDirectory(const GroupDirectory& d) {
+  Writer w;
+  w.text(d.error);
+  w.number(d.addresses.size());
+  for (size_t r = 0; r < d.addresses.size(); ++r) {
+    w.text(d.addresses[r]);
+    w.text(d.identities[r]);
+  }
+  w.number(d.topology.levels.size());
+  for (const Level& level : d.topology.levels) {
+    w.text(level.name);
+    w.number(level.blockNames.size());
+    for (const std::string& name : level.blockNames) w.text(name);
+    for (int block : level.blockOf) w.number(static_cast<uint64_t>(block));
+  }
+  return w.take();
+}
+
+bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
+  Reader r(bytes);
+  d->error = r.text();
+  const uint64_t n = r.number();
+  if (!r.ok() || n != static_cast<uint64_t>(size)) return false;
+  d->addresses.resize(n);
+  d->identities.resize(n);
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    d->addresses[i] = r.text();
+    d->identities[i] = r.text();
+  }
+  d->topology = Topology{};
+  d->topology.size = size;
+  const uint64_t levels = r.number();
+  for (uint64_t k = 0; k < levels && r.ok(); ++k) {
+    Level level;
+    level.name = r.text();
+    const uint64_t blocks = r.number();
+    for (uint64_t b = 0; b < blocks && r.ok(); ++b) level.blockNames.push_back(r.text());
+    level.blockOf.resize(n);
+    for (uint64_t i = 0; i < n && r.ok(); ++i) level.blockOf[i] = static_cast<int>(r.number());
+    d->topology.levels.push_back(std::move(level));
+  }
+  return r.ok(true);
+}
+
+}  // namespace
+
+GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& racks,
+                             uint32_t groupId) {
+  GroupDirectory d;
+  const size_t n = cards.size();
+  d.addresses.resize(n);
+  d.identities.resize(n);
+  d.topology.size = static_cast<int>(n);
+  std::vector<Locality> localities(n);
+  std::vector<bool> seen(n, false);
+  std::string taken;
+  for (const RankCard& c : cards) {
+    if (c.rank < 0 || static_cast<size_t>(c.rank) >= n || seen[c.rank]) {
+      d.error = "ddl: creating the group: rank " + std::to_string(c.rank) +
+                " answered twice or is not a rank of a group of " + std::to_string(n);
+      return d;
+    }
+    seen[c.rank] = true;
+    d.addresses[c.rank] = c.address;
+    d.identities[c.rank] = c.identity;
+    localities[c.rank] = Locality::decode(c.locality);
+    if (c.idTaken) taken += (taken.empty() ? "" : ", ") + std::to_string(c.rank);
+  }
+  if (!taken.empty()) {
+    d.error = "ddl: cannot create another group: its id " + std::to_string(groupId) +
+              " (group ids are taken modulo " + std::to_string(tag::kMaxGroups) +
+              ") is still held by a live group on rank(s) " + taken +
+              " of the new group; destroy the groups the job no longer uses";
+    return d;
+  }
+  try {
+    d.topology = buildTopology(localities, racks);
+  } catch (const Error& e) {
+    d.error = e.what();
+  }
+  return d;
+}
+
+int bootstrapParent(int rank) { return rank == 0 ? -1 : rank & (rank - 1); }
+
+std::vector<int> bootstrapChildren(int rank, int size) {
+  std::vector<int> children;
+  const long lowest = rank == 0 ? LONG_MAX : (rank & -rank);
+  for (long step = 1; step < lowest && rank + step < size; step <<= 1) {
+    children.push_back(static_cast<int>(rank + step));
+  }
+  return children;
+}
+
+Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
+                    std::shared_ptr<GroupDirectory> out) {
+  const int n = group->size;
+  const int parent = bootstrapParent(group->rank);
+  const std::vector<int> children = bootstrapChildren(group->rank, n);
+  // 2. Up: the children's cards (a larger subtree answers later: the smallest first), then on.
+  std::vector<RankCard> cards;
+  cards.push_back(std::move(mine));
+  for (int child : children) {
+    uint64_t length = 0;
+    co_await op.all(op.recv(child, kSlot, &length, sizeof(length)));
+    std::string bytes(length, '\0');
+    co_await op.all(op.recv(child, kSlot, bytes.data(), length));
+    if (!decodeCards(bytes, &cards)) {
+      throw Error("rank " + std::to_string(child) + " sent malformed cards");
+    }
+  }
+  std::string down;
+  if (parent >= 0) {
+    const std::string up = encodeCards(cards);
+    const uint64_t upLength = up.size();
+    // In this order (a length, then its bytes): not two arguments of one call.
+    Request* sentLength = op.send(parent, kSlot, &upLength, sizeof(upLength));
+    Request* sentCards = op.send(parent, kSlot, up.data(), up.size());
+    co_await op.all(sentLength, sentCards);
+    uint64_t length = 0;
+    co_await op.all(op.recv(parent, kSlot, &length, sizeof(length)));
+    down.assign(length, '\0');
+    co_await op.all(op.recv(parent, kSlot, down.data(), length));
+    if (!decodeDirectory(down, n, out.get())) {
+      throw Error("rank " + std::to_string(parent) + " sent a malformed directory");
+    }
+  } else {
+    std::sort(cards.begin(), cards.end(),
+              [](const RankCard& a, const RankCard& b) { return a.rank < b.rank; });
+    if (cards.size() != static_cast<size_t>(n)) {
+      throw Error(std::to_string(cards.size()) + " of " + std::to_string(n) + " ranks answered");
+    }
+    *out = directoryFrom(cards, racks, group->id);
+    down = encodeDirectory(*out);
+  }
+  cards = {};
+  // 3. Down, to the children, whose addresses are known now.
+  group->addresses = out->addresses;
+  const uint64_t downLength = down.size();
+  std::vector<Request*> sends;
+  for (int child : children) {
+    sends.push_back(op.send(child, kSlot, &downLength, sizeof(downLength)));
+    sends.push_back(op.send(child, kSlot, down.data(), down.size()));
+  }
+  co_await op.all(std::move(sends));
+}
+
+}  // namespace ddl

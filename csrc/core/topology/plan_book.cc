@@ -1,0 +1,71 @@
+#include "plan_book.h"
+
+namespace ddl {
+namespace {
+
+std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& r,
+                  bool hierarchical) {
+  std::string key = std::to_string(t.size) + "|";
+  for (const Level& level : t.levels) {
+    key += level.name + ":";
+    for (const std::string& name : level.blockNames) key += name + ",";
+    key += ":";
+    for (int block : level.blockOf) key += std::to_string(block) + ",";
+    key += "|";
+  }
+  key += links.describe() + "|" + std::to_string(static_cast<int>(r.algorithm)) + "," +
+         std::to_string(r.colors) + "," + std::to_string(r.rings) + "," + std::to_string(r.waves) +
+         "," + std::to_string(r.smallBytes) + "," + std::to_string(r.ringRings) + "," +
+         (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + ":";
+  for (int d : r.order) key += std::to_string(d) + ",";
+  return key;
+}
+
+}  // namespace
+
+PlanBook::PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical)
+    : topology_(std::move(topology)),
+      links_(std::move(links)),
+      request_(std::move(request)),
+      hierarchical_(hierarchical) {}
+
+std::shared_ptr<PlanBook> PlanBook::forMachine(Topology topology, LinkCosts links,
+                                               PlanRequest request, bool hierarchical) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<PlanBook>> books;
+  const std::string key = keyOf(topology, links, request, hierarchical);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = books.find(key);
+  if (it != books.end()) {
+    if (auto book = it->second.lock()) return book;
+  }
+  std::erase_if(books, [](const auto& entry) { return entry.second.expired(); });
+  auto book = std::make_shared<PlanBook>(std::move(topology), std::move(links), std::move(request),
+                                         hierarchical);
+  books[key] = book;
+  return book;
+}
+
+std::shared_ptr<const AllreducePlan> PlanBook::allreduce(size_t count, size_t elementSize) {
+  const std::pair<size_t, size_t> key{count, elementSize};
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  auto plan = std::make_shared<const AllreducePlan>(
+      planAllreduce(topology_, links_, count, elementSize, request_));
+  if (plans_.size() >= kCache) plans_.clear();
+  plans_.emplace(key, plan);
+  return plan;
+}
+
+std::shared_ptr<const std::vector<BlockStage>> PlanBook::blockStages(bool reduceScatter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& stages = stages_[reduceScatter ? 1 : 0];
+  if (!stages) {
+    stages = std::make_shared<const std::vector<BlockStage>>(
+        hierarchical_ ? planBlockStages(topology_, reduceScatter) : std::vector<BlockStage>{});
+  }
+  return stages;
+}
+
+}  // namespace ddl

@@ -1,0 +1,48 @@
+// Plans for one machine, one set of link figures and one planner request, shared by every group
+// of the process that plans for the same: the thousands of ranks of a simulated cluster, or a
+// process's subgroups of one shape. Plans are pure functions of these inputs, so each is computed
+// once, by the first group that asks, and the topology is held once.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "allreduce_plan.h"
+#include "block_plan.h"
+#include "topology.h"
+
+namespace ddl {
+
+class PlanBook {
+ public:
+  // The book for these inputs: an existing one while any group holds it, else a new one.
+  // `hierarchical`: block stages for reduce-scatter and allgather (else none: the flat ring).
+  static std::shared_ptr<PlanBook> forMachine(Topology topology, LinkCosts links,
+                                              PlanRequest request, bool hierarchical);
+
+  const Topology& topology() const { return topology_; }
+  const LinkCosts& links() const { return links_; }
+  const PlanRequest& request() const { return request_; }
+  bool hierarchical() const { return hierarchical_; }
+  // The allreduce plan for `count` elements of `elementSize` bytes (the latest kCache sizes kept).
+  std::shared_ptr<const AllreducePlan> allreduce(size_t count, size_t elementSize);
+  // The level-by-level stages of reduce-scatter or allgather (empty: the flat ring).
+  std::shared_ptr<const std::vector<BlockStage>> blockStages(bool reduceScatter);
+
+  PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
+
+ private:
+  static constexpr size_t kCache = 256;
+  const Topology topology_;
+  const LinkCosts links_;
+  const PlanRequest request_;
+  const bool hierarchical_;
+  std::mutex mutex_;
+  std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;
+  std::shared_ptr<const std::vector<BlockStage>> stages_[2];
+};
+
+}  // namespace ddl
