@@ -87,11 +87,17 @@ void applyRing(Holdings& holdings, const StageRing& ring) {
 
 // One stage: within each group of `rings` (ranks in ring order), every piece held by two or more
 // members with the same weights becomes a ring. Updates `holdings` and the lane's step counter.
+// The groups of a stage have no rank in common, so their rings number their steps from the
+// same base (only the rings of one group, which share ranks, need ranges apart): a stage takes
+// the steps of its busiest group, not of every ring of the job.
 Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, int dimension,
                bool reversed, uint32_t& nextStep) {
   Stage stage;
   stage.dimension = dimension;
+  const uint32_t base = nextStep;
+  uint32_t end = base;
   for (const std::vector<int>& members : rings) {
+    nextStep = base;
     std::vector<size_t> cuts;
     for (int r : members) {
       for (const Held& h : holdings[r]) {
@@ -129,7 +135,9 @@ Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, i
       applyRing(holdings, ring);
       stage.rings.push_back(std::move(ring));
     }
+    end = std::max(end, nextStep);
   }
+  nextStep = end;
   return stage;
 }
 
@@ -615,7 +623,8 @@ void checkPlan(const AllreducePlan& plan, int size) {
                   std::to_string(lane.after) + ", which is not an earlier wave of it");
     }
     Holdings holdings = initialHoldings(size, lane.range);
-    std::vector<std::pair<uint32_t, uint32_t>> steps;
+    // By rank: the step ranges of the rings it is in (rings that share a rank share no step).
+    std::vector<std::vector<std::pair<uint32_t, uint32_t>>> steps(size);
     for (const Stage& stage : lane.stages) {
       for (const StageRing& ring : stage.rings) {
         const size_t n = ring.order.size();
@@ -634,13 +643,17 @@ void checkPlan(const AllreducePlan& plan, int size) {
           throw Error("ddl: plan needs " + std::to_string(last) + " tag steps in one lane; " +
                       std::to_string(tag::kMaxSteps) + " fit");
         }
-        steps.emplace_back(ring.firstStep, static_cast<uint32_t>(last));
+        for (int r : ring.order) steps[r].emplace_back(ring.firstStep, static_cast<uint32_t>(last));
         applyRing(holdings, ring);
       }
     }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 1; i < steps.size(); ++i) {
-      if (steps[i].first < steps[i - 1].second) throw Error("ddl: plan rings share tag steps");
+    for (auto& ranges : steps) {
+      std::sort(ranges.begin(), ranges.end());
+      for (size_t i = 1; i < ranges.size(); ++i) {
+        if (ranges[i].first < ranges[i - 1].second) {
+          throw Error("ddl: plan rings with a rank in common share tag steps");
+        }
+      }
     }
     std::vector<Held> all;
     for (const auto& h : holdings) all.insert(all.end(), h.begin(), h.end());

@@ -52,7 +52,13 @@ std::vector<BlockStage> planBlockStages(const Topology& t, bool reduceScatter) {
     }
     size_t combinations = 1;
     for (int k : above) combinations *= static_cast<size_t>(grid.dims[k]);
+    // The dimension rings of a stage have no rank in common: each numbers its rings' steps from
+    // the stage's base (the rings of one, over the same ranks, need ranges apart), so the steps
+    // grow with a ring's share of the job, not with the number of hosts.
+    const uint32_t base = nextStep;
+    uint32_t end = base;
     for (const std::vector<int>& ring : dimensionRings(t, grid, j)) {
+      nextStep = base;
       for (size_t index = 0; index < combinations; ++index) {
         BlockRing br;
         br.order = ring;
@@ -71,7 +77,9 @@ std::vector<BlockStage> planBlockStages(const Topology& t, bool reduceScatter) {
         nextStep += static_cast<uint32_t>(ring.size() - 1);
         stage.rings.push_back(std::move(br));
       }
+      end = std::max(end, nextStep);
     }
+    nextStep = end;
     if (!stage.rings.empty()) stages.push_back(std::move(stage));
   }
   if (nextStep > tag::kMaxSteps) return {};
