@@ -38,12 +38,15 @@ bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, boo
   Request* r =
       op_.recv(prev_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), target, bytes);
   posted.push_back(Posted{r, segment, target, slot});
+  lowest_ = std::min(lowest_, step);
+  highest_ = std::max(highest_, step + 1);
   return true;
 }
 
 bool MessageLink::arrival(Arrival* out) {
   // Receives of one step complete in the order they were posted; earlier steps first.
-  for (size_t s = 0; s < inFlight_.size(); ++s) {
+  while (lowest_ < highest_ && inFlight_[lowest_].empty()) ++lowest_;
+  for (size_t s = static_cast<size_t>(lowest_); s < static_cast<size_t>(highest_); ++s) {
     std::deque<Posted>& posted = inFlight_[s];
     if (posted.empty() || !posted.front().request->done) continue;
     const Posted& p = posted.front();

@@ -45,6 +45,10 @@ class MessageLink : public Link {
   size_t depth_;
   size_t slotBytes_ = 0;
   std::vector<std::deque<Posted>> inFlight_;  // by step
+  // Steps [lowest_, highest_) may hold posted receives (those below have none): arrival() looks
+  // at those only, not at every step of a long ring on every call.
+  int lowest_ = 0;
+  int highest_ = 0;
   std::shared_ptr<char> scratch_;
   std::vector<int> freeSlots_;
   std::vector<Request*> sends_;

@@ -120,8 +120,10 @@ bool RingPipeline::advance() {
       ++injected_;
       moved = true;
     }
-    // 2. Ask for what each step will receive, as far as the link has room.
-    for (int s = 0; s < schedule_.steps; ++s) {
+    // 2. Ask for what each step will receive, as far as the link has room (the steps below
+    //    expectFrom_ have asked for every segment).
+    while (expectFrom_ < schedule_.steps && expected_[expectFrom_] >= segments_) ++expectFrom_;
+    for (int s = expectFrom_; s < schedule_.steps; ++s) {
       const int chunk = (chunkSentAt(s) + n - 1) % n;
       const bool reducing = s < schedule_.reduceSteps;
       while (expected_[s] < segments_) {
