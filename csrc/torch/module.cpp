@@ -5,6 +5,7 @@
 #include "../core/engine/config.h"
 #include "../core/engine/engine.h"
 #include "../core/engine/trace.h"
+#include "../core/sim/simulate.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
@@ -85,6 +86,70 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     });
   });
 
+  // The simulated cluster (torch_ddl.sim): one run, as a dict of its figures.
+  m.def("simulate", [](const py::dict& a) {
+    ddl::SimRequest q;
+    q.cluster.hostSizes = a["host_sizes"].cast<std::vector<int>>();
+    q.cluster.ranks = a["ranks"].cast<int>();
+    q.cluster.ranksPerHost = a["ranks_per_host"].cast<int>();
+    q.cluster.hostsPerRack = a["hosts_per_rack"].cast<int>();
+    q.cluster.links = a["links"].cast<std::string>();
+    q.cluster.reduceBandwidth = a["reduce_bw"].cast<double>();
+    q.cluster.copyBandwidth = a["copy_bw"].cast<double>();
+    q.cluster.payload = a["payload"].cast<bool>();
+    q.cluster.timeout = std::chrono::milliseconds(a["timeout_ms"].cast<int64_t>());
+    q.collective = a["collective"].cast<std::string>();
+    q.bytes = a["bytes"].cast<size_t>();
+    q.seed = a["seed"].cast<uint64_t>();
+    q.killRank = a["kill_rank"].cast<int>();
+    q.killFraction = a["kill_fraction"].cast<double>();
+    ddl::PlanRequest plan = ddl::Communicator::planRequest();
+    const std::string algo = a["algo"].cast<std::string>();
+    using A = ddl::PlanRequest::Algorithm;
+    const std::map<std::string, A> algorithms = {{"auto", A::kAuto},
+                                                 {"ring", A::kRing},
+                                                 {"multidim", A::kMultiDim},
+                                                 {"leaders", A::kLeaders},
+                                                 {"recursive_doubling", A::kRecursiveDoubling},
+                                                 {"shared", A::kShared}};
+    auto found = algorithms.find(algo);
+    if (found == algorithms.end()) throw py::value_error("unknown algorithm '" + algo + "'");
+    plan.algorithm = found->second;
+    plan.colors = a["colors"].cast<int>();
+    plan.waves = a["waves"].cast<int>();
+    q.cluster.plan = plan;
+    ddl::SimReport r;
+    {
+      py::gil_scoped_release released;
+      r = valueErrors([&] { return ddl::simulate(q); });
+    }
+    py::dict out;
+    out["ranks"] = r.ranks;
+    out["algo"] = r.algorithm;
+    out["bytes"] = r.bytes;
+    out["sim_us"] = r.simMicros;
+    out["model_us"] = r.modelMicros;
+    out["store_requests"] = r.storeRequests;
+    out["max_endpoints"] = r.maxEndpoints;
+    out["messages"] = r.messages;
+    out["creation_messages"] = r.creationMessages;
+    out["creation_us"] = r.creationMicros;
+    out["events"] = r.events;
+    out["digest"] = r.digest;
+    out["checked"] = r.checked;
+    out["mismatch"] = r.mismatch;
+    out["survivors"] = r.survivors;
+    out["named"] = r.named;
+    out["named_by_us"] = r.namedByMicros;
+    out["failure_messages"] = r.failureMessages;
+    out["killed_at_us"] = r.killedAtMicros;
+    out["completed"] = r.completed;
+    out["first_error"] = r.firstError;
+    out["unnamed_error"] = r.unnamedError;
+    out["wall_s"] = r.wallSeconds;
+    return out;
+  });
+
   m.def("config_table", [] {
     py::list rows;
     for (const ddl::ConfigEntry& e : ddl::configTable()) {
@@ -114,6 +179,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
   m.def("adopted_buffers", [] { return ddl::Engine::process().sharedBuffers()->adopted(); });
   m.def("ucx_version", &ddl::UcxTransport::version);
+  m.def(
+      "endpoints_opened", [] { return ddl::Engine::process().endpoints(); },
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "dump_trace",
       [](const std::string& path) { return ddl::FlightRecorder::process().write(path); },

@@ -422,6 +422,7 @@ class HoldingTransport : public Transport {
   bool arm() override { return !letGo_.load() && inner_->arm(); }
   int wakeFd() override { return inner_->wakeFd(); }
   std::string name() const override { return "holding loopback"; }
+  size_t endpoints() const override { return inner_->endpoints(); }
 
   std::atomic<bool> letGo_{false};
   std::atomic<size_t> heldCount_{0};

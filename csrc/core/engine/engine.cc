@@ -138,6 +138,12 @@ void Engine::postIfAlive(Engine* engine, std::function<void()> fn) {
   engine->wake();
 }
 
+size_t Engine::endpoints() {
+  size_t count = 0;
+  call([&] { count = transport_->endpoints(); });
+  return count;
+}
+
 std::vector<std::string> Engine::transportDevices() {
   std::vector<std::string> devices;
   call([&] { devices = transport_->devices(); });

@@ -90,6 +90,8 @@ class Engine {
   std::string transportName() const { return transportName_; }
   // Asks the transport on the progress thread (diagnostics only: it may open every device).
   std::vector<std::string> transportDevices();
+  // Endpoints the transport has opened (to the peers this process's ops have sent to).
+  size_t endpoints();
   // Closes `group` (GroupState::close) and fails its ops in flight at once with `reason`; ops
   // submitted later fail as they start. Any thread; returns once done.
   void closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason);

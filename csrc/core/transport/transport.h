@@ -104,6 +104,8 @@ class Transport {
   virtual std::string name() const = 0;
   // "transport/device" pairs the transport can use, for diagnostics.
   virtual std::vector<std::string> devices() const { return {}; }
+  // Endpoints opened so far (connect() calls with a new address).
+  virtual size_t endpoints() const = 0;
 };
 
 }  // namespace ddl

@@ -49,6 +49,7 @@ class LoopbackTransport : public Transport {
   bool arm() override;
   int wakeFd() override { return eventFd_; }
   std::string name() const override { return "loopback"; }
+  size_t endpoints() const override { return peers_.size(); }
   // Windows are heap memory of the one process, found through the fabric by key. refuseWindows
   // (true) makes this transport behave as one whose peers cannot map each other (tests of the
   // fallback).

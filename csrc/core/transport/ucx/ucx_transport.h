@@ -42,6 +42,7 @@ class UcxTransport : public Transport {
   std::vector<std::pair<PeerId, std::string>> lostPeers() override;
   std::string name() const override;
   std::vector<std::string> devices() const override;
+  size_t endpoints() const override { return endpoints_.size(); }
 
   static std::string version();
 

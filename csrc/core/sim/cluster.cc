@@ -1,0 +1,182 @@
+#include "cluster.h"
+
+#include <map>
+
+#include "../types.h"
+
+namespace ddl {
+
+// The job's store, in memory: every request counted. A key a rank reads must have been set
+// already (creation reads only keys of lower ranks, which the cluster creates first).
+class SimCluster::Store : public KeyValueStore {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    ++requests_;
+    values_[key] = value;
+  }
+  std::string get(const std::string& key) override {
+    ++requests_;
+    auto it = values_.find(key);
+    if (it == values_.end()) {
+      throw Error("ddl: simulated store: '" + key + "' was read before any rank set it");
+    }
+    return it->second;
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    ++requests_;
+    auto it = values_.find(key);
+    const int64_t sum = (it == values_.end() ? 0 : std::stoll(it->second)) + delta;
+    values_[key] = std::to_string(sum);
+    return sum;
+  }
+  uint64_t nextGroupNumber() override {
+    ++requests_;
+    return groups_++;
+  }
+  uint64_t requests() const { return requests_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  uint64_t requests_ = 0;
+  uint64_t groups_ = 0;
+};
+
+SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
+  std::vector<int> hostSizes = spec.hostSizes;
+  if (hostSizes.empty()) {
+    if (spec.ranks < 1 || spec.ranksPerHost < 1) {
+      throw Error("ddl: a simulated cluster needs at least one rank and one rank per host");
+    }
+    for (int left = spec.ranks; left > 0; left -= spec.ranksPerHost) {
+      hostSizes.push_back(std::min(left, spec.ranksPerHost));
+    }
+  }
+  SimNetworkSpec layout;
+  for (size_t h = 0; h < hostSizes.size(); ++h) {
+    if (hostSizes[h] < 1) throw Error("ddl: a simulated host needs at least one rank");
+    for (int i = 0; i < hostSizes[h]; ++i) layout.hostOf.push_back(static_cast<int>(h));
+    layout.rackOf.push_back(spec.hostsPerRack > 0 ? static_cast<int>(h) / spec.hostsPerRack : 0);
+  }
+  links_ = parseLinks(spec.links);
+  for (int level = 0; level < 3; ++level) {
+    const LinkCost& cost = links_.at(level);
+    layout.levels.push_back(SimLevel{cost.latency, cost.bandwidth});
+  }
+  layout.payload = spec.payload;
+  const int racks = layout.rackOf.back() + 1;
+  if (spec.hostsPerRack > 0 && racks > 1) {
+    std::vector<std::string> entries(racks);
+    for (size_t h = 0; h < hostSizes.size(); ++h) {
+      entries[layout.rackOf[h]] += " host" + std::to_string(h);
+    }
+    for (int k = 0; k < racks; ++k) {
+      rackMap_ += (k ? ";" : "") + ("rack" + std::to_string(k) + ":") + entries[k];
+    }
+  }
+  const int n = static_cast<int>(layout.hostOf.size());
+  for (int r = 0; r < n; ++r) {
+    Locality l;
+    l.hostName = "host" + std::to_string(layout.hostOf[r]);
+    l.machineKey = "simulated/" + l.hostName;
+    localities_.push_back(l);
+  }
+  network_ = std::make_unique<SimNetwork>(std::move(layout));
+  memory_ = std::make_unique<SimMemory>(*network_, spec.payload, spec.reduceBandwidth,
+                                        spec.copyBandwidth);
+  store_ = std::make_unique<Store>();
+  comms_.resize(n);
+  for (int r = 0; r < n; ++r) {
+    clocks_.push_back(std::make_unique<SimClock>(*network_, r));
+    engines_.push_back(std::make_unique<Engine>(network_->join(r), Engine::Drive::kExternal,
+                                                *clocks_.back(), memory_.get()));
+    SimNetwork* network = network_.get();
+    engines_.back()->setWakeHook([network, r] { network->wake(r, network->now()); });
+  }
+  network_->setTurn([this](int r) {
+    Engine& engine = *engines_[r];
+    engine.settle();
+    return engine.nextTimer();
+  });
+}
+
+SimCluster::~SimCluster() {
+  comms_.clear();
+  engines_.clear();  // each fails what it still runs
+}
+
+uint64_t SimCluster::storeRequests() const { return store_->requests(); }
+
+int SimCluster::maxEndpoints() const {
+  int most = 0;
+  for (int r = 0; r < size(); ++r) most = std::max(most, network_->endpoints(r));
+  return most;
+}
+
+void SimCluster::createGroup() {
+  const int n = size();
+  std::vector<std::unique_ptr<Communicator::Pending>> pending(n);
+  for (int r = 0; r < n; ++r) {
+    GroupOptions options;
+    options.timeout = spec_.timeout;
+    options.locality = localities_[r];
+    options.racks = rackMap_;
+    options.links = spec_.links;
+    options.plan = spec_.plan;
+    pending[r] = Communicator::begin(*engines_[r], *store_, r, n, options);
+  }
+  size_t done = 0;  // ranks before it have finished the exchange
+  network_->run(
+      [&] {
+        while (done < pending.size() && pending[done]->work->done()) ++done;
+        return done == pending.size();
+      },
+      network_->now() + spec_.timeout + std::chrono::seconds(1));
+  for (int r = 0; r < n; ++r) {
+    if (!pending[r]->work->done()) {
+      throw Error("ddl: simulated rank " + std::to_string(r) +
+                  " did not finish creating the group");
+    }
+    comms_[r] = Communicator::finish(*pending[r]);
+  }
+}
+
+SimCluster::Outcome SimCluster::run(const Start& start, std::chrono::milliseconds limit) {
+  const int n = size();
+  Outcome outcome;
+  outcome.began = network_->now();
+  outcome.ended.resize(n);
+  outcome.errors.resize(n);
+  std::vector<std::shared_ptr<Work>> works(n);
+  // The hooks may run after this returns (a dead rank's op ends when its engine is destroyed).
+  auto ended = std::make_shared<std::vector<std::optional<TimePoint>>>(n);
+  auto running = std::make_shared<int>(0);  // ops started and not ended
+  for (int r = 0; r < n; ++r) {
+    if (network_->dead(r) || !comms_[r]) continue;
+    CallOptions options;
+    options.work = std::make_shared<Work>("simulated op");
+    SimNetwork* network = network_.get();
+    options.work->setCompletionHook([network, ended, running, r] {
+      (*ended)[r] = network->timeOf(r);
+      --*running;
+    });
+    works[r] = start(r, *comms_[r], options);
+    if (works[r]) ++*running;
+  }
+  // Checked after every event: a count, and a look at each rank only while no more ops run than
+  // ranks have died (the dead never end theirs).
+  auto allEnded = [&] {
+    if (*running > network_->deaths()) return false;
+    for (int r = 0; r < n; ++r) {
+      if (works[r] && !works[r]->done() && !network_->dead(r)) return false;
+    }
+    return true;
+  };
+  outcome.finished = network_->run(allEnded, outcome.began + limit);
+  outcome.ended = *ended;
+  for (int r = 0; r < n; ++r) {
+    if (works[r] && works[r]->done() && works[r]->failed()) outcome.errors[r] = works[r]->error();
+  }
+  return outcome;
+}
+
+}  // namespace ddl

@@ -1,0 +1,88 @@
+// A simulated cluster: the real engine, communicator, planner and algorithms of thousands of
+// ranks in one process, turned by one event loop in virtual time (transport/sim/network.h).
+// Each rank has its own Engine (driven from outside, on the rank's virtual clock), its
+// SimTransport and SimMemory, and its Communicator, created through the real creation path over
+// an in-memory store that counts its requests. Nothing here re-implements what a real process
+// does: the cluster only decides when each rank's engine turns.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../engine/communicator.h"
+#include "../transport/sim/network.h"
+#include "memory.h"
+
+namespace ddl {
+
+struct ClusterSpec {
+  // Ranks of each host, in rank order (uneven allowed); or `ranks` in hosts of `ranksPerHost`.
+  std::vector<int> hostSizes;
+  int ranks = 0;
+  int ranksPerHost = 1;
+  int hostsPerRack = 0;  // 0: no rack level
+  // Link figures per level, TORCH_DDL_LINKS syntax: the network's and the planner's alike.
+  std::string links;
+  double reduceBandwidth = 20e9;  // bytes/s a rank reduces (0: free)
+  double copyBandwidth = 20e9;    // bytes/s a rank copies (0: free)
+  bool payload = true;
+  std::chrono::milliseconds timeout{60000};
+  std::optional<PlanRequest> plan;  // default: the configuration's
+};
+
+class SimCluster {
+ public:
+  explicit SimCluster(const ClusterSpec& spec);
+  ~SimCluster();
+  SimCluster(const SimCluster&) = delete;
+  SimCluster& operator=(const SimCluster&) = delete;
+
+  int size() const { return network_->size(); }
+  SimNetwork& network() { return *network_; }
+  const SimNetworkSpec& layout() const { return network_->spec(); }
+  // The levels' figures the planner and the network use.
+  const LinkCosts& links() const { return links_; }
+  // TORCH_DDL_TOPOLOGY's text for the racks ("" without racks), and rank r's locality.
+  const std::string& rackMap() const { return rackMap_; }
+
+  // Creates one group of every rank, as processes do (Communicator::begin in rank order, the
+  // event loop until every rank's exchange is done, finish); throws the first rank's error.
+  void createGroup();
+  Communicator& comm(int rank) { return *comms_.at(rank); }
+  bool hasComm(int rank) const { return comms_.at(rank) != nullptr; }
+  uint64_t storeRequests() const;
+
+  // Starts an operation on every live rank at the current virtual time (`start` gets the options
+  // to pass: their Work records its end) and runs until every one has ended, or `limit` of
+  // virtual time has passed.
+  struct Outcome {
+    TimePoint began;
+    std::vector<std::optional<TimePoint>> ended;  // by rank; empty where it has not
+    std::vector<std::string> errors;              // by rank; "" for success
+    bool finished = false;                        // every live rank's op ended
+  };
+  using Start = std::function<std::shared_ptr<Work>(int rank, Communicator&, CallOptions)>;
+  Outcome run(const Start& start, std::chrono::milliseconds limit);
+
+  // The most endpoints any rank has opened.
+  int maxEndpoints() const;
+
+ private:
+  class Store;
+  std::unique_ptr<SimNetwork> network_;
+  std::unique_ptr<SimMemory> memory_;
+  std::unique_ptr<Store> store_;
+  LinkCosts links_;
+  std::string rackMap_;
+  std::vector<Locality> localities_;
+  std::vector<std::unique_ptr<SimClock>> clocks_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<std::shared_ptr<Communicator>> comms_;
+  ClusterSpec spec_;
+};
+
+}  // namespace ddl

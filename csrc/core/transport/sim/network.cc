@@ -1,0 +1,373 @@
+#include "network.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "../../engine/tag.h"
+#include "../../types.h"
+
+namespace ddl {
+
+struct SimNetwork::Message {
+  int from;
+  int to;
+  uint64_t tag;
+  size_t size;
+  std::vector<char> bytes;  // empty without payload
+};
+
+namespace {
+
+constexpr int64_t kNever = INT64_MAX;
+
+int64_t transferNs(size_t bytes, double bandwidth) {
+  if (bytes == 0 || !(bandwidth > 0)) return 0;
+  return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / bandwidth * 1e9));
+}
+
+void mix(uint64_t* digest, uint64_t value) {
+  for (int i = 0; i < 8; ++i) {
+    *digest ^= (value >> (8 * i)) & 0xff;
+    *digest *= 1099511628211ull;
+  }
+}
+
+}  // namespace
+
+SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
+  const size_t n = spec_.hostOf.size();
+  int hosts = 0, racks = 0;
+  for (int h : spec_.hostOf) hosts = std::max(hosts, h + 1);
+  if (spec_.rackOf.size() < static_cast<size_t>(hosts)) spec_.rackOf.resize(hosts, 0);
+  for (int k : spec_.rackOf) racks = std::max(racks, k + 1);
+  if (spec_.levels.size() < 3)
+    spec_.levels.resize(3, spec_.levels.empty() ? SimLevel{} : spec_.levels.back());
+  transports_.assign(n, nullptr);
+  busyUntil_.assign(n, 0);
+  turnAt_.assign(n, kNever);
+  dead_.assign(n, false);
+  endpointsOf_.resize(n);
+  shmOut_.assign(n, 0);
+  shmIn_.assign(n, 0);
+  nicOut_.assign(hosts, 0);
+  nicIn_.assign(hosts, 0);
+  upOut_.assign(racks, 0);
+  upIn_.assign(racks, 0);
+}
+
+SimNetwork::~SimNetwork() = default;
+
+std::unique_ptr<SimTransport> SimNetwork::join(int rank) {
+  auto transport = std::make_unique<SimTransport>(this, rank);
+  transports_.at(rank) = transport.get();
+  return transport;
+}
+
+TimePoint SimNetwork::point(int64_t ns) { return TimePoint(std::chrono::nanoseconds(ns)); }
+
+TimePoint SimNetwork::timeOf(int rank) const {
+  if (rank == turning_) return point(local_);
+  return point(std::max(ns(now_), busyUntil_[rank]));
+}
+
+void SimNetwork::charge(double seconds) {
+  if (turning_ >= 0 && seconds > 0) local_ += static_cast<int64_t>(std::ceil(seconds * 1e9));
+}
+
+void SimNetwork::push(int64_t at, Kind kind, int rank, int other, uint64_t index) {
+  queue_.push(Event{at, order_++, kind, rank, other, index});
+}
+
+void SimNetwork::wake(int rank, TimePoint at) {
+  if (dead_[rank] || rank == turning_) return;
+  const int64_t t = std::max(ns(at), ns(now_));
+  if (t >= turnAt_[rank]) return;
+  turnAt_[rank] = t;
+  push(t, Kind::kTurn, rank);
+}
+
+void SimNetwork::kill(int rank, TimePoint at) { push(ns(at), Kind::kKill, rank); }
+
+void SimNetwork::cut(int a, int b, TimePoint at) { push(ns(at), Kind::kCut, a, b); }
+
+int SimNetwork::levelBetween(int a, int b) const {
+  const int ha = spec_.hostOf[a], hb = spec_.hostOf[b];
+  if (ha == hb) return 0;
+  return spec_.rackOf[ha] == spec_.rackOf[hb] ? 1 : 2;
+}
+
+int64_t SimNetwork::latencyNs(int level) const {
+  return static_cast<int64_t>(std::llround(spec_.levels[level].latency * 1e9));
+}
+
+void SimNetwork::lose(int rank, int peer, int64_t at) { push(at, Kind::kLost, rank, peer); }
+
+void SimNetwork::connected(int from, int to) {
+  endpointsOf_[from].insert(to);
+  if (dead_[to]) lose(from, to, ns(now_) + latencyNs(levelBetween(from, to)));
+}
+
+int SimNetwork::endpoints(int rank) const { return static_cast<int>(endpointsOf_[rank].size()); }
+
+uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
+  auto it = bySlot_.find(slot);
+  return it == bySlot_.end() ? 0 : it->second;
+}
+
+void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
+                      Request* req) {
+  const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
+  const int level = levelBetween(from, to);
+  const double hostBw = spec_.levels[0].bandwidth, nicBw = spec_.levels[1].bandwidth,
+               rackBw = spec_.levels[2].bandwidth;
+  const int hf = spec_.hostOf[from], ht = spec_.hostOf[to];
+  struct Hop {
+    int64_t* free;
+    double bandwidth;
+  };
+  Hop hops[4];
+  int count = 0;
+  if (level == 0) {
+    hops[count++] = {&shmOut_[from], hostBw};
+    hops[count++] = {&shmIn_[to], hostBw};
+  } else {
+    hops[count++] = {&nicOut_[hf], nicBw};
+    if (level == 2) {
+      hops[count++] = {&upOut_[spec_.rackOf[hf]], rackBw};
+      hops[count++] = {&upIn_[spec_.rackOf[ht]], rackBw};
+    }
+    hops[count++] = {&nicIn_[ht], nicBw};
+  }
+  int64_t start = t0, end = t0, left = t0;
+  for (int i = 0; i < count; ++i) {
+    const int64_t s = std::max(start, *hops[i].free);
+    const int64_t e = s + transferNs(bytes, hops[i].bandwidth);
+    *hops[i].free = e;
+    start = s;
+    end = std::max(end, e);
+    if (i == 0) left = e;
+  }
+  auto message = std::make_unique<Message>(Message{from, to, tag, bytes, {}});
+  // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
+  // group's creation: the control phase) always carries its bytes.
+  const uint64_t phase =
+      (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
+  if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
+    message->bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  }
+  uint64_t index;
+  if (!freeMessages_.empty()) {
+    index = freeMessages_.back();
+    freeMessages_.pop_back();
+    inFlight_[index] = std::move(message);
+  } else {
+    index = inFlight_.size();
+    inFlight_.push_back(std::move(message));
+  }
+  uint64_t sendIndex;
+  if (!freeSends_.empty()) {
+    sendIndex = freeSends_.back();
+    freeSends_.pop_back();
+    sends_[sendIndex] = req;
+  } else {
+    sendIndex = sends_.size();
+    sends_.push_back(req);
+  }
+  push(left, Kind::kSent, from, to, sendIndex);
+  push(end + latencyNs(level), Kind::kArrive, to, from, index);
+  ++messages_;
+  bytes_ += bytes;
+  ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+}
+
+bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
+  if (done()) return true;
+  while (!queue_.empty()) {
+    const Event e = queue_.top();
+    if (e.at > ns(limit)) return false;
+    queue_.pop();
+    now_ = point(e.at);
+    ++events_;
+    switch (e.kind) {
+      case Kind::kArrive: {
+        std::unique_ptr<Message> m = std::move(inFlight_[e.index]);
+        freeMessages_.push_back(e.index);
+        if (dead_[m->to] || cuts_.count({std::min(m->from, m->to), std::max(m->from, m->to)})) {
+          break;
+        }
+        mix(&digest_, static_cast<uint64_t>(e.at));
+        mix(&digest_, (static_cast<uint64_t>(m->from) << 32) | static_cast<uint32_t>(m->to));
+        mix(&digest_, m->tag);
+        mix(&digest_, m->size);
+        transports_[m->to]->arrive(SimTransport::Arrival{m->tag, std::move(m->bytes), m->size});
+        wake(m->to, now_);
+        break;
+      }
+      case Kind::kSent: {
+        Request* req = sends_[e.index];
+        freeSends_.push_back(e.index);
+        if (dead_[e.rank]) break;
+        transports_[e.rank]->sent(req);
+        wake(e.rank, now_);
+        break;
+      }
+      case Kind::kTurn: {
+        if (dead_[e.rank] || e.at != turnAt_[e.rank]) break;
+        turnAt_[e.rank] = kNever;
+        if (busyUntil_[e.rank] > e.at) {
+          wake(e.rank, point(busyUntil_[e.rank]));
+          break;
+        }
+        turning_ = e.rank;
+        local_ = e.at;
+        const TimePoint next = turn_ ? turn_(e.rank) : TimePoint::max();
+        busyUntil_[e.rank] = local_;
+        turning_ = -1;
+        if (next != TimePoint::max()) wake(e.rank, next);
+        break;
+      }
+      case Kind::kKill: {
+        if (dead_[e.rank]) break;
+        dead_[e.rank] = true;
+        ++deaths_;
+        for (int r = 0; r < size(); ++r) {
+          if (!dead_[r] && endpointsOf_[r].count(e.rank)) {
+            lose(r, e.rank, e.at + latencyNs(levelBetween(r, e.rank)));
+          }
+        }
+        break;
+      }
+      case Kind::kCut: {
+        cuts_.insert({std::min(e.rank, e.other), std::max(e.rank, e.other)});
+        const int64_t at = e.at + latencyNs(levelBetween(e.rank, e.other));
+        if (endpointsOf_[e.rank].count(e.other)) lose(e.rank, e.other, at);
+        if (endpointsOf_[e.other].count(e.rank)) lose(e.other, e.rank, at);
+        break;
+      }
+      case Kind::kLost: {
+        if (dead_[e.rank]) break;
+        const bool killed = dead_[e.other];
+        transports_[e.rank]->lost(
+            e.other, killed ? "the process died (simulated)" : "the link was cut (simulated)");
+        wake(e.rank, now_);
+        break;
+      }
+    }
+    if (done()) return true;
+  }
+  return done();
+}
+
+PeerId SimTransport::connect(const std::string& address) {
+  int rank = -1;
+  if (address.rfind("sim:", 0) == 0) rank = std::atoi(address.c_str() + 4);
+  if (rank < 0 || rank >= network_->size()) {
+    throw Error("ddl: no simulated rank at address '" + address + "'");
+  }
+  auto it = byRank_.find(rank);
+  if (it != byRank_.end()) return it->second;
+  const PeerId id = static_cast<PeerId>(peers_.size());
+  peers_.push_back(rank);
+  byRank_.emplace(rank, id);
+  network_->connected(rank_, rank);
+  return id;
+}
+
+void SimTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) {
+  network_->send(rank_, peers_.at(peer), tag, data, bytes, req);
+}
+
+void SimTransport::match(const Posted& recv, Arrival& arrival) {
+  recv.req->senderTag = arrival.tag;
+  recv.req->receivedBytes = std::min(arrival.size, recv.capacity);
+  if (arrival.size > recv.capacity) {
+    recv.req->fail("message truncated: " + std::to_string(arrival.size) + " bytes arrived for a " +
+                   std::to_string(recv.capacity) + "-byte receive");
+    return;
+  }
+  if (!arrival.bytes.empty()) std::memcpy(recv.data, arrival.bytes.data(), arrival.size);
+  recv.req->complete();
+}
+
+void SimTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
+  Posted recv{tag, mask, data, bytes, req};
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if ((it->tag & mask) == (tag & mask)) {
+      Arrival arrival = std::move(*it);
+      unexpected_.erase(it);
+      match(recv, arrival);
+      return;
+    }
+  }
+  posted_.push_back(recv);
+}
+
+bool SimTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
+                                  Request* req) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if ((it->tag & mask) == (tag & mask)) {
+      Arrival arrival = std::move(*it);
+      unexpected_.erase(it);
+      match(Posted{tag, mask, data, bytes, req}, arrival);
+      return true;
+    }
+  }
+  return false;
+}
+
+void SimTransport::cancel(Request* req) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (it->req == req) {
+      posted_.erase(it);
+      req->fail("cancelled");
+      return;
+    }
+  }
+}
+
+void SimTransport::discard(uint64_t tag, uint64_t mask) {
+  std::erase_if(unexpected_, [&](const Arrival& a) { return (a.tag & mask) == (tag & mask); });
+}
+
+bool SimTransport::progress() {
+  bool any = false;
+  if (!sentDone_.empty()) {
+    std::vector<Request*> done;
+    done.swap(sentDone_);
+    for (Request* req : done) req->complete();
+    any = true;
+  }
+  if (!inbox_.empty()) {
+    std::vector<Arrival> arrived;
+    arrived.swap(inbox_);
+    for (Arrival& arrival : arrived) {
+      auto it = std::find_if(posted_.begin(), posted_.end(), [&](const Posted& r) {
+        return (arrival.tag & r.mask) == (r.tag & r.mask);
+      });
+      if (it == posted_.end()) {
+        unexpected_.push_back(std::move(arrival));
+      } else {
+        Posted recv = *it;
+        posted_.erase(it);
+        match(recv, arrival);
+      }
+    }
+    any = true;
+  }
+  return any;
+}
+
+void SimTransport::lost(int peerRank, const std::string& why) {
+  auto it = byRank_.find(peerRank);
+  if (it != byRank_.end()) lost_.emplace_back(it->second, why);
+}
+
+std::vector<std::pair<PeerId, std::string>> SimTransport::lostPeers() {
+  std::vector<std::pair<PeerId, std::string>> lost;
+  lost.swap(lost_);
+  return lost;
+}
+
+}  // namespace ddl

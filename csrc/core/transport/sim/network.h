@@ -1,0 +1,204 @@
+// A simulated network for thousands of ranks in one process, in virtual time: each rank on a
+// host, hosts in racks, and every message timed by the links it crosses.
+//
+// Links. Every rank has a shared-memory port each way (level 0: messages between ranks of one
+// host), every host a NIC each way (level 1: messages that leave or enter the host), every rack
+// an uplink each way (level 2: messages that leave or enter the rack). A link serialises what
+// crosses it: a message holds it for bytes / bandwidth from when the link is free and the
+// message has reached it, so the ranks of a host share their NIC and the hosts of a rack their
+// uplink, and contention shows. A message flows through its links at once (cut-through): it
+// reaches each link when it has started on the one before, and arrives when it has left the
+// slowest, plus the latency of the outermost level it crosses. Messages between one pair thus
+// arrive in the order they were sent. The figures are the cost model's (LinkCosts,
+// TORCH_DDL_LINKS syntax): level k's latency and bandwidth per direction.
+//
+// Time. One event loop in virtual time (nanoseconds) delivers messages and turns ranks (run()).
+// A rank that computes (a reduction, a copy: sim/memory.h) is busy until that work is done: its
+// sends leave then, and what arrives meanwhile waits for it. The same inputs give the same
+// events in the same order, bit for bit.
+//
+// Faults. kill(rank, at): from then on the rank is never turned, what is sent to it is dropped,
+// and every rank holding an endpoint to it learns so one latency later (as a transport error);
+// a rank that connects to it later, one latency after it connects. cut(a, b, at): messages
+// between the two ranks are dropped from then on, and both learn it one latency later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <queue>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../../engine/clock.h"
+#include "../transport.h"
+
+namespace ddl {
+
+class SimTransport;
+
+// One level's links: latency (seconds) and bandwidth (bytes per second, per direction).
+struct SimLevel {
+  double latency = 0;
+  double bandwidth = 0;
+};
+
+struct SimNetworkSpec {
+  std::vector<int> hostOf;       // by rank
+  std::vector<int> rackOf;       // by host
+  std::vector<SimLevel> levels;  // 0: within a host, 1: between hosts of a rack, 2: between racks
+  bool payload = true;  // messages carry their bytes (false: sizes only, but for control messages)
+};
+
+class SimNetwork {
+ public:
+  explicit SimNetwork(SimNetworkSpec spec);
+  ~SimNetwork();
+  int size() const { return static_cast<int>(spec_.hostOf.size()); }
+  bool payload() const { return spec_.payload; }
+  const SimNetworkSpec& spec() const { return spec_; }
+
+  // The transport of `rank` (the network keeps a pointer; it must outlive nothing here).
+  std::unique_ptr<SimTransport> join(int rank);
+  // What the event loop calls to turn a rank (the cluster turns its engine); it returns when
+  // the rank must be turned next although nothing arrives (TimePoint::max(): never).
+  void setTurn(std::function<TimePoint(int rank)> turn) { turn_ = std::move(turn); }
+
+  // Virtual time: of the event being handled, and of `rank` (later while it computes).
+  TimePoint now() const { return now_; }
+  TimePoint timeOf(int rank) const;
+  // Adds `seconds` of work to the rank being turned (no effect outside a turn).
+  void charge(double seconds);
+  int turning() const { return turning_; }
+
+  // Asks for `rank` to be turned at `at` (no earlier than now).
+  void wake(int rank, TimePoint at);
+  void kill(int rank, TimePoint at);
+  void cut(int a, int b, TimePoint at);
+  bool dead(int rank) const { return dead_[rank]; }
+  int deaths() const { return deaths_; }
+
+  // Handles events in time order until `done()` holds (checked after each event), the queue is
+  // empty, or virtual time would pass `limit`. Returns whether done() held.
+  bool run(const std::function<bool()>& done, TimePoint limit);
+
+  // Transport side.
+  void send(int from, int to, uint64_t tag, const void* data, size_t bytes, Request* req);
+  void connected(int from, int to);
+
+  // Counters.
+  uint64_t messages() const { return messages_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t events() const { return events_; }
+  // Messages whose tag slot is `slot` (e.g. the notices' slot).
+  uint64_t messagesOfSlot(uint64_t slot) const;
+  // A digest of every message delivered (time, sender, receiver, tag, size), in order.
+  uint64_t digest() const { return digest_; }
+  int endpoints(int rank) const;
+
+ private:
+  enum class Kind : uint8_t { kArrive, kSent, kTurn, kKill, kLost, kCut };
+  struct Event {
+    int64_t at;  // ns
+    uint64_t order;
+    Kind kind;
+    int rank;
+    int other;
+    uint64_t index;  // kArrive: the message; kSent: the request's slot
+    bool operator>(const Event& e) const { return at != e.at ? at > e.at : order > e.order; }
+  };
+  struct Message;
+  void push(int64_t at, Kind kind, int rank, int other = -1, uint64_t index = 0);
+  int levelBetween(int a, int b) const;
+  int64_t latencyNs(int level) const;
+  void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
+  static int64_t ns(TimePoint t) { return t.time_since_epoch().count(); }
+  static TimePoint point(int64_t ns);
+
+  SimNetworkSpec spec_;
+  std::vector<SimTransport*> transports_;
+  std::function<TimePoint(int)> turn_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+  uint64_t order_ = 0;
+  TimePoint now_{};
+  int turning_ = -1;
+  int64_t local_ = 0;  // the turning rank's time
+  std::vector<int64_t> busyUntil_, turnAt_;
+  std::vector<bool> dead_;
+  int deaths_ = 0;
+  std::set<std::pair<int, int>> cuts_;
+  std::vector<std::set<int>> endpointsOf_;  // by rank: the ranks it connected to
+  // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in: when free.
+  std::vector<int64_t> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
+  std::vector<std::unique_ptr<Message>> inFlight_;
+  std::vector<uint64_t> freeMessages_;
+  std::vector<Request*> sends_;
+  std::vector<uint64_t> freeSends_;
+  uint64_t messages_ = 0, bytes_ = 0, events_ = 0, digest_ = 1469598103934665603ull;
+  std::map<uint64_t, uint64_t> bySlot_;
+};
+
+// A rank's clock: its virtual time (SimNetwork::timeOf).
+class SimClock : public Clock {
+ public:
+  SimClock(const SimNetwork& network, int rank) : network_(network), rank_(rank) {}
+  TimePoint now() const override { return network_.timeOf(rank_); }
+
+ private:
+  const SimNetwork& network_;
+  int rank_;
+};
+
+// The Transport of one simulated rank. Matching follows UCX's rules, as the loopback's does.
+class SimTransport : public Transport {
+ public:
+  SimTransport(SimNetwork* network, int rank) : network_(network), rank_(rank) {}
+
+  std::string localAddress() override { return "sim:" + std::to_string(rank_); }
+  PeerId connect(const std::string& address) override;
+  void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override;
+  void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
+  bool receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) override;
+  void cancel(Request* req) override;
+  void discard(uint64_t tag, uint64_t mask) override;
+  bool progress() override;
+  bool arm() override { return true; }
+  int wakeFd() override { return -1; }
+  std::vector<std::pair<PeerId, std::string>> lostPeers() override;
+  std::string name() const override { return "sim"; }
+  size_t endpoints() const override { return peers_.size(); }
+
+  // Network side.
+  struct Arrival {
+    uint64_t tag;
+    std::vector<char> bytes;
+    size_t size;
+  };
+  void arrive(Arrival arrival) { inbox_.push_back(std::move(arrival)); }
+  void sent(Request* req) { sentDone_.push_back(req); }
+  void lost(int peerRank, const std::string& why);
+
+ private:
+  struct Posted {
+    uint64_t tag;
+    uint64_t mask;
+    void* data;
+    size_t capacity;
+    Request* req;
+  };
+  void match(const Posted& recv, Arrival& arrival);
+
+  SimNetwork* network_;
+  int rank_;
+  std::vector<int> peers_;  // PeerId -> rank
+  std::map<int, PeerId> byRank_;
+  std::vector<Arrival> inbox_;
+  std::vector<Request*> sentDone_;
+  std::vector<std::pair<PeerId, std::string>> lost_;
+  std::vector<Arrival> unexpected_;
+  std::vector<Posted> posted_;
+};
+
+}  // namespace ddl

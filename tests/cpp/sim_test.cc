@@ -1,0 +1,143 @@
+// The simulated cluster: the real engine, creation and algorithms of 64 - 512 ranks in one
+// process, in virtual time, every rank's result checked against a reference computed here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../../csrc/core/engine/tag.h"
+#include "../../csrc/core/sim/simulate.h"
+#include "harness.h"
+
+namespace ddl::test {
+namespace {
+
+constexpr const char* kLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+
+SimRequest request(int ranks, int perHost, int hostsPerRack, size_t bytes,
+                   PlanRequest::Algorithm algorithm = PlanRequest::Algorithm::kAuto) {
+  SimRequest q;
+  q.cluster.ranks = ranks;
+  q.cluster.ranksPerHost = perHost;
+  q.cluster.hostsPerRack = hostsPerRack;
+  q.cluster.links = kLinks;
+  q.cluster.plan = Communicator::planRequest();
+  q.cluster.plan->algorithm = algorithm;
+  q.bytes = bytes;
+  return q;
+}
+
+void expectRight(const SimReport& r) {
+  EXPECT_TRUE(r.checked);
+  EXPECT_EQ(r.mismatch, "");
+  EXPECT_GT(r.simMicros, 0);
+}
+
+TEST(Sim, EveryAllreduceAlgorithmIsRightAt64To512Ranks) {
+  using A = PlanRequest::Algorithm;
+  struct Case {
+    int ranks, perHost, hostsPerRack;
+    size_t bytes;
+  };
+  // Sizes: a prime count of floats, a count below the ranks, a larger buffer.
+  const Case cases[] = {
+      {64, 4, 4, 4 * 65537}, {96, 8, 0, 4 * 37}, {256, 4, 8, 4 * 4099}, {512, 8, 4, 4 * 4099}};
+  for (const Case& c : cases) {
+    for (A a : {A::kAuto, A::kRing, A::kMultiDim, A::kLeaders, A::kRecursiveDoubling}) {
+      // A flat ring of 512 ranks scans its 1022 steps on every arrival: minutes here.
+      if (a == A::kRing && c.ranks > 256) continue;
+      SimRequest q = request(c.ranks, c.perHost, c.hostsPerRack, c.bytes, a);
+      SCOPED_TRACE(std::to_string(c.ranks) + " ranks, algorithm " +
+                   std::to_string(static_cast<int>(a)));
+      SimReport r = simulate(q);
+      expectRight(r);
+      EXPECT_LE(r.storeRequests, 10u * c.ranks);
+      EXPECT_LE(r.maxEndpoints, 64);
+    }
+  }
+}
+
+TEST(Sim, UnevenHostsAndRacks) {
+  SimRequest q = request(0, 1, 2, 4 * 10007, PlanRequest::Algorithm::kMultiDim);
+  q.cluster.hostSizes = {4, 3, 4, 1, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 3};  // 64 ranks
+  expectRight(simulate(q));
+  q.cluster.plan->algorithm = PlanRequest::Algorithm::kAuto;
+  expectRight(simulate(q));
+}
+
+TEST(Sim, EveryCollectiveIsRightAt64And130Ranks) {
+  for (int ranks : {64, 130}) {
+    for (const char* collective : {"broadcast", "allgather", "reduce_scatter", "reduce", "gather",
+                                   "scatter", "alltoall", "barrier"}) {
+      SCOPED_TRACE(std::string(collective) + " at " + std::to_string(ranks));
+      SimRequest q = request(ranks, 4, 4, 4 * 131);
+      q.collective = collective;
+      SimReport r = simulate(q);
+      EXPECT_EQ(r.mismatch, "");
+    }
+  }
+}
+
+TEST(Sim, OneInputGivesOneRunBitForBit) {
+  SimRequest q = request(128, 4, 4, 1 << 20);
+  SimReport a = simulate(q), b = simulate(q);
+  EXPECT_EQ(a.digest, b.digest);
+  EXPECT_EQ(a.simMicros, b.simMicros);
+  EXPECT_EQ(a.messages, b.messages);
+  // Without payload the same messages flow at the same times.
+  q.cluster.payload = false;
+  SimReport c = simulate(q);
+  EXPECT_EQ(a.digest, c.digest);
+  EXPECT_EQ(a.simMicros, c.simMicros);
+}
+
+TEST(Sim, CreationMakesFewStoreRequestsAndFewEndpoints) {
+  SimReport r = simulate(request(512, 4, 8, 4 << 10));
+  expectRight(r);
+  EXPECT_LE(r.storeRequests, 5u * 512);
+  EXPECT_LE(r.maxEndpoints, 16);  // tree, rings of three levels, notices
+  EXPECT_LE(r.creationMessages, 4u * 512);
+}
+
+TEST(Sim, EverySurvivorNamesAKilledRankSoonWithFewMessages) {
+  const int ranks = 256;
+  for (int killed : {0, 77, 255}) {
+    SimRequest q = request(ranks, 4, 8, 1 << 20);
+    q.cluster.payload = false;
+    q.killRank = killed;
+    q.killFraction = 0.4;
+    SimReport r = simulate(q);
+    SCOPED_TRACE(r.unnamedError);
+    EXPECT_EQ(r.survivors, ranks - 1);
+    EXPECT_EQ(r.named, ranks - 1);
+    EXPECT_LT(r.namedByMicros, 3e6);  // within 3 s of virtual time
+    EXPECT_LE(r.failureMessages, static_cast<uint64_t>(20 * ranks * std::log2(ranks)));
+  }
+}
+
+TEST(Sim, AGroupIdStillHeldIsRefusedOnEveryRank) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < 3; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));
+  ASSERT_TRUE(engines[1]->claimGroupId(7));
+  MemoryStore store(std::make_shared<std::atomic<uint64_t>>(7 + tag::kMaxGroups));
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Communicator::create(*engines[r], store, r, 3, std::chrono::seconds(20));
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("its id 7"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("live group on rank(s) 1"), std::string::npos) << errors[r];
+  }
+  engines[1]->releaseGroupId(7);
+}
+
+}  // namespace
+}  // namespace ddl::test

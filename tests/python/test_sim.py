@@ -1,0 +1,69 @@
+"""python -m torch_ddl.sim: the simulated cluster's command line (the C++ suite tests the
+simulator itself at 64 - 512 ranks)."""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIM_LINE = re.compile(
+    r"SIM ranks=(\d+) algo=(\S+) bytes=(\d+) sim_us=([\d.]+) model_us=([\d.]+) "
+    r"store_requests=(\d+) max_endpoints=(\d+) messages=(\d+) wall_s=([\d.]+)$")
+
+
+def sim(*args):
+    env = dict(os.environ, TORCH_DDL_TRACE_ENTRIES="0")
+    done = subprocess.run([sys.executable, "-m", "torch_ddl.sim", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout.strip().splitlines(), done.stderr
+
+
+def test_a_run_prints_its_figures_last_and_checks_every_result():
+    code, lines, err = sim("--ranks", "64", "--ranks-per-host", "4", "--hosts-per-rack", "4",
+                           "--bytes", "64K")
+    assert code == 0, err
+    match = SIM_LINE.match(lines[-1])
+    assert match, lines
+    ranks, algo, size = int(match[1]), match[2], int(match[3])
+    assert (ranks, size) == (64, 65536)
+    assert float(match[4]) > 0 and float(match[5]) > 0
+    assert int(match[6]) <= 10 * ranks  # store requests
+    assert int(match[7]) <= 64  # endpoints
+    assert "CHECK payload=ok" in lines
+
+
+def test_one_seed_gives_one_line():
+    runs = [sim("--ranks", "128", "--bytes", "1M", "--algo", "multidim", "--seed", "3")
+            for _ in range(2)]
+    assert all(code == 0 for code, _, _ in runs)
+    (_, a, _), (_, b, _) = runs
+    without_wall = [re.sub(r" wall_s=\S+", "", lines[-1]) for lines in (a, b)]
+    assert without_wall[0] == without_wall[1]
+    assert [l for l in a if l.startswith("TRACE")] == [l for l in b if l.startswith("TRACE")]
+
+
+def test_every_forced_algorithm_and_collective_runs():
+    for algo in ["ring", "multidim", "leaders", "recursive_doubling"]:
+        code, lines, err = sim("--ranks", "64", "--bytes", "4K", "--algo", algo)
+        assert code == 0, err
+        assert "CHECK payload=ok" in lines, (algo, lines)
+    code, lines, err = sim("--hosts", "4,3,4,1,4", "--bytes", "12K", "--collective", "allgather")
+    assert code == 0, err
+    assert "CHECK payload=ok" in lines and SIM_LINE.match(lines[-1]).group(1) == "16"
+
+
+def test_a_killed_rank_is_named_by_every_survivor():
+    code, lines, err = sim("--ranks", "64", "--bytes", "1M", "--kill", "17@0.5")
+    assert code == 0, err
+    kill = [l for l in lines if l.startswith("KILL")]
+    assert kill and re.match(r"KILL rank=17 named=63 of 63 by_us=[\d.]+ failure_messages=\d+",
+                             kill[0]), lines
+    assert SIM_LINE.match(lines[-1])
+
+
+def test_bad_input_says_what_is_wrong():
+    code, _, err = sim("--ranks", "8", "--kill", "9@0.5")
+    assert code != 0 and "there are 8 ranks" in err
+    code, _, err = sim("--ranks", "8", "--bytes", "lots")
+    assert code != 0 and "'lots' is not a size" in err
