@@ -101,7 +101,10 @@ struct Group;
 // A group's notices, on the progress thread (the engine drives it: engine.cc).
 struct GroupControl {
   Engine* engine = nullptr;
-  const Group* group = nullptr;  // valid while open
+  // The group, while it lives: the engine holds it (owner.lock()) while it reads `group`; a
+  // group destroyed before its closeControl ran is treated as closed.
+  const Group* group = nullptr;
+  std::weak_ptr<const Group> owner;
   uint32_t groupId = 0;
   bool open = false;
   bool received = false;  // the receive completed: apply `arrived`, take the next one

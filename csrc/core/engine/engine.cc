@@ -213,8 +213,9 @@ void Engine::announceLost() {
     if (lost.announced || now - lost.since < kLostGrace) continue;
     lost.announced = true;
     for (const auto& control : controls_) {
-      if (!control->open) continue;
-      const Group& g = *control->group;
+      std::shared_ptr<const Group> alive = control->owner.lock();
+      if (!control->open || !alive) continue;
+      const Group& g = *alive;
       for (int r = 0; r < g.size; ++r) {
         if (r == g.rank || g.peers[r] != peer) continue;
         const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
@@ -472,6 +473,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   auto control = std::make_shared<GroupControl>();
   control->engine = this;
   control->group = group.get();
+  control->owner = group;
   control->groupId = group->id;
   control->open = true;
   group->control = control;
@@ -633,6 +635,9 @@ bool Engine::serviceControls() {
   const TimePoint now = clock_.now();
   for (size_t i = 0; i < controls_.size();) {
     std::shared_ptr<GroupControl> control = controls_[i];
+    // Held while its notices are applied and passed on; gone: closed.
+    std::shared_ptr<const Group> alive = control->owner.lock();
+    if (!alive) control->open = false;
     // Notices wait in the transport until taken here (every millisecond, and when one that was
     // being received completes): taken before the graves below are swept.
     while (true) {
