@@ -79,13 +79,13 @@ void LoopbackTransport::releaseWindow(uint64_t id) { windows_.erase(id); }
 
 void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes,
                              Request* req) {
-  Message message{tag, std::vector<char>(bytes)};
+  Delivered message{tag, std::vector<char>(bytes), bytes};
   if (bytes > 0) std::memcpy(message.bytes.data(), data, bytes);
   peers_.at(peer)->deliver(std::move(message));
   req->complete();
 }
 
-void LoopbackTransport::deliver(Message message) {
+void LoopbackTransport::deliver(Delivered message) {
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
     inbox_.push_back(std::move(message));
@@ -94,80 +94,28 @@ void LoopbackTransport::deliver(Message message) {
   (void)!write(eventFd_, &one, sizeof(one));
 }
 
-void LoopbackTransport::match(PostedRecv& recv, Message& message) {
-  size_t n = message.bytes.size();
-  recv.req->senderTag = message.tag;
-  recv.req->receivedBytes = std::min(n, recv.capacity);
-  if (n > recv.capacity) {
-    recv.req->fail("message truncated: " + std::to_string(n) + " bytes arrived for a " +
-                   std::to_string(recv.capacity) + "-byte receive");
-    return;
-  }
-  if (n > 0) std::memcpy(recv.data, message.bytes.data(), n);
-  recv.req->complete();
-}
-
 void LoopbackTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
-  PostedRecv recv{tag, mask, data, bytes, req};
-  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if ((it->tag & mask) == (tag & mask)) {
-      Message message = std::move(*it);
-      unexpected_.erase(it);
-      match(recv, message);
-      return;
-    }
-  }
-  posted_.push_back(recv);
+  matcher_.recv(tag, mask, data, bytes, req);
 }
 
 bool LoopbackTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
                                        Request* req) {
-  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if ((it->tag & mask) == (tag & mask)) {
-      PostedRecv recv{tag, mask, data, bytes, req};
-      Message message = std::move(*it);
-      unexpected_.erase(it);
-      match(recv, message);
-      return true;
-    }
-  }
-  return false;
+  return matcher_.receiveArrived(tag, mask, data, bytes, req);
 }
 
-void LoopbackTransport::discard(uint64_t tag, uint64_t mask) {
-  std::erase_if(unexpected_, [&](const Message& m) { return (m.tag & mask) == (tag & mask); });
-}
+void LoopbackTransport::discard(uint64_t tag, uint64_t mask) { matcher_.discard(tag, mask); }
 
-void LoopbackTransport::cancel(Request* req) {
-  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-    if (it->req == req) {
-      posted_.erase(it);
-      req->fail("cancelled");
-      return;
-    }
-  }
-}
+void LoopbackTransport::cancel(Request* req) { matcher_.cancel(req); }
 
 bool LoopbackTransport::progress() {
   uint64_t counter;
   (void)!read(eventFd_, &counter, sizeof(counter));
-  std::deque<Message> arrived;
+  std::deque<Delivered> arrived;
   {
     std::lock_guard<std::mutex> lock(inboxMutex_);
     arrived.swap(inbox_);
   }
-  for (Message& message : arrived) {
-    auto it = std::find_if(posted_.begin(), posted_.end(), [&](const PostedRecv& r) {
-      return (message.tag & r.mask) == (r.tag & r.mask);
-    });
-    if (it == posted_.end()) {
-      unexpected_.push_back(std::move(message));
-    } else {
-      PostedRecv recv = *it;
-      posted_.erase(it);
-      match(recv, message);
-    }
-  }
+  for (Delivered& message : arrived) matcher_.arrive(std::move(message));
   return !arrived.empty();
 }
 

@@ -1,7 +1,5 @@
 // In-process transport for unit tests: every rank is a thread of one process, a send copies the
-// bytes into the receiver's inbox at once. Matching follows the same rules as UCX tag matching:
-// a new receive takes the oldest matching unexpected message, a new message the oldest matching
-// receive, and messages from one sender arrive in send order.
+// bytes into the receiver's inbox at once; matching follows UCX's rules (tag_matching.h).
 #pragma once
 
 #include <deque>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../tag_matching.h"
 #include "../transport.h"
 
 namespace ddl {
@@ -60,29 +59,15 @@ class LoopbackTransport : public Transport {
   size_t windowsInUse() const { return windows_.size(); }
 
  private:
-  struct Message {
-    uint64_t tag;
-    std::vector<char> bytes;
-  };
-  struct PostedRecv {
-    uint64_t tag;
-    uint64_t mask;
-    void* data;
-    size_t capacity;
-    Request* req;
-  };
-
-  void deliver(Message message);  // called by other ranks' threads
-  void match(PostedRecv& recv, Message& message);
+  void deliver(Delivered message);  // called by other ranks' threads
 
   LoopbackFabric* fabric_;
   int index_;
   int eventFd_;
   std::mutex inboxMutex_;
-  std::deque<Message> inbox_;
+  std::deque<Delivered> inbox_;
   // Touched by the owning progress thread only.
-  std::deque<Message> unexpected_;
-  std::deque<PostedRecv> posted_;
+  TagMatcher matcher_;
   std::map<std::string, PeerId> peerIds_;
   std::vector<LoopbackTransport*> peers_;
   std::map<uint64_t, std::shared_ptr<char[]>> windows_;  // allocated or mapped here

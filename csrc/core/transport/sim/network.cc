@@ -201,7 +201,7 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         mix(&digest_, (static_cast<uint64_t>(m->from) << 32) | static_cast<uint32_t>(m->to));
         mix(&digest_, m->tag);
         mix(&digest_, m->size);
-        transports_[m->to]->arrive(SimTransport::Arrival{m->tag, std::move(m->bytes), m->size});
+        transports_[m->to]->arrive(Delivered{m->tag, std::move(m->bytes), m->size});
         wake(m->to, now_);
         break;
       }
@@ -279,57 +279,18 @@ void SimTransport::send(PeerId peer, uint64_t tag, const void* data, size_t byte
   network_->send(rank_, peers_.at(peer), tag, data, bytes, req);
 }
 
-void SimTransport::match(const Posted& recv, Arrival& arrival) {
-  recv.req->senderTag = arrival.tag;
-  recv.req->receivedBytes = std::min(arrival.size, recv.capacity);
-  if (arrival.size > recv.capacity) {
-    recv.req->fail("message truncated: " + std::to_string(arrival.size) + " bytes arrived for a " +
-                   std::to_string(recv.capacity) + "-byte receive");
-    return;
-  }
-  if (!arrival.bytes.empty()) std::memcpy(recv.data, arrival.bytes.data(), arrival.size);
-  recv.req->complete();
-}
-
 void SimTransport::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
-  Posted recv{tag, mask, data, bytes, req};
-  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if ((it->tag & mask) == (tag & mask)) {
-      Arrival arrival = std::move(*it);
-      unexpected_.erase(it);
-      match(recv, arrival);
-      return;
-    }
-  }
-  posted_.push_back(recv);
+  matcher_.recv(tag, mask, data, bytes, req);
 }
 
 bool SimTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
                                   Request* req) {
-  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if ((it->tag & mask) == (tag & mask)) {
-      Arrival arrival = std::move(*it);
-      unexpected_.erase(it);
-      match(Posted{tag, mask, data, bytes, req}, arrival);
-      return true;
-    }
-  }
-  return false;
+  return matcher_.receiveArrived(tag, mask, data, bytes, req);
 }
 
-void SimTransport::cancel(Request* req) {
-  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-    if (it->req == req) {
-      posted_.erase(it);
-      req->fail("cancelled");
-      return;
-    }
-  }
-}
+void SimTransport::cancel(Request* req) { matcher_.cancel(req); }
 
-void SimTransport::discard(uint64_t tag, uint64_t mask) {
-  std::erase_if(unexpected_, [&](const Arrival& a) { return (a.tag & mask) == (tag & mask); });
-}
+void SimTransport::discard(uint64_t tag, uint64_t mask) { matcher_.discard(tag, mask); }
 
 bool SimTransport::progress() {
   bool any = false;
@@ -340,20 +301,9 @@ bool SimTransport::progress() {
     any = true;
   }
   if (!inbox_.empty()) {
-    std::vector<Arrival> arrived;
+    std::vector<Delivered> arrived;
     arrived.swap(inbox_);
-    for (Arrival& arrival : arrived) {
-      auto it = std::find_if(posted_.begin(), posted_.end(), [&](const Posted& r) {
-        return (arrival.tag & r.mask) == (r.tag & r.mask);
-      });
-      if (it == posted_.end()) {
-        unexpected_.push_back(std::move(arrival));
-      } else {
-        Posted recv = *it;
-        posted_.erase(it);
-        match(recv, arrival);
-      }
-    }
+    for (Delivered& message : arrived) matcher_.arrive(std::move(message));
     any = true;
   }
   return any;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "../../engine/clock.h"
+#include "../tag_matching.h"
 #include "../transport.h"
 
 namespace ddl {
@@ -171,34 +172,19 @@ class SimTransport : public Transport {
   size_t endpoints() const override { return peers_.size(); }
 
   // Network side.
-  struct Arrival {
-    uint64_t tag;
-    std::vector<char> bytes;
-    size_t size;
-  };
-  void arrive(Arrival arrival) { inbox_.push_back(std::move(arrival)); }
+  void arrive(Delivered message) { inbox_.push_back(std::move(message)); }
   void sent(Request* req) { sentDone_.push_back(req); }
   void lost(int peerRank, const std::string& why);
 
  private:
-  struct Posted {
-    uint64_t tag;
-    uint64_t mask;
-    void* data;
-    size_t capacity;
-    Request* req;
-  };
-  void match(const Posted& recv, Arrival& arrival);
-
   SimNetwork* network_;
   int rank_;
   std::vector<int> peers_;  // PeerId -> rank
   std::map<int, PeerId> byRank_;
-  std::vector<Arrival> inbox_;
+  std::vector<Delivered> inbox_;
   std::vector<Request*> sentDone_;
   std::vector<std::pair<PeerId, std::string>> lost_;
-  std::vector<Arrival> unexpected_;
-  std::vector<Posted> posted_;
+  TagMatcher matcher_;
 };
 
 }  // namespace ddl
