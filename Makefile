@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full
+.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real
 
 all: build
 
@@ -107,6 +107,22 @@ bench-cluster: build $(CLUSTER_TOOLS)
 demo-cluster: build $(CLUSTER_TOOLS)
 	$(PY) benchmarks/cluster/cluster.py --hosts 2 --ranks 2 --rate 1gbit --torchrun -- \
 	  examples/train_digits.py --backend ddl --epochs 4
+
+# The simulator at scale (docs/sim.md): 1 024 and 4 096 ranks (4 per host, 8 hosts per rack),
+# 100 MB allreduces with the auto plan, and rank 517 of 1 024 killed halfway (about 15 minutes).
+sim-scale: build
+	@mkdir -p benchmarks/results
+	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096"; do \
+	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M"; \
+	  TORCH_DDL_TRACE_ENTRIES=0 $(PY) -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 \
+	    --bytes 100M --verbose || exit 1; \
+	done | tee benchmarks/results/sim_scale.txt
+
+# 32 real ranks on 4 emulated hosts of 8 (root): creation against gloo's, every collective
+# against gloo, the endpoints each rank opened (about 10 minutes).
+scale-real: build $(CLUSTER_TOOLS)
+	DDL_SCALE=1 $(PY) -m pytest -q -s -p no:cacheprovider \
+	  "tests/python/test_cluster.py::test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it"
 
 bench-reference: build
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference

@@ -109,7 +109,7 @@ def main(argv=None):
                 print(f"not naming rank {kill_rank}: {r['unnamed_error']}")
         print(f"KILL rank={kill_rank} named={r['named']} of {r['survivors']} "
               f"by_us={r['named_by_us']:.1f} failure_messages={r['failure_messages']}")
-    algo = r["algo"].replace(" ", ",") if args.collective == "allreduce" else args.collective
+    algo = r["algo"].replace(" ", ":") if args.collective == "allreduce" else args.collective
     print(f"SIM ranks={r['ranks']} algo={algo} bytes={r['bytes']} sim_us={r['sim_us']:.1f} "
           f"model_us={r['model_us']:.1f} store_requests={r['store_requests']} "
           f"max_endpoints={r['max_endpoints']} messages={r['messages']} wall_s={r['wall_s']:.2f}")

@@ -119,3 +119,24 @@ def test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective(
         assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
         assert "NOTICED" in out, out[-2000:]
         print(f"rank {rank}:", [line for line in out.splitlines() if "NOTICED" in line][0])
+
+
+@pytest.mark.skipif(os.environ.get("DDL_SCALE") != "1",
+                    reason="32 processes on 4 emulated hosts: make scale (DDL_SCALE=1)")
+def test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it():
+    worker = str(Path(__file__).with_name("scale_worker.py"))
+    base = dict(os.environ, OMP_NUM_THREADS="1")
+    base.pop("TORCH_DDL_ALLREDUCE_ALGO", None)
+    with Cluster(4, 8, rate="1gbit") as cluster:
+        results = cluster.launch([sys.executable, worker], env=base, timeout=1500)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+    report = json.loads([line for line in results[0][1].splitlines()
+                         if line.startswith("REPORT ")][0][len("REPORT "):])
+    print(report)
+    assert report["world"] == 32 and report["topology"].startswith("4 hosts")
+    assert report["create_ddl_s"] <= report["create_gloo_s"], report
+    # After group creation and an allreduce: the creation tree (at most log2(32) + 1 peers),
+    # the plan's rings and the ranks of its own host; all_to_all then talks to every rank.
+    assert report["endpoints_after_allreduce"] <= 16, report
+    assert report["endpoints_after_all"] == 31, report
