@@ -132,7 +132,7 @@ std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore
 }
 
 Communicator::Pending::~Pending() {
-  if (claimed) engine->releaseGroupId(group->id);
+  if (claimed) Engine::releaseGroupIdIfAlive(engine, group->id);
 }
 
 std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyValueStore& store,
@@ -242,7 +242,7 @@ Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::millisecon
 
 Communicator::~Communicator() {
   Engine::closeControl(group_->engine, group_->control);
-  if (ownsId_) group_->engine->releaseGroupId(group_->id);
+  if (ownsId_) Engine::releaseGroupIdIfAlive(group_->engine, group_->id);
 }
 
 void Communicator::reject(const char* name, const std::string& why) noexcept {

@@ -173,6 +173,11 @@ void Engine::releaseGroupId(uint32_t id) {
   groupIds_.erase(id);
 }
 
+void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id) {
+  std::lock_guard<std::mutex> live(gLiveMutex);
+  if (gLive.count(engine) > 0) engine->releaseGroupId(id);
+}
+
 std::string Engine::lostPeerOf(const Op& op) const {
   if (lost_.empty()) return "";
   const TimePoint now = clock_.now();

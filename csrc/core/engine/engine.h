@@ -71,6 +71,8 @@ class Engine {
   // rank's engine, and a claim of an id a live group holds fails (false). Any thread.
   bool claimGroupId(uint32_t id);
   void releaseGroupId(uint32_t id);
+  // releaseGroupId, if `engine` still exists (a group may outlive the process engine).
+  static void releaseGroupIdIfAlive(Engine* engine, uint32_t id);
 
   // Thread-safe. The op's task must be set; its Work finishes when the op ends.
   void submit(std::unique_ptr<Op> op);
