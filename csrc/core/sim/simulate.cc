@@ -258,9 +258,8 @@ SimReport simulate(const SimRequest& request) {
       }
       ++report.named;
       if (report.firstError.empty()) report.firstError = error;
-      if (outcome.ended[r] && micros(began, *outcome.ended[r]) > report.namedByMicros) {
-        report.namedByMicros = micros(began, *outcome.ended[r]);
-        report.lastNamed = "rank " + std::to_string(r) + ": " + error;
+      if (outcome.ended[r]) {
+        report.namedByMicros = std::max(report.namedByMicros, micros(began, *outcome.ended[r]));
       }
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;

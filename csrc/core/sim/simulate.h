@@ -46,7 +46,6 @@ struct SimReport {
   uint64_t failureMessages = 0;
   double killedAtMicros = 0;
   std::string firstError;    // one survivor's error, for the record
-  std::string lastNamed;     // the error of the survivor that named the dead rank last
   std::string unnamedError;  // a survivor that did not name the dead rank, and why ("": none)
   // Survivors whose op ended well (the dead rank's part had reached them): they are counted by
   // the error of their next call (a barrier), which the failed group refuses.
