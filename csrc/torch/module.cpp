@@ -117,6 +117,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     plan.algorithm = found->second;
     plan.colors = a["colors"].cast<int>();
     plan.waves = a["waves"].cast<int>();
+    if (a.contains("rings")) plan.rings = a["rings"].cast<int>();
     q.cluster.plan = plan;
     ddl::SimReport r;
     {

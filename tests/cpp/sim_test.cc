@@ -56,6 +56,18 @@ TEST(Sim, EveryAllreduceAlgorithmIsRightAt64To512Ranks) {
   }
 }
 
+TEST(Sim, TheCostModelPredictsWhatTheSimulationTakesFromOneMebibyte) {
+  // 1 024 ranks, 4 per host, 8 hosts per rack, no payload: the plan auto picks, predicted
+  // against simulated (benchmarks/sim_vs_model.py sweeps more shapes and sizes).
+  for (size_t mib : {1, 4, 16}) {
+    SimRequest q = request(1024, 4, 8, mib << 20);
+    q.cluster.payload = false;
+    SimReport r = simulate(q);
+    SCOPED_TRACE(std::to_string(mib) + " MiB, " + r.algorithm);
+    EXPECT_NEAR(r.modelMicros, r.simMicros, 0.10 * r.simMicros);
+  }
+}
+
 TEST(Sim, UnevenHostsAndRacks) {
   SimRequest q = request(0, 1, 2, 4 * 10007, PlanRequest::Algorithm::kMultiDim);
   q.cluster.hostSizes = {4, 3, 4, 1, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 3};  // 64 ranks

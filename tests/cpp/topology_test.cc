@@ -105,9 +105,7 @@ TEST(Topology, BadRackMapsSayWhatIsWrong) {
   EXPECT_NE(message([] { parseRackMap("r0:"); }).find("names no host"), std::string::npos);
   EXPECT_NE(message([] { parseRackMap("@/nonexistent/topology"); }).find("cannot be read"),
             std::string::npos);
-  EXPECT_NE(message([] {
-              simulated({0, 1}, {0});
-            }).find("does not name host h1 (rank 1)"),
+  EXPECT_NE(message([] { simulated({0, 1}, {0}); }).find("does not name host h1 (rank 1)"),
             std::string::npos);
   Topology bad = simulated({0, 0, 1, 1});
   bad.levels.push_back(Level{"rack", {0, 1, 1, 1}, {"a", "b"}});
@@ -260,14 +258,30 @@ TEST(Plan, WavesFlowThroughTheLinksAsThroughAFlowShop) {
   EXPECT_EQ(planAllreduce(t, links, count, 4, PlanRequest{}).waves, 8);
 }
 
-TEST(Plan, AStepWaitsForItsSlowestMessageWhicheverLevelItCrosses) {
-  // A busy host's ranks may answer more slowly than the network: the flat ring's steps, each
-  // with messages inside the hosts and across, then cost the host level's latency.
+TEST(Plan, ARingStepWaitsForItsPredecessorNotForTheRingsSlowestEdge) {
+  // A busy host's ranks may answer more slowly than the network. A flat ring's rank waits only
+  // for the message of the rank before it: 2(P-1) steps cost what 2(P-1) consecutive edges of
+  // the ring cost, here half within the hosts (1 ms) and half across (10 us).
   const LinkCosts links = parseLinks("0:1ms:1000GB,1:10us:1000GB");
   const Topology t = simulated({0, 0, 1, 1});
   const double ring =
       planAllreduce(t, links, 4, 4, PlanRequest{PlanRequest::Algorithm::kRing}).predicted;
-  EXPECT_NEAR(ring, 2 * 3 * 1e-3, 1e-4);  // 2(P-1) steps
+  EXPECT_NEAR(ring, 2 * 3 * (1e-3 + 10e-6) / 2, 1e-5);
+}
+
+TEST(Plan, ReductionsCostWhatTheReduceBandwidthSays) {
+  const LinkCosts free = parseLinks("0:0us:1GB,1:0us:100MB");
+  const LinkCosts slow = parseLinks("0:0us:1GB,1:0us:100MB,reduce:100MB");
+  EXPECT_DOUBLE_EQ(free.reduceBandwidth, 0);
+  EXPECT_DOUBLE_EQ(slow.reduceBandwidth, 100e6);
+  EXPECT_NE(slow.describe().find("reduce:100MB"), std::string::npos) << slow.describe();
+  EXPECT_THROW(parseLinks("reduce:fast"), Error);
+  const Topology t = simulated({0, 1});
+  const PlanRequest ring{PlanRequest::Algorithm::kRing};
+  // 2 ranks, 256 KiB: one step each way, of one segment; reducing its 128 KiB at 100 MB/s.
+  const double a = planAllreduce(t, free, 1 << 16, 4, ring).predicted;
+  const double b = planAllreduce(t, slow, 1 << 16, 4, ring).predicted;
+  EXPECT_NEAR(b - a, (1 << 17) / 100e6, 1e-6);
 }
 
 // The multi-dimensional allreduce over the loopback, from plans for simulated topologies.

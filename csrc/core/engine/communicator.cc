@@ -220,10 +220,11 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   directory = GroupDirectory{};
   const std::string links = options.links ? *options.links : config().links;
   PlanRequest request = options.plan ? *options.plan : planRequest();
-  auto comm = std::shared_ptr<Communicator>(
-      new Communicator(group, options.timeout,
-                       PlanBook::forMachine(std::move(topology), parseLinks(links), request,
-                                            config().hierarchical)));
+  LinkCosts costs = parseLinks(links);
+  costs.segmentBytes = static_cast<double>(config().segmentBytes);
+  auto comm = std::shared_ptr<Communicator>(new Communicator(
+      group, options.timeout,
+      PlanBook::forMachine(std::move(topology), std::move(costs), request, config().hierarchical)));
   comm->ownsId_ = pending.claimed;
   pending.claimed = false;
   // Measured on real hosts only: a simulated topology's ranks share one process.

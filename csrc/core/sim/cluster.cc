@@ -115,12 +115,18 @@ int SimCluster::maxEndpoints() const {
 void SimCluster::createGroup() {
   const int n = size();
   std::vector<std::unique_ptr<Communicator::Pending>> pending(n);
+  // The planner prices reductions at the rate the simulated ranks reduce.
+  std::string groupLinks = spec_.links;
+  if (spec_.reduceBandwidth > 0) {
+    groupLinks += (groupLinks.empty() ? "" : ",") + std::string("reduce:") +
+                  std::to_string(spec_.reduceBandwidth / 1e6) + "MB";
+  }
   for (int r = 0; r < n; ++r) {
     GroupOptions options;
     options.timeout = spec_.timeout;
     options.locality = localities_[r];
     options.racks = rackMap_;
-    options.links = spec_.links;
+    options.links = groupLinks;
     options.plan = spec_.plan;
     pending[r] = Communicator::begin(*engines_[r], *store_, r, n, options);
   }

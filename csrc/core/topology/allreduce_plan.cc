@@ -191,6 +191,15 @@ class Loads {
     }
     return worst;
   }
+  // A message of `bytes` over the slowest link this load uses (a ring's edges cross the same
+  // dimensions).
+  double messageSeconds(const LinkCosts& links, double bytes) const {
+    double slowest = 0;
+    for (auto& [key, b] : bytes_) {
+      if (b > 0) slowest = std::max(slowest, bytes / links.at(std::get<0>(key)).bandwidth);
+    }
+    return slowest;
+  }
   // Adds to `busy` each link's time in this load: its bytes over its bandwidth plus `extra`
   // (the steps' latencies of the stage that loads it).
   using Busy = std::map<std::tuple<int, int, bool>, double>;
@@ -212,13 +221,34 @@ void ringLoads(Loads& loads, const std::vector<int>& order, double bytes) {
   }
 }
 
+double reduceSeconds(const LinkCosts& links, double bytes) {
+  return links.reduceBandwidth > 0 ? bytes / links.reduceBandwidth : 0;
+}
+
 double predictRing(const Topology& t, const LinkCosts& links, double bytes, int rings) {
+  // A step's message travels in segments, each passed on as soon as it has arrived (and been
+  // reduced): a segment's trip round the ring costs what the ring's edges cost it, and the
+  // others follow it as fast as the busiest link lets them.
   Loads total(t);
+  double path = 0;  // one lap of one segment: each edge's latency and transfer
+  const double message = bytes / rings / t.size;
+  const double segment = std::min(message, links.segmentBytes);
+  double slowest = 0;
   for (int r = 0; r < rings; ++r) {
     RingPlan ring = naturalRing(t.size, r % 2 == 1);
     ringLoads(total, ring.order, bytes / rings);
+    if (r > 0) continue;
+    for (int p = 0; p < t.size; ++p) {
+      Loads edge(t);
+      edge.transfer(ring.order[p], ring.order[(p + 1) % t.size], segment);
+      path += edge.latency(links) + edge.messageSeconds(links, segment);
+      slowest = std::max(slowest, edge.latency(links));
+    }
   }
-  return total.seconds(links) + 2.0 * (t.size - 1) * total.latency(links);
+  const double steps = 2.0 * (t.size - 1);
+  const double reduce = reduceSeconds(links, segment);
+  return std::max(path * steps / t.size + (t.size - 1) * reduce,
+                  total.seconds(links) + slowest + reduce);
 }
 
 // Recursive doubling among `ranks` (the fold pairs the first 2E, as the algorithm does).
@@ -232,7 +262,7 @@ double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, doubl
   if (extra > 0) {
     Loads fold(t);
     for (int i = 0; i < extra; ++i) fold.transfer(ranks[2 * i], ranks[2 * i + 1], bytes);
-    seconds += 2 * (fold.seconds(links) + fold.latency(links));
+    seconds += 2 * (fold.seconds(links) + fold.latency(links)) + reduceSeconds(links, bytes);
   }
   std::vector<int> virtualRanks;
   for (int v = 0; v < p2; ++v)
@@ -240,7 +270,7 @@ double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, doubl
   for (int d = 1; d < p2; d *= 2) {
     Loads round(t);
     for (int v = 0; v < p2; ++v) round.transfer(virtualRanks[v], virtualRanks[v ^ d], bytes);
-    seconds += round.seconds(links) + round.latency(links);
+    seconds += round.seconds(links) + round.latency(links) + reduceSeconds(links, bytes);
   }
   return seconds;
 }
@@ -249,12 +279,14 @@ double predictLeaders(const Topology& t, const LinkCosts& links, double bytes,
                       const std::vector<std::vector<int>>& hosts) {
   Loads gather(t);
   std::vector<int> leaders;
+  double reduce = 0;
   for (const std::vector<int>& h : hosts) {
+    reduce = std::max(reduce, (h.size() - 1) * reduceSeconds(links, bytes));
     leaders.push_back(h.front());
     for (size_t i = 1; i < h.size(); ++i) gather.transfer(h[i], h.front(), bytes);
   }
   double local = gather.seconds(links) + gather.latency(links);
-  return 2 * local + predictRecursiveDoubling(t, links, bytes, leaders);
+  return 2 * local + reduce + predictRecursiveDoubling(t, links, bytes, leaders);
 }
 
 double parseNumber(const std::string& text, const std::string& entry, size_t& used,
@@ -267,6 +299,26 @@ double parseNumber(const std::string& text, const std::string& entry, size_t& us
                 "' is not 'dimension:latency:bandwidth' (e.g. '1:50us:117MB')");
   }
   return v;
+}
+
+// "117MB", "1.2GB", "5e9": bytes per second.
+double parseBandwidth(const std::string& bw, const std::string& entry) {
+  size_t used = 0;
+  double bandwidth = parseNumber(bw, entry, used, false);
+  std::string unit = bw.substr(used);
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == '/') unit.pop_back();
+  if (unit == "K") {
+    bandwidth *= 1e3;
+  } else if (unit == "M") {
+    bandwidth *= 1e6;
+  } else if (unit == "G") {
+    bandwidth *= 1e9;
+  } else if (!unit.empty()) {
+    throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': bandwidth unit '" + unit +
+                "' is not B, KB, MB or GB");
+  }
+  return bandwidth;
 }
 
 }  // namespace
@@ -285,6 +337,7 @@ std::string LinkCosts::describe() const {
     out << k << ":" << byDimension[k].latency * 1e6 << "us:" << byDimension[k].bandwidth / 1e6
         << "MB";
   }
+  if (reduceBandwidth > 0) out << ",reduce:" << reduceBandwidth / 1e6 << "MB";
   std::string origins;
   for (size_t k = 0; k < byDimension.size(); ++k) {
     if (byDimension[k].origin == "default") continue;
@@ -306,6 +359,10 @@ LinkCosts parseLinks(const std::string& spec) {
     entry.erase(std::remove_if(entry.begin(), entry.end(), ::isspace), entry.end());
     if (entry.empty()) continue;
     size_t a = entry.find(':');
+    if (entry.substr(0, a) == "reduce" && a != std::string::npos) {
+      links.reduceBandwidth = parseBandwidth(entry.substr(a + 1), entry);
+      continue;
+    }
     size_t b = a == std::string::npos ? a : entry.find(':', a + 1);
     if (b == std::string::npos) {
       throw Error("ddl: TORCH_DDL_LINKS entry '" + entry +
@@ -332,20 +389,7 @@ LinkCosts parseLinks(const std::string& spec) {
       throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': latency unit '" + unit +
                   "' is not s, ms, us or ns");
     }
-    double bandwidth = parseNumber(bw, entry, used, false);
-    unit = bw.substr(used);
-    if (!unit.empty() && unit.back() == 'B') unit.pop_back();
-    if (!unit.empty() && unit.back() == '/') unit.pop_back();
-    if (unit == "K") {
-      bandwidth *= 1e3;
-    } else if (unit == "M") {
-      bandwidth *= 1e6;
-    } else if (unit == "G") {
-      bandwidth *= 1e9;
-    } else if (!unit.empty()) {
-      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': bandwidth unit '" + unit +
-                  "' is not B, KB, MB or GB");
-    }
+    const double bandwidth = parseBandwidth(bw, entry);
     if (static_cast<int>(links.byDimension.size()) <= k) {
       links.byDimension.resize(k + 1, links.byDimension.back());
     }
@@ -470,38 +514,109 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
       break;
   }
   // Lanes advance in step: the i-th stage of every lane runs at once, so lanes of one order
-  // share that dimension's links, while colours (rotated orders) load different ones.
+  // share that dimension's links, while colours (rotated orders) load different ones. One
+  // wave's pass is 2S tasks (the reduce-scatter stages, then the allgather's in reverse); each
+  // holds the links it loads for their bytes' time and the ranks for their reductions.
+  struct Task {
+    double seconds = 0;
+    Loads::Busy holds;
+  };
   size_t stages = 0;
   for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
-  double sum = 0;
-  Loads::Busy wave;  // how long one wave holds each link, over both halves
-  Loads total(t);    // every lane's bytes: no schedule beats its busiest link
+  std::vector<Task> scatter(stages), gather(stages);
+  double allReduce = 0;  // every lane's reductions on one rank
+  Loads total(t);        // every lane's bytes: no schedule beats its busiest link
+  const std::tuple<int, int, bool> rank{-1, 0, true};  // the ranks, as a resource
   for (size_t i = 0; i < stages; ++i) {
     Loads first(t);  // the first waves' bytes in stage i
     size_t longest = 0;
+    double message = 0;      // the largest a first-wave ring sends in one step
+    double firstReduce = 0;  // a rank's reductions in this stage, over the first waves
     for (const Lane& lane : plan.lanes) {
       if (i >= lane.stages.size()) continue;
       Loads loads(t);
+      double laneReduce = 0;
       for (const StageRing& ring : lane.stages[i].rings) {
         const size_t n = ring.order.size();
-        longest = std::max(longest, n);
-        double piece = 0;
-        for (const Range& c : ring.chunks) piece += static_cast<double>(c.length);
+        double piece = 0, chunk = 0;
+        for (const Range& c : ring.chunks) {
+          piece += static_cast<double>(c.length);
+          chunk = std::max(chunk, static_cast<double>(c.length));
+        }
         piece *= static_cast<double>(plan.elementSize);
+        chunk *= static_cast<double>(plan.elementSize);
         for (size_t p = 0; p < n; ++p) {
           loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
         }
+        laneReduce = std::max(laneReduce, (n - 1) * reduceSeconds(links, chunk));
+        if (lane.after < 0) {
+          longest = std::max(longest, n);
+          message = std::max(message, chunk);
+        }
       }
       total.add(loads, 2);
-      if (lane.after < 0) first.add(loads, 1);
+      allReduce += laneReduce;
+      if (lane.after < 0) {
+        first.add(loads, 1);
+        firstReduce += laneReduce;
+      }
     }
-    const double steps = (longest - 1) * first.latency(links);
-    sum += 2 * (first.seconds(links) + steps);  // reduce-scatter and allgather move the same bytes
-    first.occupy(links, steps, wave);
+    // A step: its latency, then its message, reduced segment by segment as they arrive; or, where
+    // the rings of the stage share a link or a rank's reductions, their turns on those.
+    const double steps = static_cast<double>(longest - 1);
+    const double latency = first.latency(links);
+    const double send = first.messageSeconds(links, message);
+    const double part = message > 0 ? std::min(1.0, links.segmentBytes / message) : 1;
+    const double reduce = reduceSeconds(links, message);
+    // Segments of a step's message follow each other through the stage's steps.
+    const double own = latency + part * (send + reduce) + (1 - part) * std::max(send, reduce);
+    const double link = steps > 0 ? first.seconds(links) / steps : 0;
+    const double ranks = steps > 0 ? firstReduce / steps : 0;
+    const double shared = std::max(link + part * ranks, ranks + part * link);
+    gather[i].seconds = std::max(steps * (latency + send), steps * link + latency);
+    scatter[i].seconds = std::max(steps * own, steps * shared + latency);
+    // A stage whose rings crowd a link holds it through their steps' latencies as well: the
+    // rings of the waves that share it move in step and wait out their latencies together.
+    first.occupy(links, link > latency + send ? steps * latency : 0, gather[i].holds);
+    scatter[i].holds = gather[i].holds;
+    scatter[i].holds[rank] = firstReduce;
   }
-  double slowest = 0;  // the bottleneck of the flow: the link a wave holds longest
-  for (auto& [key, seconds] : wave) slowest = std::max(slowest, 2 * seconds);
-  return std::max(sum + (plan.waves - 1) * slowest, total.seconds(links));
+  std::vector<const Task*> pass;
+  for (const Task& task : scatter) pass.push_back(&task);
+  for (size_t i = stages; i-- > 0;) pass.push_back(&gather[i]);
+  // Waves through the pass, a wave's task after its previous one and after the previous wave's
+  // same task (as the engine orders them), each started, earliest ready first, once the links
+  // and ranks it holds are free.
+  const size_t waves = static_cast<size_t>(std::max(plan.waves, 1));
+  std::vector<std::vector<double>> ends(waves, std::vector<double>(pass.size(), 0));
+  std::vector<size_t> next(waves, 0);
+  Loads::Busy freeAt;
+  double makespan = 0;
+  for (size_t left = waves * pass.size(); left > 0; --left) {
+    size_t pick = waves;
+    double pickReady = 0;
+    for (size_t w = 0; w < waves; ++w) {
+      const size_t k = next[w];
+      if (k == pass.size() || (w > 0 && next[w - 1] <= k)) continue;
+      const double ready = std::max(k > 0 ? ends[w][k - 1] : 0.0, w > 0 ? ends[w - 1][k] : 0.0);
+      if (pick == waves || ready < pickReady) {
+        pick = w;
+        pickReady = ready;
+      }
+    }
+    const Task& task = *pass[next[pick]];
+    double start = pickReady;
+    for (auto& [key, seconds] : task.holds) {
+      if (seconds > 0) start = std::max(start, freeAt[key]);
+    }
+    for (auto& [key, seconds] : task.holds) {
+      if (seconds > 0) freeAt[key] = start + seconds;
+    }
+    ends[pick][next[pick]] = start + task.seconds;
+    makespan = std::max(makespan, start + task.seconds);
+    ++next[pick];
+  }
+  return std::max({makespan, total.seconds(links), allReduce});
 }
 
 namespace {

@@ -46,6 +46,12 @@ struct LinkCost {
 // 2 and above (racks) 50 us, 1.25 GB/s.
 struct LinkCosts {
   std::vector<LinkCost> byDimension;
+  // Bytes per second a rank reduces (TORCH_DDL_LINKS entry "reduce:8GB"); 0: reductions cost
+  // nothing beyond the links, as where the host level was probed (its figures include them).
+  double reduceBandwidth = 0;
+  // The segment rings send messages in (TORCH_DDL_SEGMENT_BYTES): a step's reduction overlaps
+  // its arrival but for its last segment.
+  double segmentBytes = 262144;
   const LinkCost& at(int dimension) const;
   // "0:2us:5000MB,1:61us:117MB (1 probed)": the figures, and which were not defaults.
   std::string describe() const;
@@ -53,7 +59,7 @@ struct LinkCosts {
 LinkCosts defaultLinks();
 // "1:50us:117MB,2:100us:40MB" (TORCH_DDL_LINKS): per dimension, its latency (s, ms, us or ns)
 // and bandwidth (bytes/s with optional K, M, G, each 1000x; e.g. 117MB or 1.2GB); dimensions not
-// named keep their defaults. Throws naming the malformed entry.
+// named keep their defaults; "reduce:8GB" sets reduceBandwidth. Throws naming the malformed entry.
 LinkCosts parseLinks(const std::string& spec);
 
 enum class PlanAlgorithm {
@@ -134,17 +140,22 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request);
 
-// Seconds the plan should take (alpha-beta per link): the first waves of all lanes advance stage
-// by stage in step, each stage costing its rings' steps times the latency plus its busiest
-// link's bytes (of every lane in that stage) over that link's bandwidth; reduce-scatter and
-// allgather make 2S such stages, and W waves flow through them as through a flow shop whose
-// machines are the links: sum(t_s) + (W-1) b, where b is the longest time one wave holds one
-// link (its bytes and steps there, summed over the stages and both halves that use it: the
-// reduce-scatter and allgather of a level share its link); never less than the busiest link's
-// bytes over all stages and waves (a rack crossing also crosses the host's link). A
-// message across dimension k loads the links of dimensions 1..k of the blocks it leaves and
-// enters (a rack crossing also crosses the host's link). Flat rings and recursive doubling are
-// costed the same way, step by step.
+// Seconds the plan should take (alpha-beta per link). A ring step costs the latency of the
+// link it crosses plus its message's bytes over that link's bandwidth and, reducing, over the
+// reduce bandwidth; a message of several segments is reduced as they arrive. Rings that share a
+// link or a rank's reductions take turns on them while each waits out its own latency: a stage
+// of a multi-dimensional plan costs the larger of its rings' steps so priced and its busiest
+// link's bytes (of every first-wave lane in that stage) plus one latency. One wave's pass is 2S
+// such stages (the reduce-scatter's, then the allgather's in reverse), and W waves go through
+// them as the engine orders them: a wave's stage after its previous stage and after the
+// previous wave's same stage, each holding the links it loads for their bytes' time (and
+// through its steps' latencies where its rings crowd a link, moving in step) and the ranks for
+// their reductions; never less than the busiest link's bytes, or a rank's reductions, over all
+// stages and waves. A message across dimension k loads the links of dimensions 1..k of the
+// blocks it leaves and enters (a rack crossing also crosses the host's link). A flat ring's
+// ranks wait only for their predecessors: a segment's lap costs what the ring's edges cost it
+// (not 2(P-1) times its outermost latency), the other segments following as fast as the
+// busiest link lets them; recursive doubling pays each round's slowest exchange.
 double predictSeconds(const AllreducePlan& plan, const Topology& topology, const LinkCosts& links);
 
 // Throws ddl::Error unless every ring is a permutation of distinct group ranks, its chunks tile
