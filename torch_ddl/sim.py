@@ -61,6 +61,8 @@ def main(argv=None):
     p.add_argument("--collective", choices=COLLECTIVES, default="allreduce")
     p.add_argument("--algo", choices=ALGORITHMS, default="auto", help="allreduce's algorithm")
     p.add_argument("--colors", type=int, default=0, help="multidim colours (0: the planner's)")
+    p.add_argument("--rings", type=int, default=0,
+                   help="multidim rings per colour (0: the planner's)")
     p.add_argument("--waves", type=int, default=0, help="multidim waves (0: the planner's)")
     p.add_argument("--links", default=DEFAULT_LINKS)
     p.add_argument("--reduce-bw", type=parse_rate, default=20e9,
@@ -91,7 +93,8 @@ def main(argv=None):
             hosts_per_rack=args.hosts_per_rack, links=args.links, reduce_bw=args.reduce_bw,
             copy_bw=args.copy_bw, payload=payload, timeout_ms=args.timeout_ms,
             collective=args.collective, bytes=args.bytes, seed=args.seed, kill_rank=kill_rank,
-            kill_fraction=kill_fraction, algo=args.algo, colors=args.colors, waves=args.waves))
+            kill_fraction=kill_fraction, algo=args.algo, colors=args.colors, rings=args.rings,
+            waves=args.waves))
     except ValueError as error:
         print(f"torch_ddl.sim: {error}", file=sys.stderr)
         return 2

@@ -13,6 +13,10 @@ TORCH_DDL_LINKS instead). busbw as nccl-tests: bytes/time x 2(P-1)/P. Ideal busb
 schedule: its busiest link's bytes at the measured rate (flat ring in host order: the link rate
 itself; 2-level ring: x (P-1)/P / (H-1)/H).
 All variants run in the same processes, interleaved size by size. --png writes a plot.
+
+Last, the simulator (torch_ddl.sim) runs auto's plan at each size on the same shape with the
+links the group probed, beside what was measured: `--from-results FILE` does that alone for a
+table written before.
 """
 
 import argparse
@@ -57,6 +61,61 @@ def sizes(lo, hi):
     while s <= hi:
         yield s
         s *= 2
+
+
+def plan_request(plan):
+    """'multidim colors=1 rings=2 waves=4 order=0,1' -> the simulator's plan arguments."""
+    words = plan.split()
+    fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    algo = words[0]
+    return dict(algo=algo, colors=int(fields.get("colors", 0)) if algo == "multidim" else 0,
+                rings=int(fields.get("rings", 0)) if algo == "multidim" else 0,
+                waves=int(fields.get("waves", 0)) if algo == "multidim" else 0)
+
+
+def simulate_rows(hosts, ranks, racks, links, rows, min_bytes=1 << 20):
+    """Auto's plan of each row (from min_bytes) in the simulator with the probed links; prints
+    simulated against measured. Reductions are free in the simulation as in the planner: the
+    probed host figures include them. Returns the largest error."""
+    from torch_ddl import _C
+
+    links = links.split(" (")[0]
+    print(f"simulated (python -m torch_ddl.sim, {hosts} hosts x {ranks} ranks"
+          f"{', ' + str(len(racks)) + ' racks' if racks else ''}, links {links}):")
+    print(f"{'size':>9} {'measured':>9} {'simulated':>9} {'error':>6} {'model':>9}  plan")
+    worst = 0.0
+    for row in rows:
+        if row["bytes"] < min_bytes:
+            continue
+        r = _C.simulate(dict(
+            host_sizes=[], ranks=hosts * ranks, ranks_per_host=ranks,
+            hosts_per_rack=hosts // len(racks) if racks else 0, links=links, reduce_bw=0.0,
+            copy_bw=0.0, payload=False, timeout_ms=600000, collective="allreduce",
+            bytes=row["bytes"], seed=1, kill_rank=-1, kill_fraction=0.5,
+            **plan_request(row["auto_plan"])))
+        error = (r["sim_us"] * 1e-6 - row["auto"]) / row["auto"]
+        worst = max(worst, abs(error))
+        size = row["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        print(f"{label:>9} {row['auto'] * 1e3:8.2f}m {r['sim_us'] * 1e-3:8.2f}m "
+              f"{error * 100:5.0f}% {r['model_us'] * 1e-3:8.2f}m  {r['algo']}")
+    print(f"(largest error from {min_bytes >> 20} MiB: {worst * 100:.0f}%)")
+    return worst
+
+
+def rows_from_results(path):
+    """The shape, links and rows of a table bench.py printed."""
+    text = Path(path).read_text().splitlines()
+    shape = text[0].split()[1]
+    links = next(line.split(": ", 1)[1] for line in text if line.startswith("# cost model"))
+    rows = []
+    for line in text:
+        cells = line.split()
+        if len(cells) > 14 and cells[1] in ("KiB", "MiB") and cells[0].isdigit():
+            size = int(cells[0]) << (20 if cells[1] == "MiB" else 10)
+            measured = float(cells[-7].rstrip("m")) * 1e-3
+            rows.append(dict(bytes=size, auto=measured, auto_plan=" ".join(cells[-5:])))
+    return shape, links, rows
 
 
 def worker(args):
@@ -175,10 +234,17 @@ def main():
     parser.add_argument("--given-links", action="store_true",
                         help="hand the cost model the measured TCP rate (TORCH_DDL_LINKS) "
                              "instead of letting ddl probe the links")
+    parser.add_argument("--from-results", metavar="FILE",
+                        help="simulate the auto plans of a table written before, and stop")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.from_results:
+        shape, links, rows = rows_from_results(args.from_results)
+        hosts, ranks, racks = shape_of(shape)
+        simulate_rows(hosts, ranks, racks, links, rows)
         return
     from cluster import Cluster
 
@@ -237,6 +303,9 @@ def main():
               f" {row['auto'] * 1e3:8.2f}m {error * 100:5.0f}%  {row['auto_plan']}")
     print("(busbw in MB/s; ideal:ring/dim = link-limited busbw of the flat ring / the best "
           "multidim schedule at the measured rates; predicted/measured: auto's time per op)")
+    auto_links = next((json.loads(line[6:])["auto"] for line in results[0][1].splitlines()
+                       if line.startswith("LINKS ")), "")
+    simulate_rows(hosts, ranks, racks, auto_links, rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"shape": args.shape, "rows": rows}, indent=1))
     if args.png:

@@ -605,15 +605,22 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
       }
     }
     const Task& task = *pass[next[pick]];
-    double start = pickReady;
+    // It starts once the link it holds longest is free; on its other links its bytes queue
+    // behind what is there, and it ends no sooner than they have passed.
+    const std::tuple<int, int, bool>* bottleneck = nullptr;
     for (auto& [key, seconds] : task.holds) {
-      if (seconds > 0) start = std::max(start, freeAt[key]);
+      if (bottleneck == nullptr || seconds > task.holds.at(*bottleneck)) bottleneck = &key;
     }
+    const double start =
+        bottleneck != nullptr ? std::max(pickReady, freeAt[*bottleneck]) : pickReady;
+    double end = start + task.seconds;
     for (auto& [key, seconds] : task.holds) {
-      if (seconds > 0) freeAt[key] = start + seconds;
+      if (seconds <= 0) continue;
+      freeAt[key] = std::max(freeAt[key], start) + seconds;
+      end = std::max(end, freeAt[key]);
     }
-    ends[pick][next[pick]] = start + task.seconds;
-    makespan = std::max(makespan, start + task.seconds);
+    ends[pick][next[pick]] = end;
+    makespan = std::max(makespan, end);
     ++next[pick];
   }
   return std::max({makespan, total.seconds(links), allReduce});
