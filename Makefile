@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real
+.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling
 
 all: build
 
@@ -108,15 +108,26 @@ demo-cluster: build $(CLUSTER_TOOLS)
 	$(PY) benchmarks/cluster/cluster.py --hosts 2 --ranks 2 --rate 1gbit --torchrun -- \
 	  examples/train_digits.py --backend ddl --epochs 4
 
-# The simulator at scale (docs/sim.md): 1 024 and 4 096 ranks (4 per host, 8 hosts per rack),
-# 100 MB allreduces with the auto plan, and rank 517 of 1 024 killed halfway (about 15 minutes).
+# The simulator at scale (docs/sim.md): 1 024 ranks (4 per host, 8 hosts per rack), a 100 MB
+# allreduce with the auto plan, then with rank 517 killed halfway, and 4 096 ranks with the
+# multi-dimensional plan (auto picks a flat ring there: 33 M messages, hours to simulate here);
+# then the cost model against the simulator over shapes and sizes (about 25 minutes).
 sim-scale: build
 	@mkdir -p benchmarks/results
-	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096"; do \
+	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096 --algo multidim"; do \
 	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M"; \
 	  TORCH_DDL_TRACE_ENTRIES=0 $(PY) -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 \
 	    --bytes 100M --verbose || exit 1; \
 	done | tee benchmarks/results/sim_scale.txt
+	set -o pipefail; $(PY) benchmarks/sim_vs_model.py | tee benchmarks/results/sim_vs_model.txt
+
+# The scaling study (docs/scaling.md): DDP's weak-scaling efficiency for ResNet-50/101 from 4 to
+# 1 024 GPUs, from the simulator, beside three published results (about an hour; cached).
+bench-scaling: build
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	set -o pipefail; $(PY) benchmarks/scaling.py --cache benchmarks/results/scaling_cache.json \
+	  --json benchmarks/results/scaling.json --png benchmarks/results/scaling.png \
+	  | tee benchmarks/results/scaling.txt
 
 # 32 real ranks on 4 emulated hosts of 8 (root): creation against gloo's, every collective
 # against gloo, the endpoints each rank opened (about 10 minutes).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -27,6 +29,23 @@ constexpr size_t kStepBytes = 1 << 20;  // per rank and step
 constexpr size_t kStepFloats = kStepBytes / sizeof(float);
 
 using Clock = std::chrono::steady_clock;
+
+// What this process measured, by "host:ranks" (a host level) or "host>host:dimension" (a link
+// between two hosts): later groups over the same hosts reuse it instead of measuring again.
+std::mutex rememberedMutex;
+std::map<std::string, LinkCost> remembered;
+
+std::optional<LinkCost> recall(const std::string& what) {
+  std::lock_guard<std::mutex> lock(rememberedMutex);
+  auto found = remembered.find(what);
+  if (found == remembered.end()) return std::nullopt;
+  return found->second;
+}
+
+void remember(const std::string& what, const LinkCost& cost) {
+  std::lock_guard<std::mutex> lock(rememberedMutex);
+  remembered[what] = cost;
+}
 
 void await(Communicator& comm, const std::shared_ptr<Work>& work) {
   if (!work->wait(comm.timeout())) {
@@ -77,7 +96,12 @@ LinkCost published(KeyValueStore& store, const std::string& key, const std::stri
   return cost;
 }
 
-LinkCost measure(Communicator& comm, int peer) {
+// The measuring side; `known` (figures this process measured before for these two hosts): it
+// only tells the responder so.
+LinkCost measure(Communicator& comm, int peer, const std::optional<LinkCost>& known) {
+  char mode = known ? 1 : 0;
+  await(comm, comm.send(&mode, 1, peer, kPingTag));
+  if (known) return *known;
   char ping = 0;
   std::vector<double> trips;
   for (int i = 0; i < kPings; ++i) {
@@ -103,6 +127,9 @@ LinkCost measure(Communicator& comm, int peer) {
 }
 
 void respond(Communicator& comm, int peer) {
+  char mode = 0;
+  await(comm, comm.recv(&mode, 1, peer, kPingTag));
+  if (mode != 0) return;
   char ping = 0;
   for (int i = 0; i < kPings; ++i) {
     await(comm, comm.recv(&ping, 1, peer, kPingTag));
@@ -123,12 +150,14 @@ void respond(Communicator& comm, int peer) {
 // the figures its first rank measured (the others return nothing). Latency: a token's laps,
 // per step. Bandwidth: ring steps in which every rank sends kStepBytes to the next, receives as
 // much from the previous and adds it to its own, as a host stage's reduce-scatter does.
-std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& ring) {
+// A first lap whose token is 1 says the first rank knows the figures (`known`): no more.
+std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& ring,
+                                    const std::optional<LinkCost>& known) {
   const int n = static_cast<int>(ring.size());
   const int at = static_cast<int>(std::find(ring.begin(), ring.end(), comm.rank()) - ring.begin());
   const int next = ring[(at + 1) % n], prev = ring[(at + n - 1) % n];
   const bool first = at == 0;
-  uint64_t token = 0;
+  uint64_t token = first && known ? 1 : 0;
   std::vector<double> laps;
   for (int lap = 0; lap < kLaps; ++lap) {
     auto start = Clock::now();
@@ -140,6 +169,7 @@ std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& 
       await(comm, comm.recv(&token, sizeof(token), prev, kTokenTag));
       await(comm, comm.send(&token, sizeof(token), next, kTokenTag));
     }
+    if (token != 0) return first ? known : std::nullopt;
   }
   std::vector<float> mine(kStepFloats, 1.0f), theirs(kStepFloats);
   std::vector<double> steps;
@@ -162,9 +192,13 @@ void probeHosts(Communicator& comm, KeyValueStore& store, const std::string& key
   const std::vector<std::vector<int>> hosts = topology.members(0);
   const std::vector<int>& mine = hosts[topology.levels[0].blockOf[comm.rank()]];
   if (mine.size() > 1) {
-    if (std::optional<LinkCost> cost = measureHost(comm, mine)) {
-      publish(store, key + "links/0/" + std::to_string(topology.levels[0].blockOf[comm.rank()]),
-              *cost);
+    const int host = topology.levels[0].blockOf[comm.rank()];
+    const std::string what =
+        topology.levels[0].blockNames[host] + ":" + std::to_string(mine.size());
+    const std::optional<LinkCost> known = mine[0] == comm.rank() ? recall(what) : std::nullopt;
+    if (std::optional<LinkCost> cost = measureHost(comm, mine, known)) {
+      remember(what, *cost);
+      publish(store, key + "links/0/" + std::to_string(host), *cost);
     }
   }
   // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
@@ -194,7 +228,13 @@ void probeLinks(Communicator& comm, KeyValueStore& store, const std::string& key
     const int measurer = rings[0][0], responder = rings[0][1];
     const std::string result = key + "links/" + std::to_string(d);
     if (comm.rank() == measurer) {
-      publish(store, result, measure(comm, responder));
+      const auto& names = topology.levels[0].blockNames;
+      const auto& hostOf = topology.levels[0].blockOf;
+      const std::string what =
+          names[hostOf[measurer]] + ">" + names[hostOf[responder]] + ":" + std::to_string(d);
+      const LinkCost cost = measure(comm, responder, recall(what));
+      remember(what, cost);
+      publish(store, result, cost);
     } else if (comm.rank() == responder) {
       respond(comm, measurer);
     }

@@ -18,6 +18,10 @@
 //    than kSmallBytes at the link's rate plus 8 round trips on a slow one.
 // 4. The measurer publishes the figures through the group's store; every rank plans with them,
 //    so the plans of all ranks agree.
+// A process measures a host's level (by host and ranks on it) and the link between two hosts
+// (by dimension) once: where the leading rank of a later group's probe measured them before, it
+// tells the others so (the token's first lap; a first message to the responder) and publishes
+// what it has. The other ranks need no memory of their own.
 // Messages travel as point-to-point messages of reserved tags, before any user operation.
 #pragma once
 
