@@ -33,6 +33,9 @@ struct LinkGeometry {
   int reduceSteps = 0;      // steps [0, reduceSteps) reduce what arrives
   size_t segments = 0;      // per step
   size_t segmentBytes = 0;  // the largest segment
+  // The pipeline asks for steps [s, s + window) only, s the first step not wholly arrived
+  // (0: any step at any time).
+  int window = 0;
 };
 
 struct Arrival {

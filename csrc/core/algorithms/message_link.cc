@@ -15,8 +15,16 @@ MessageLink::MessageLink(Op& op, int prev, int next, uint32_t phase, uint32_t st
       stepBase_(stepBase),
       depth_(std::max<size_t>(depth, 1)) {}
 
+MessageLink::~MessageLink() {
+  for (StepQueue& q : inFlight_) {
+    for (size_t i = q.head; i < q.items.size(); ++i) q.items[i].request->consumer = nullptr;
+  }
+}
+
 void MessageLink::begin(const LinkGeometry& geometry) {
-  inFlight_.resize(geometry.steps);
+  const int window =
+      geometry.window > 0 ? std::min(geometry.window, geometry.steps) : geometry.steps;
+  inFlight_.resize(std::max(window, 1));
   slotBytes_ = geometry.segmentBytes;
   if (geometry.reduceSteps > 0 && geometry.segments > 0) {
     size_t slots = depth_ * static_cast<size_t>(std::min(geometry.reduceSteps, 2));
@@ -26,7 +34,7 @@ void MessageLink::begin(const LinkGeometry& geometry) {
 }
 
 bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, bool reducing) {
-  std::deque<Posted>& posted = inFlight_[step];
+  StepQueue& posted = queueOf(step);
   if (posted.size() >= depth_ || (reducing && freeSlots_.empty())) return false;
   int slot = -1;
   char* target = home;
@@ -37,21 +45,33 @@ bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, boo
   }
   Request* r =
       op_.recv(prev_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), target, bytes);
-  posted.push_back(Posted{r, segment, target, slot});
+  if (r->done) {  // it matched a message that had arrived
+    ++ready_;
+  } else {
+    r->consumer = [](void* link) { ++static_cast<MessageLink*>(link)->ready_; };
+    r->consumerContext = this;
+  }
+  posted.items.push_back(Posted{r, segment, target, slot});
+  if (lowest_ == highest_) lowest_ = highest_ = step;  // nothing posted: start afresh here
   lowest_ = std::min(lowest_, step);
   highest_ = std::max(highest_, step + 1);
   return true;
 }
 
 bool MessageLink::arrival(Arrival* out) {
-  // Receives of one step complete in the order they were posted; earlier steps first.
-  while (lowest_ < highest_ && inFlight_[lowest_].empty()) ++lowest_;
-  for (size_t s = static_cast<size_t>(lowest_); s < static_cast<size_t>(highest_); ++s) {
-    std::deque<Posted>& posted = inFlight_[s];
+  // Receives of one step complete in the order they were posted; earlier steps first. Without a
+  // completed receive not yet handed over, nothing to look for.
+  if (ready_ == 0) return false;
+  while (lowest_ < highest_ && queueOf(lowest_).empty()) ++lowest_;
+  for (int s = lowest_; s < highest_; ++s) {
+    StepQueue& posted = queueOf(s);
     if (posted.empty() || !posted.front().request->done) continue;
-    const Posted& p = posted.front();
-    *out = Arrival{static_cast<int>(s), p.segment, p.target, static_cast<uint64_t>(p.slot + 1)};
-    posted.pop_front();
+    const Posted p = posted.front();
+    *out = Arrival{s, p.segment, p.target, static_cast<uint64_t>(p.slot + 1)};
+    posted.pop();
+    while (lowest_ < highest_ && queueOf(lowest_).empty()) ++lowest_;  // see inFlight_
+    --ready_;
+    op_.recycle(p.request);
     return true;
   }
   return false;
@@ -60,14 +80,26 @@ bool MessageLink::arrival(Arrival* out) {
 void MessageLink::post(int step, size_t, char* at, size_t bytes) {
   sends_.push_back(
       op_.send(next_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), at, bytes));
+  if (sends_.size() >= reapAt_) {
+    reap();
+    reapAt_ = std::max<size_t>(64, 2 * sends_.size());
+  }
 }
 
 void MessageLink::release(const Arrival& arrival) {
   if (arrival.handle > 0) freeSlots_.push_back(static_cast<int>(arrival.handle - 1));
 }
 
+void MessageLink::reap() {
+  std::erase_if(sends_, [this](Request* r) {
+    if (!r->done) return false;
+    op_.recycle(r);
+    return true;
+  });
+}
+
 bool MessageLink::idle() {
-  std::erase_if(sends_, [](Request* r) { return r->done; });
+  reap();
   return sends_.empty();
 }
 

@@ -7,7 +7,6 @@
 // segment order and the transport matches one sender's messages of one slot in send order.
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <vector>
 
@@ -19,6 +18,7 @@ namespace ddl {
 class MessageLink : public Link {
  public:
   MessageLink(Op& op, int prev, int next, uint32_t phase, uint32_t stepBase, size_t depth);
+  ~MessageLink() override;  // receives still posted (a failed op) stop telling it
 
   void begin(const LinkGeometry& geometry) override;
   void poll() override {}
@@ -36,6 +36,22 @@ class MessageLink : public Link {
     char* target;
     int slot;  // scratch slot, -1 in place
   };
+  // The receives posted for one step, oldest first.
+  struct StepQueue {
+    std::vector<Posted> items;
+    size_t head = 0;
+    bool empty() const { return head == items.size(); }
+    size_t size() const { return items.size() - head; }
+    const Posted& front() const { return items[head]; }
+    void pop() {
+      if (++head == items.size()) {
+        items.clear();
+        head = 0;
+      }
+    }
+  };
+  StepQueue& queueOf(int step) { return inFlight_[static_cast<size_t>(step) % inFlight_.size()]; }
+  void reap();  // gives back the sends that have left
 
   Op& op_;
   int prev_;
@@ -44,14 +60,17 @@ class MessageLink : public Link {
   uint32_t stepBase_;
   size_t depth_;
   size_t slotBytes_ = 0;
-  std::vector<std::deque<Posted>> inFlight_;  // by step
-  // Steps [lowest_, highest_) may hold posted receives (those below have none): arrival() looks
-  // at those only, not at every step of a long ring on every call.
+  // By step modulo the pipeline's window (LinkGeometry::window): the steps that hold posted
+  // receives lie within one window, [lowest_, highest_), lowest_ the lowest of them, and
+  // arrival() looks at those only.
+  std::vector<StepQueue> inFlight_;
   int lowest_ = 0;
   int highest_ = 0;
+  size_t ready_ = 0;  // posted receives completed and not yet handed over by arrival()
   std::shared_ptr<char> scratch_;
   std::vector<int> freeSlots_;
   std::vector<Request*> sends_;
+  size_t reapAt_ = 64;  // sends_ is trimmed of what has left as it grows to this
 };
 
 }  // namespace ddl

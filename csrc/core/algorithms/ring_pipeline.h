@@ -75,11 +75,13 @@ class RingPipeline {
   size_t segment_ = 1;
   size_t segments_ = 0;
   int position_;
-  std::vector<size_t> expected_;  // by step: receives asked of the link
-  int expectFrom_ = 0;            // the first step that has not asked for every segment
-  size_t injected_ = 0;           // segments of step 0 posted
-  size_t handled_ = 0;            // arrivals handled, all steps
-  std::deque<Arrival> waiting_;   // arrivals whose forward waits for room in the outbox
+  std::vector<uint32_t> expected_;  // by step: receives asked of the link
+  std::vector<uint32_t> taken_;     // by step: arrivals taken from the link
+  int expectFrom_ = 0;              // the first step that has not asked for every segment
+  int takenFrom_ = 0;               // the first step whose segments have not all arrived
+  size_t injected_ = 0;             // segments of step 0 posted
+  size_t handled_ = 0;              // arrivals handled, all steps
+  std::deque<Arrival> waiting_;     // arrivals whose forward waits for room in the outbox
   bool done_ = false;
 };
 

@@ -63,8 +63,15 @@ Op::~Op() {
 }
 
 Request* Op::newRequest(int peer, bool isSend) {
-  requests_.push_back(std::make_unique<Request>());
-  Request* req = requests_.back().get();
+  Request* req;
+  if (!recycled_.empty()) {
+    req = recycled_.back();
+    recycled_.pop_back();
+    *req = Request{};
+  } else {
+    requests_.push_back(std::make_unique<Request>());
+    req = requests_.back().get();
+  }
   req->peer = peer;
   req->isSend = isSend;
   req->owner = this;
@@ -84,6 +91,7 @@ void Op::observe(Request* req) {
   Op* op = static_cast<Op*>(req->owner);
   if (op == nullptr) return;
   ++op->completions_;
+  if (req->consumer != nullptr) req->consumer(req->consumerContext);
   if (!op->failure_.empty()) return;
   if (req->isCallPrint && !req->isSend && !req->failed) {
     const PrintIn* in = op->printIn(req->peer);
@@ -320,8 +328,18 @@ Op::Waits Op::waits() const {
   return w;
 }
 
+void Op::recycle(Request* req) {
+  if (req == nullptr || !req->done) return;
+  if (req->isSend && req->peer >= 0) recycledSentTo_.insert(req->peer);
+  req->consumer = nullptr;
+  req->done = true;
+  req->isSend = false;
+  req->peer = -1;
+  recycled_.push_back(req);
+}
+
 std::set<int> Op::sentTo() const {
-  std::set<int> to;
+  std::set<int> to = recycledSentTo_;
   for (const auto& r : requests_) {
     if (r->isSend && r->peer >= 0) to.insert(r->peer);
   }

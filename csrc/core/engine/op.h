@@ -89,6 +89,10 @@ class Op {
   // A message of exactly `bytes`; one of another size fails the op, naming the sender (the
   // ranks called the collective with different sizes or dtypes).
   Request* recv(int peer, uint64_t slot, void* data, size_t bytes);
+  // Gives back a completed request the algorithm holds no more: a later send or receive of this
+  // op reuses it, so that an op of thousands of messages holds about as many requests as it has
+  // outstanding at once (a ring of thousands of steps: a handful, not one per message).
+  void recycle(Request* req);
   // A message of at most `bytes` (request->receivedBytes says how many arrived).
   Request* recvUpTo(int peer, uint64_t slot, void* data, size_t bytes);
   // From whichever rank sends first; the sender is tag::source(request->senderTag).
@@ -199,6 +203,8 @@ class Op {
   TimePoint deadline_;  // set as the engine starts the op
   Memory* memory_ = &memoryFor(MemoryKind::kHost);
   std::vector<std::unique_ptr<Request>> requests_;
+  std::vector<Request*> recycled_;  // done, given back, to reuse
+  std::set<int> recycledSentTo_;    // the peers of recycled sends (sentTo())
   uint64_t completions_ = 0;
   uint64_t seen_ = 0;     // completions_ when the coroutine last resumed
   uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate

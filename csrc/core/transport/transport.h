@@ -33,6 +33,10 @@ struct Request {
   bool isCallPrint = false;  // the engine's call check (engine/control.h), not the op's data
   void* owner = nullptr;     // the engine's operation waiting on it (nullptr once orphaned)
   RequestObserver observer = nullptr;
+  // Whoever holds the request for the engine's operation (an algorithm's link) may ask to be
+  // told too: the engine calls consumer(consumerContext) when it completes.
+  void (*consumer)(void* context) = nullptr;
+  void* consumerContext = nullptr;
   void* transportData = nullptr;
 
   void complete() {
