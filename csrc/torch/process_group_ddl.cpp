@@ -24,6 +24,30 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   }
 }
 
+ProcessGroupDDL::ProcessGroupDDL(std::shared_ptr<Communicator> comm)
+    : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)) {}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<Options>&) {
+  constexpr int kShrinkAbort = 1;  // torch.distributed.SHRINK_ABORT
+  std::vector<int> excluded;
+  for (int64_t r : ranksToExclude) {
+    if (r < 0 || r >= size_)
+      badInput("shrink_group", "rank " + std::to_string(r) +
+                                   " to exclude "
+                                   "is not a rank of a group of " +
+                                   std::to_string(size_));
+    excluded.push_back(static_cast<int>(r));
+  }
+  try {
+    return c10::make_intrusive<ProcessGroupDDL>(
+        comm_->shrink(excluded, (shrinkFlags & kShrinkAbort) != 0));
+  } catch (const ddl::Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
+
 CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
                                          std::chrono::milliseconds timeout) {
   return CallOptions{timeout, work.coreWork(name)};

@@ -22,7 +22,17 @@ class ProcessGroupDDL : public c10d::Backend {
   ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout);
 
+  // A backend over a communicator made otherwise (shrink).
+  explicit ProcessGroupDDL(std::shared_ptr<Communicator> comm);
+
   const std::string getBackendName() const override { return "ddl"; }
+  // dist.shrink_group: the other ranks form a group by themselves (Communicator::shrink); with
+  // SHRINK_ABORT this group's ops in flight fail first. Options (pg_options) are not taken: the
+  // new group has this one's settings.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
+      const c10::intrusive_ptr<Options>& optsOverride = nullptr) override;
   void setTimeout(std::chrono::milliseconds timeout) override { comm_->setTimeout(timeout); }
   // The group's first failed op: TIMEOUT, COMM_ERROR (a peer gone, a mismatch, ...) or SUCCESS.
   c10d::ErrorType getError() override;

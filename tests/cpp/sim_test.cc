@@ -131,7 +131,7 @@ TEST(Sim, AGroupIdStillHeldIsRefusedOnEveryRank) {
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < 3; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));
   ASSERT_TRUE(engines[1]->claimGroupId(7));
-  MemoryStore store(std::make_shared<std::atomic<uint64_t>>(7 + tag::kMaxGroups));
+  MemoryStore store(std::make_shared<std::atomic<uint64_t>>(7 + tag::kGroupIds));
   std::vector<std::string> errors(3);
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {

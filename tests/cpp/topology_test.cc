@@ -73,6 +73,32 @@ TEST(Topology, LocalityRoundTripsAndNamesThisHost) {
   EXPECT_THROW(Locality::decode("no newline"), Error);
 }
 
+// A group of some of a group's ranks sees the machine that creation would find for them.
+TEST(Topology, ARestrictedTopologyIsWhatTheMembersWouldFind) {
+  for (const Shape& shape : shapes()) {
+    const int n = static_cast<int>(shape.hostOf.size());
+    const Topology whole = simulated(shape.hostOf, shape.rackOf);
+    for (int gone = 0; gone < n && n > 1; ++gone) {
+      std::vector<int> members, hostOf;
+      for (int r = 0; r < n; ++r) {
+        if (r == gone) continue;
+        members.push_back(r);
+        hostOf.push_back(shape.hostOf[r]);
+      }
+      const Topology restricted = restrictTopology(whole, members);
+      const Topology found = simulated(hostOf, shape.rackOf);
+      ASSERT_EQ(restricted.size, found.size);
+      ASSERT_EQ(restricted.levels.size(), found.levels.size())
+          << found.describe() << " without " << gone;
+      for (size_t k = 0; k < found.levels.size(); ++k) {
+        EXPECT_EQ(restricted.levels[k].blockOf, found.levels[k].blockOf) << found.describe();
+        EXPECT_EQ(restricted.levels[k].blockNames, found.levels[k].blockNames);
+      }
+    }
+  }
+  EXPECT_THROW(restrictTopology(simulated({0, 1}), {0, 2}), Error);
+}
+
 TEST(Topology, RacksFromTheUsersMap) {
   RackMap racks = parseRackMap("r0: h0, h1  # first\n r1: h2 h3; r2: h4");
   EXPECT_EQ(racks.size(), 5u);

@@ -1,9 +1,11 @@
 #include "communicator.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "../shm/shared_ring.h"
 #include "config.h"
+#include "derive.h"
 #include "link_probe.h"
 #include "tag.h"
 #include "trace.h"
@@ -163,7 +165,7 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   pending->key = "ddl/" + std::to_string((joined - 1) / size) + "/";
   const std::string& key = pending->key;
   if (rank == 0) {
-    group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kMaxGroups);
+    group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
     store.set(key + "group_id", std::to_string(group->id));
   } else {
     group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
@@ -213,6 +215,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
     }
   }
   engine.watch(group, identities);
+  std::vector<std::string> identityTexts = std::move(directory.identities);
   Topology topology = options.topology != nullptr ? *options.topology : directory.topology;
   if (topology.size != group->size) {
     throw Error("ddl: the topology given is for another group size");
@@ -226,6 +229,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
       group, options.timeout,
       PlanBook::forMachine(std::move(topology), std::move(costs), request, config().hierarchical)));
   comm->ownsId_ = pending.claimed;
+  comm->identities_ = std::move(identityTexts);
   pending.claimed = false;
   // Measured on real hosts only: a simulated topology's ranks share one process.
   if (options.topology == nullptr && !options.locality) {
@@ -307,6 +311,102 @@ std::pair<int, int> Communicator::hostRings() {
     }
   });
   return counts;
+}
+
+std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& excluded,
+                                                   bool abortFirst) {
+  const char* name = "shrink_group";
+  std::vector<bool> out(static_cast<size_t>(size()), false);
+  std::string asked;
+  std::vector<int> sorted = excluded;
+  std::sort(sorted.begin(), sorted.end());
+  for (int r : sorted) {
+    if (r < 0 || r >= size()) {
+      throw Error(where(name) + ": rank " + std::to_string(r) +
+                  " to exclude is not a rank of a "
+                  "group of " +
+                  std::to_string(size()));
+    }
+    if (out[r]) throw Error(where(name) + ": rank " + std::to_string(r) + " is excluded twice");
+    if (r == rank()) {
+      throw Error(where(name) +
+                  ": this rank is among those to exclude; an excluded rank does "
+                  "not call shrink_group");
+    }
+    out[r] = true;
+    asked += (asked.empty() ? "exclude " : ", ") + std::to_string(r);
+  }
+  if (sorted.empty()) throw Error(where(name) + ": no rank to exclude");
+  std::vector<int> members;
+  int newRank = -1;
+  for (int r = 0; r < size(); ++r) {
+    if (out[r]) continue;
+    if (r == rank()) newRank = static_cast<int>(members.size());
+    members.push_back(r);
+  }
+  if (abortFirst) {
+    close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
+          (sorted.size() > 1 ? "s " : " ") + asked.substr(8));
+  }
+  Engine& engine = *group_->engine;
+  auto agreement = std::make_shared<Group>();
+  agreement->engine = &engine;
+  agreement->rank = rank();
+  agreement->size = size();
+  agreement->id = tag::kAgreementGroup;
+  agreement->name = group_->name + "'s shrink";
+  agreement->addresses = group_->addresses;
+  agreement->peers.assign(static_cast<size_t>(size()), -1);
+  DeriveCard card;
+  card.rank = newRank;
+  card.parentRank = rank();
+  card.request = asked;
+  for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
+  const uint32_t sequence = ((group_->id << 4) | (derivations_++ & 15)) & 0xffff;
+  auto work = std::make_shared<Work>(name);
+  auto result = std::make_shared<DeriveResult>();
+  auto op = std::make_unique<Op>(agreement, sequence, name, timeout_, work);
+  op->task = agreeOnDerived(*op, members, std::move(card), name, result);
+  engine.submit(std::move(op));
+  work->wait();
+  if (work->failed()) throw Error(work->error());
+  if (!result->error.empty()) throw Error(result->error);
+  return derive(members, result->id);
+}
+
+std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& members, uint32_t id) {
+  Engine& engine = *group_->engine;
+  if (!engine.claimGroupId(id)) {
+    throw Error("ddl: the id " + std::to_string(id) + " agreed for a group derived from " +
+                group_->name + " was taken here meanwhile (another group's creation); try again");
+  }
+  auto group = std::make_shared<Group>();
+  group->engine = &engine;
+  group->size = static_cast<int>(members.size());
+  group->id = id;
+  group->name = "group " + std::to_string(id);
+  std::vector<ProcessIdentity> identities(members.size());
+  std::vector<std::string> identityTexts;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    if (m == rank()) group->rank = static_cast<int>(i);
+    group->addresses.push_back(group_->addresses[m]);
+    const std::string text = static_cast<size_t>(m) < identities_.size() ? identities_[m] : "";
+    identityTexts.push_back(text);
+    if (m != rank() && !text.empty()) identities[i] = ProcessIdentity::decode(text);
+  }
+  group->peers.assign(members.size(), -1);
+  FlightRecorder::process().describeGroup(group->id, group->name, group->rank, group->size);
+  group->sharedRing = std::make_shared<SharedRing>(&engine);
+  group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
+  engine.openControl(group);
+  engine.watch(group, identities);
+  auto book = PlanBook::forMachine(restrictTopology(topology(), members), links(), book_->request(),
+                                   book_->hierarchical());
+  auto comm = std::shared_ptr<Communicator>(new Communicator(group, timeout_, std::move(book)));
+  comm->ownsId_ = true;
+  comm->identities_ = std::move(identityTexts);
+  return comm;
 }
 
 void Communicator::close(const std::string& reason) { group_->engine->closeGroup(group_, reason); }

@@ -92,6 +92,13 @@ class Communicator {
   // through shared-memory slots, and how many over messages (their ranks could not map each
   // other's windows). Asks the progress thread.
   std::pair<int, int> hostRings();
+  // A group of this group's ranks but `excluded` (ranks of this group), made by the others
+  // alone (engine/derive.h): this one's machine, links and plans' settings, its endpoints, no
+  // store. Every remaining rank calls it with the same set (else each gets an error naming who
+  // was asked what); the excluded ranks do not call it and are not waited for: this group may
+  // have failed because they died. `abortFirst` (torch's SHRINK_ABORT) first fails this
+  // group's ops in flight. Throws on bad arguments before any message leaves.
+  std::shared_ptr<Communicator> shrink(const std::vector<int>& excluded, bool abortFirst = false);
   // Closes the group: its ops in flight fail now with `reason`, and so does every later one
   // (abort(), shutdown()). Returns once they have failed.
   void close(const std::string& reason);
@@ -171,8 +178,13 @@ class Communicator {
   // count * elementSize(type); refuses when `times` such blocks overflow size_t.
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
+  // The group of `members` (ranks of this one, in new rank order) under `id`, agreed by them.
+  std::shared_ptr<Communicator> derive(const std::vector<int>& members, uint32_t id);
+
   std::shared_ptr<const Group> group_;
-  bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
+  std::vector<std::string> identities_;  // by rank: ProcessIdentity::encode() ("" simulated)
+  uint32_t derivations_ = 0;             // groups derived so far (the agreement's sequence)
+  bool ownsId_ = false;                  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
   // The group's machine, link figures and plans, shared with the process's other groups of the

@@ -168,6 +168,13 @@ bool Engine::claimGroupId(uint32_t id) {
   return groupIds_.insert(id).second;
 }
 
+std::vector<bool> Engine::heldGroupIds() {
+  std::vector<bool> held(tag::kMaxGroups, false);
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  for (uint32_t id : groupIds_) held[id % tag::kMaxGroups] = true;
+  return held;
+}
+
 void Engine::releaseGroupId(uint32_t id) {
   std::lock_guard<std::mutex> lock(idsMutex_);
   groupIds_.erase(id);

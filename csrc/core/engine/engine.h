@@ -70,6 +70,8 @@ class Engine {
   // Group ids are agreed through the store and wrap (tag.h): a group claims its id on every
   // rank's engine, and a claim of an id a live group holds fails (false). Any thread.
   bool claimGroupId(uint32_t id);
+  // The ids live groups of this engine hold, by id (tag::kMaxGroups entries).
+  std::vector<bool> heldGroupIds();
   void releaseGroupId(uint32_t id);
   // releaseGroupId, if `engine` still exists (a group may outlive the process engine).
   static void releaseGroupIdIfAlive(Engine* engine, uint32_t id);

@@ -54,7 +54,7 @@ Locality Locality::self() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   l.hostName = host;
-  struct stat shm {};
+  struct stat shm{};
   std::string shmDevice = stat("/dev/shm", &shm) == 0 ? std::to_string(shm.st_dev) : "?";
   l.machineKey = readFirstLine("/proc/sys/kernel/random/boot_id") + "/" +
                  linkTarget("/proc/self/ns/net") + "/shm:" + shmDevice;
@@ -180,6 +180,30 @@ Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks)
     Level rack = levelFrom("rack", rackOf, rackOf);
     bool groups = rack.blocks() > 1 && rack.blocks() < host.blocks();
     if (groups) t.levels.push_back(std::move(rack));
+  }
+  checkTopology(t);
+  return t;
+}
+
+Topology restrictTopology(const Topology& topology, const std::vector<int>& members) {
+  Topology t;
+  t.size = static_cast<int>(members.size());
+  for (size_t k = 0; k < topology.levels.size(); ++k) {
+    const Level& old = topology.levels[k];
+    Level level;
+    level.name = old.name;
+    std::map<int, int> renumbered;
+    for (int m : members) {
+      if (m < 0 || m >= topology.size) {
+        throw Error("ddl: rank " + std::to_string(m) + " is not in a group of " +
+                    std::to_string(topology.size));
+      }
+      auto [it, added] = renumbered.emplace(old.blockOf[m], level.blocks());
+      if (added) level.blockNames.push_back(old.blockNames[old.blockOf[m]]);
+      level.blockOf.push_back(it->second);
+    }
+    const bool groups = k == 0 || (level.blocks() > 1 && level.blocks() < t.levels.back().blocks());
+    if (groups) t.levels.push_back(std::move(level));
   }
   checkTopology(t);
   return t;

@@ -72,6 +72,11 @@ RackMap parseRackMap(const std::string& spec);
 // left out.
 Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks = {});
 
+// The machine of a group made of `members` of `topology`'s group (by old rank, in the order of
+// their new ranks): the blocks that keep a member, numbered again in order; a level above the
+// hosts that no longer groups anything is left out, as buildTopology does.
+Topology restrictTopology(const Topology& topology, const std::vector<int>& members);
+
 // Throws ddl::Error unless the levels are nested partitions of [0, size).
 void checkTopology(const Topology& topology);
 

@@ -1,0 +1,133 @@
+#include "derive.h"
+
+#include <algorithm>
+
+#include "../types.h"
+#include "bootstrap.h"
+#include "tag.h"
+#include "wire.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kAgreementStep);
+
+std::string encodeCards(const std::vector<DeriveCard>& cards) {
+  Writer w;
+  w.number(cards.size());
+  for (const DeriveCard& c : cards) {
+    w.number(static_cast<uint64_t>(c.rank));
+    w.number(static_cast<uint64_t>(c.parentRank));
+    w.text(c.request);
+    w.text(c.heldIds);
+  }
+  return w.take();
+}
+
+bool decodeCards(const std::string& bytes, std::vector<DeriveCard>* cards) {
+  Reader r(bytes);
+  const uint64_t n = r.number();
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    DeriveCard c;
+    c.rank = static_cast<int>(r.number());
+    c.parentRank = static_cast<int>(r.number());
+    c.request = r.text();
+    c.heldIds = r.text();
+    cards->push_back(std::move(c));
+  }
+  return r.ok(true);
+}
+
+// A length (8 bytes), then that many bytes.
+Task sendFramed(Op& op, int peer, std::string bytes) {
+  const uint64_t length = bytes.size();
+  Request* sentLength = op.send(peer, kSlot, &length, sizeof(length));
+  Request* sentBytes = op.send(peer, kSlot, bytes.data(), bytes.size());
+  co_await op.all(sentLength, sentBytes);
+}
+
+}  // namespace
+
+DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what) {
+  DeriveResult result;
+  if (cards.empty()) {
+    result.error = "ddl: " + what + ": no rank answered";
+    return result;
+  }
+  const DeriveCard& first = cards.front();
+  std::string differ;
+  for (const DeriveCard& c : cards) {
+    if (c.request != first.request) {
+      differ += "; rank " + std::to_string(c.parentRank) + " was asked to " + c.request;
+    }
+  }
+  if (!differ.empty()) {
+    result.error = "ddl: " + what + ": the ranks were asked for different groups: rank " +
+                   std::to_string(first.parentRank) + " was asked to " + first.request + differ +
+                   " (every rank of the new group must pass the same arguments)";
+    return result;
+  }
+  for (uint32_t id = tag::kGroupIds; id-- > 0;) {
+    bool held = false;
+    for (const DeriveCard& c : cards) held = held || (id < c.heldIds.size() && c.heldIds[id] != 0);
+    if (!held) {
+      result.id = id;
+      return result;
+    }
+  }
+  result.error = "ddl: " + what +
+                 ": every group id is held by a live group on some rank of the "
+                 "new group; destroy the groups the job no longer uses";
+  return result;
+}
+
+Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
+                    std::shared_ptr<DeriveResult> out) {
+  // The tree over the new ranks, its messages between the ranks of the parent they are.
+  const int n = static_cast<int>(members.size());
+  const int up = bootstrapParent(mine.rank);
+  const int parent = up < 0 ? -1 : members[up];
+  std::vector<int> children;
+  for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members[child]);
+  std::vector<DeriveCard> cards;
+  cards.push_back(std::move(mine));
+  for (int child : children) {
+    uint64_t length = 0;
+    co_await op.all(op.recv(child, kSlot, &length, sizeof(length)));
+    std::string bytes(length, '\0');
+    co_await op.all(op.recv(child, kSlot, bytes.data(), length));
+    if (!decodeCards(bytes, &cards)) {
+      throw Error("rank " + std::to_string(child) + " sent malformed cards");
+    }
+  }
+  std::string down;
+  if (parent >= 0) {
+    co_await sendFramed(op, parent, encodeCards(cards));
+    uint64_t length = 0;
+    co_await op.all(op.recv(parent, kSlot, &length, sizeof(length)));
+    down.assign(length, '\0');
+    co_await op.all(op.recv(parent, kSlot, down.data(), length));
+  } else {
+    std::sort(cards.begin(), cards.end(),
+              [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
+    DeriveResult decided = cards.size() == static_cast<size_t>(n)
+                               ? decideDerived(cards, what)
+                               : DeriveResult{"ddl: " + what + ": " + std::to_string(cards.size()) +
+                                                  " of " + std::to_string(n) + " ranks answered",
+                                              0};
+    Writer w;
+    w.text(decided.error);
+    w.number(decided.id);
+    down = w.take();
+  }
+  cards = {};
+  Reader r(down);
+  DeriveResult result;
+  result.error = r.text();
+  result.id = static_cast<uint32_t>(r.number());
+  if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
+  for (int child : children) co_await sendFramed(op, child, down);
+  *out = std::move(result);
+}
+
+}  // namespace ddl

@@ -1,0 +1,48 @@
+// Groups made of another group's ranks, without the store and without the ranks left out:
+// shrink (torch's shrink_group: the survivors of a failed group go on) and split (a subset that
+// asks for itself). The new group's ranks agree, over messages between themselves alone, on
+// what they were asked (every rank must have been asked the same) and on an id no live group of
+// theirs holds; addresses, process identities, the machine and the link figures come from the
+// parent, and endpoints the parent opened are used again.
+//
+// The agreement is a tree exchange like creation's (bootstrap.h) over the new group's ranks:
+// cards go up to its rank 0, which compares every rank's request with its own and picks the
+// highest id free on every rank (the store hands out ids from the bottom: the two meet only
+// when thousands of groups live at once, and then the creation that meets a held id refuses
+// with the holder named); the answer comes back down. Its messages travel under the group id
+// tag::kAgreementGroup, which no group holds, sequence (parent id, attempt), so nothing of the
+// parent (whose failed ops' leftovers are being discarded) can be taken for them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "op.h"
+#include "task.h"
+
+namespace ddl {
+
+struct DeriveCard {
+  int rank = 0;         // in the new group
+  int parentRank = 0;   // in the parent, for messages
+  std::string request;  // what this rank was asked, as text ("exclude 2, 3"): equal everywhere
+  std::string heldIds;  // a byte per group id, 1 where this rank's engine holds it
+};
+
+struct DeriveResult {
+  std::string error;  // the same on every rank
+  uint32_t id = 0;
+};
+
+// Rank 0's decision from every card (by new rank). `what` names the call for messages.
+DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what);
+
+// The agreement as an op of the parent's ranks and addresses under id tag::kAgreementGroup:
+// messages name parent ranks, so that ranks asked for different groups still meet and tell.
+// `members`: the new group's ranks (parent ranks, by new rank), as this rank was asked; the
+// ranks left out are never contacted. `out` is set once the op succeeds.
+Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
+                    std::shared_ptr<DeriveResult> out);
+
+}  // namespace ddl

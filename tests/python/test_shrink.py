@@ -1,0 +1,160 @@
+"""dist.shrink_group on a ddl group: the survivors of a rank killed mid-allreduce form a group by
+themselves within a second, and its collectives equal gloo's on the survivors; ranks asked for
+different groups get an error naming who was asked what."""
+
+import os
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT = timedelta(seconds=60)
+
+
+def _inputs(rank, step, n=1021):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(-50, 50, (n,), generator=g).to(torch.float32)
+
+
+def _collectives(size, rank, gloo, steps=20):
+    """20 collectives of every kind on the default (shrunk) group, each against gloo."""
+    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
+    for step in range(steps):
+        kind = kinds[step % len(kinds)]
+        x = _inputs(rank, step)
+        results = []
+        for group in (None, gloo):
+            t = x.clone()
+            if kind == "all_reduce":
+                dist.all_reduce(t, group=group)
+                results.append(t)
+            elif kind == "broadcast":
+                dist.broadcast(t, src=step % size, group=group)
+                results.append(t)
+            elif kind == "all_gather":
+                outs = [torch.empty_like(t) for _ in range(size)]
+                dist.all_gather(outs, t, group=group)
+                results.append(torch.cat(outs))
+            elif kind == "reduce_scatter":
+                out = torch.empty(t.numel() // size)
+                dist.reduce_scatter_tensor(out, t[: out.numel() * size], group=group)
+                results.append(out)
+            elif kind == "all_to_all":
+                n = t.numel() // size * size
+                out = torch.empty(n)
+                dist.all_to_all_single(out, t[:n], group=group)
+                results.append(out)
+            else:
+                dist.reduce(t, dst=step % size, group=group)
+                results.append(t if rank == step % size else torch.zeros(0))
+        assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from gloo"
+
+
+def _survivor(rank, size, victim, store, stamp, flags):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    x = torch.ones(1 << 18)
+    for _ in range(3):
+        dist.all_reduce(x)
+    if rank == victim:
+        with open(stamp, "w") as f:
+            f.write("dead")
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=f"rank {victim} is gone"):
+        for _ in range(100000):
+            dist.all_reduce(x)
+    failed = time.monotonic()
+    group = dist.shrink_group([victim], shrink_flags=flags)
+    took = time.monotonic() - failed
+    assert took < 1.0, f"shrink_group took {took:.2f} s"
+    assert dist.get_world_size() == size - 1 and group.size() == size - 1
+    new_rank = rank - (rank > victim)
+    assert dist.get_rank() == new_rank
+    gloo = dist.new_group(backend="gloo")
+    _collectives(size - 1, new_rank, gloo)
+    dist.destroy_process_group()
+
+
+def _entry(rank, fn, *args):
+    try:
+        fn(rank, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+def _run(fn, size, *args, want=None):
+    shm_before = set(os.listdir("/dev/shm"))
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(
+            _entry, args=(fn, size, *args[:1], os.path.join(tmp, "store"),
+                          os.path.join(tmp, "stamp"), *args[1:]),
+            nprocs=size, join=False, start_method="spawn")
+        deadline = time.monotonic() + 120
+        try:
+            for p in ctx.processes:
+                p.join(max(0.1, deadline - time.monotonic()))
+            codes = [p.exitcode for p in ctx.processes]
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+    assert codes == want, f"exit codes {codes}, want {want}"
+    left = set(os.listdir("/dev/shm")) - shm_before
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
+@pytest.mark.parametrize("size,victim,flags", [(3, 1, 0), (4, 0, 1), (4, 3, 0)])
+def test_survivors_of_a_killed_rank_shrink_and_go_on(size, victim, flags):
+    want = [0] * size
+    want[victim] = -signal.SIGKILL
+    _run(_survivor, size, victim, flags, want=want)
+
+
+def _disagree(rank, size, _unused, store, stamp):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=5))
+    dist.barrier()
+    if rank == 3:
+        return  # excluded by ranks 0 - 2: it does not call shrink_group
+    asked = [3] if rank != 2 else [3, 1]
+    if rank == 1 and asked != [3]:
+        pass
+    with pytest.raises(RuntimeError) as error:
+        dist.shrink_group(asked)
+    message = str(error.value)
+    if rank == 0:
+        assert "asked for different groups" in message and "exclude 1, 3" in message, message
+
+
+def test_ranks_asked_for_different_groups_fail_naming_the_difference():
+    _run(_disagree, 4, None, want=[0, 0, 0, 0])
+
+
+def _bad_arguments(rank, size, _unused, store, stamp):
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size)
+    with pytest.raises((ValueError, RuntimeError), match="out of bounds|not a rank"):
+        dist.shrink_group([5])
+    with pytest.raises((ValueError, RuntimeError), match="[Dd]uplicate|twice"):
+        dist.shrink_group([1, 1])
+    dist.barrier()  # nothing was sent: the group goes on
+    dist.destroy_process_group()
+
+
+def test_bad_arguments_fail_before_anything_moves():
+    _run(_bad_arguments, 2, None, want=[0, 0])
