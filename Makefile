@@ -114,7 +114,7 @@ demo-cluster: build $(CLUSTER_TOOLS)
 # then the cost model against the simulator over shapes and sizes (about 25 minutes).
 sim-scale: build
 	@mkdir -p benchmarks/results
-	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096 --algo multidim"; do \
+	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096"; do \
 	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M"; \
 	  TORCH_DDL_TRACE_ENTRIES=0 $(PY) -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 \
 	    --bytes 100M --verbose || exit 1; \

@@ -48,6 +48,20 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
   }
 }
 
+c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::split(const c10::intrusive_ptr<c10d::Store>&,
+                                                         const std::vector<int>& ranks,
+                                                         const c10::intrusive_ptr<Options>& opts) {
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = comm_->split(ranks);
+  } catch (const ddl::Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+  if (!comm) return nullptr;
+  if (opts && opts->timeout.count() > 0) comm->setTimeout(opts->timeout);
+  return c10::make_intrusive<ProcessGroupDDL>(std::move(comm));
+}
+
 CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
                                          std::chrono::milliseconds timeout) {
   return CallOptions{timeout, work.coreWork(name)};

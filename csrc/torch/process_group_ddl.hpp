@@ -30,6 +30,16 @@ class ProcessGroupDDL : public c10d::Backend {
   // SHRINK_ABORT this group's ops in flight fail first. Options (pg_options) are not taken: the
   // new group has this one's settings.
   bool supportsShrinking() const override { return true; }
+  // ProcessGroup.split_group (dist.split_group): the ranks of `ranks` (of this group) form a
+  // group by themselves, as shrink's survivors do; the others get nullptr and send nothing.
+  bool supportsSplitting() const override { return true; }
+  // What a split inherits: the backend's name and this group's timeout.
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return c10::make_intrusive<Options>("ddl", comm_->timeout());
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
       const c10::intrusive_ptr<Options>& optsOverride = nullptr) override;

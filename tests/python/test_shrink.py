@@ -1,6 +1,7 @@
 """dist.shrink_group on a ddl group: the survivors of a rank killed mid-allreduce form a group by
 themselves within a second, and its collectives equal gloo's on the survivors; ranks asked for
-different groups get an error naming who was asked what."""
+different groups get an error naming who was asked what. split_group: subsets of a group form
+groups of their own through ddl's split, without the store."""
 
 import os
 import signal
@@ -22,20 +23,21 @@ def _inputs(rank, step, n=1021):
     return torch.randint(-50, 50, (n,), generator=g).to(torch.float32)
 
 
-def _collectives(size, rank, gloo, steps=20):
-    """20 collectives of every kind on the default (shrunk) group, each against gloo."""
+def _collectives(size, rank, gloo, steps=20, ddl=None):
+    """20 collectives of every kind on `ddl` (default: the default group), each against gloo;
+    `rank` and `size` are of those groups."""
     kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
     for step in range(steps):
         kind = kinds[step % len(kinds)]
         x = _inputs(rank, step)
         results = []
-        for group in (None, gloo):
+        for group in (ddl, gloo):
             t = x.clone()
             if kind == "all_reduce":
                 dist.all_reduce(t, group=group)
                 results.append(t)
             elif kind == "broadcast":
-                dist.broadcast(t, src=step % size, group=group)
+                dist.broadcast(t, group_src=step % size, group=group)
                 results.append(t)
             elif kind == "all_gather":
                 outs = [torch.empty_like(t) for _ in range(size)]
@@ -51,7 +53,7 @@ def _collectives(size, rank, gloo, steps=20):
                 dist.all_to_all_single(out, t[:n], group=group)
                 results.append(out)
             else:
-                dist.reduce(t, dst=step % size, group=group)
+                dist.reduce(t, group_dst=step % size, group=group)
                 results.append(t if rank == step % size else torch.zeros(0))
         assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from gloo"
 
@@ -158,3 +160,36 @@ def _bad_arguments(rank, size, _unused, store, stamp):
 
 def test_bad_arguments_fail_before_anything_moves():
     _run(_bad_arguments, 2, None, want=[0, 0])
+
+
+def _split(rank, size, _unused, store, stamp):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    world = dist.group.WORLD
+    assert world._get_backend(torch.device("cpu")).supports_splitting
+    halves = [[0, 1], [2, 3]]
+    gloo = [dist.new_group(h, backend="gloo") for h in halves]
+    mine = halves[rank // 2]
+    # What dist.split_group calls (it asks for an accelerator before it gets there).
+    sub = world.split_group(mine, timeout=None, opts=None, group_name=f"half{rank // 2}",
+                            group_desc="split")
+    assert sub is not None and sub.size() == 2 and sub.rank() == rank % 2
+    assert sub._get_backend(torch.device("cpu")).name() == "ddl"
+    _collectives(2, rank % 2, gloo[rank // 2], ddl=sub)
+    # Three of four, the fourth not taking part.
+    if rank != 1:
+        trio = world.split_group([0, 2, 3], timeout=None, opts=None, group_name="trio",
+                                 group_desc="split")
+        t = torch.full((5,), float(rank + 1))
+        trio.allreduce([t]).wait()
+        assert torch.equal(t, torch.full((5,), 1.0 + 3 + 4)), t
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_split_forms_subgroups_through_ddl():
+    _run(_split, 4, None, want=[0, 0, 0, 0])

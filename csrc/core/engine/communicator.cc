@@ -338,40 +338,73 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   }
   if (sorted.empty()) throw Error(where(name) + ": no rank to exclude");
   std::vector<int> members;
-  int newRank = -1;
   for (int r = 0; r < size(); ++r) {
     if (out[r]) continue;
-    if (r == rank()) newRank = static_cast<int>(members.size());
     members.push_back(r);
   }
   if (abortFirst) {
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
           (sorted.size() > 1 ? "s " : " ") + asked.substr(8));
   }
+  return derive(members, agree(members, asked, name, nextAgreement(name)));
+}
+
+uint32_t Communicator::nextAgreement(const char* what) {
+  // From what the ranks share: the parent, the call, how many times it was made of the parent
+  // before. Not from the request itself: ranks asked different things must meet to find out.
+  const std::string key =
+      std::to_string(group_->id) + "/" + what + "/" + std::to_string(derivations_[what]++);
+  return static_cast<uint32_t>(std::hash<std::string>{}(key) & 0xffff);
+}
+
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks) {
+  const char* name = "split_group";
+  std::vector<int> members = ranks;
+  std::sort(members.begin(), members.end());
+  std::string asked;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] < 0 || members[i] >= size()) {
+      throw Error(where(name) + ": rank " + std::to_string(members[i]) +
+                  " is not a rank of a group of " + std::to_string(size()));
+    }
+    if (i > 0 && members[i] == members[i - 1]) {
+      throw Error(where(name) + ": rank " + std::to_string(members[i]) + " is named twice");
+    }
+    asked += (asked.empty() ? "form a group of ranks " : ", ") + std::to_string(members[i]);
+  }
+  // Every rank of this group calls split (torch's contract, as for NCCL's): the ones left out
+  // count it too, so that later agreements of the others and theirs keep one numbering.
+  const uint32_t sequence = nextAgreement(name);
+  if (!std::binary_search(members.begin(), members.end(), rank())) return nullptr;
+  return derive(members, agree(members, asked, name, sequence));
+}
+
+uint32_t Communicator::agree(const std::vector<int>& members, const std::string& request,
+                             const char* what, uint32_t sequence) {
   Engine& engine = *group_->engine;
   auto agreement = std::make_shared<Group>();
   agreement->engine = &engine;
   agreement->rank = rank();
   agreement->size = size();
   agreement->id = tag::kAgreementGroup;
-  agreement->name = group_->name + "'s shrink";
+  agreement->name = group_->name + "'s " + what;
   agreement->addresses = group_->addresses;
   agreement->peers.assign(static_cast<size_t>(size()), -1);
   DeriveCard card;
-  card.rank = newRank;
+  card.rank =
+      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   card.parentRank = rank();
-  card.request = asked;
+  card.request = request;
   for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
-  const uint32_t sequence = ((group_->id << 4) | (derivations_++ & 15)) & 0xffff;
-  auto work = std::make_shared<Work>(name);
+  auto work = std::make_shared<Work>(what);
   auto result = std::make_shared<DeriveResult>();
-  auto op = std::make_unique<Op>(agreement, sequence, name, timeout_, work);
-  op->task = agreeOnDerived(*op, members, std::move(card), name, result);
+  auto op = std::make_unique<Op>(agreement, sequence, what, timeout_, work);
+  op->task = agreeOnDerived(*op, members, std::move(card), what, result);
   engine.submit(std::move(op));
   work->wait();
   if (work->failed()) throw Error(work->error());
   if (!result->error.empty()) throw Error(result->error);
-  return derive(members, result->id);
+  return result->id;
 }
 
 std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& members, uint32_t id) {

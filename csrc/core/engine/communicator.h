@@ -99,6 +99,9 @@ class Communicator {
   // have failed because they died. `abortFirst` (torch's SHRINK_ABORT) first fails this
   // group's ops in flight. Throws on bad arguments before any message leaves.
   std::shared_ptr<Communicator> shrink(const std::vector<int>& excluded, bool abortFirst = false);
+  // A group of `ranks` of this one (torch's split), made by them alone as shrink's is; the
+  // ranks that are not in it get nullptr and send nothing.
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks);
   // Closes the group: its ops in flight fail now with `reason`, and so does every later one
   // (abort(), shutdown()). Returns once they have failed.
   void close(const std::string& reason);
@@ -178,13 +181,18 @@ class Communicator {
   // count * elementSize(type); refuses when `times` such blocks overflow size_t.
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
-  // The group of `members` (ranks of this one, in new rank order) under `id`, agreed by them.
+  // The members' agreement on `request` (engine/derive.h) under `sequence`: the new group's id.
+  uint32_t agree(const std::vector<int>& members, const std::string& request, const char* what,
+                 uint32_t sequence);
+  // The agreement's sequence for the next call `what` of this group.
+  uint32_t nextAgreement(const char* what);
+  // The group of `members` (ranks of this one, ascending) under `id`, agreed by them.
   std::shared_ptr<Communicator> derive(const std::vector<int>& members, uint32_t id);
 
   std::shared_ptr<const Group> group_;
   std::vector<std::string> identities_;  // by rank: ProcessIdentity::encode() ("" simulated)
-  uint32_t derivations_ = 0;             // groups derived so far (the agreement's sequence)
-  bool ownsId_ = false;                  // gives the group's id back to the engine when destroyed
+  std::map<std::string, uint32_t> derivations_;  // agreements made so far, by call
+  bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequence_{0};
   // The group's machine, link figures and plans, shared with the process's other groups of the

@@ -10,8 +10,8 @@
 // highest id free on every rank (the store hands out ids from the bottom: the two meet only
 // when thousands of groups live at once, and then the creation that meets a held id refuses
 // with the holder named); the answer comes back down. Its messages travel under the group id
-// tag::kAgreementGroup, which no group holds, sequence (parent id, attempt), so nothing of the
-// parent (whose failed ops' leftovers are being discarded) can be taken for them.
+// tag::kAgreementGroup, which no group holds, sequence from (parent, call, calls before), so none
+// of the parent (whose failed ops' leftovers are being discarded) can be taken for them.
 #pragma once
 
 #include <memory>
