@@ -12,10 +12,24 @@ attempt, to try it:
 
     torchrun --nproc_per_node=2 --max-restarts=1 examples/train_digits.py \
         --checkpoint /tmp/digits.pt --fail-in-epoch 2
+
+With --survive the job goes on without a rank that dies (ddl only): the survivors shrink the
+default group (dist.shrink_group, no restart, no store), restore the model and optimizer as they
+were at the start of the epoch (kept in memory), rescale the data shards to the ranks left (the
+global batch stays the same) and train on. --kill-in-epoch E kills the last rank (SIGKILL) in epoch E, to try it; launched as
+nodes of one process each (one torchrun per node, since an agent tears down its own workers when
+one of them fails):
+
+    for i in 0 1 2; do torchrun --nnodes 3 --nproc_per_node 1 --node_rank $i \
+        --master_addr 127.0.0.1 --master_port 29511 examples/train_digits.py \
+        --survive --kill-in-epoch 3 & done; wait
 """
 
 import argparse
+import copy
 import os
+import re
+import signal
 import sys
 import time
 
@@ -53,6 +67,43 @@ def load_data(seed):
     return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
 
 
+def run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt):
+    sampler.set_epoch(epoch)
+    model.train()
+    start = time.perf_counter()
+    totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
+    for step, (x, y) in enumerate(loader):
+        if (attempt == 0 and rank == world - 1 and epoch + 1 == args.fail_in_epoch
+                and step == 3):
+            print(f"rank {rank} fails in epoch {epoch + 1}", flush=True)
+            sys.exit(1)
+        if rank == world - 1 and epoch + 1 == args.kill_in_epoch and step == 3:
+            print(f"rank {rank} is killed in epoch {epoch + 1}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(totals)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    model.eval()
+    with torch.no_grad():
+        correct = (model(test.tensors[0]).argmax(1) == test.tensors[1]).sum().item()
+    if rank == 0:
+        print(f"epoch {epoch + 1}/{args.epochs}  loss {totals[0] / totals[1]:.4f}  "
+              f"test accuracy {correct / len(test):.3f}  "
+              f"samples/s {totals[1].item() / elapsed.item():.0f}", flush=True)
+        if args.checkpoint:  # written whole, then renamed: a crash leaves the last one
+            state = {"model": model.module.state_dict(),
+                     "optimizer": optimizer.state_dict(), "epochs": epoch + 1}
+            torch.save(state, args.checkpoint + ".tmp")
+            os.replace(args.checkpoint + ".tmp", args.checkpoint)
+    if args.checkpoint:
+        dist.barrier()  # every rank resumes from the same epoch
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,7 +115,13 @@ def main():
     parser.add_argument("--checkpoint", help="save after every epoch here, resume from it")
     parser.add_argument("--fail-in-epoch", type=int, default=0,
                         help="the last rank exits with code 1 in this epoch of the first attempt")
+    parser.add_argument("--survive", action="store_true",
+                        help="go on without ranks that die: shrink the group, redo the epoch")
+    parser.add_argument("--kill-in-epoch", type=int, default=0,
+                        help="the last rank kills itself (SIGKILL) in this epoch")
     args = parser.parse_args()
+    if args.survive and args.backend != "ddl":
+        parser.error("--survive needs --backend ddl (dist.shrink_group)")
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.backend == "ddl":
@@ -90,38 +147,37 @@ def main():
         print(f"training DigitsCNN on {len(train)} digits, {world} processes, "
               f"backend {args.backend}" + (f", attempt {attempt}" if attempt else "") +
               (f", resumed after epoch {first}" if first else ""), flush=True)
-    for epoch in range(first, args.epochs):
-        sampler.set_epoch(epoch)
-        model.train()
-        start = time.perf_counter()
-        totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
-        for step, (x, y) in enumerate(loader):
-            if (attempt == 0 and rank == world - 1 and epoch + 1 == args.fail_in_epoch
-                    and step == 3):
-                print(f"rank {rank} fails in epoch {epoch + 1}", flush=True)
-                sys.exit(1)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(totals)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        model.eval()
-        with torch.no_grad():
-            correct = (model(test.tensors[0]).argmax(1) == test.tensors[1]).sum().item()
-        if rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}  loss {totals[0] / totals[1]:.4f}  "
-                  f"test accuracy {correct / len(test):.3f}  "
-                  f"samples/s {totals[1].item() / elapsed.item():.0f}", flush=True)
-            if args.checkpoint:  # written whole, then renamed: a crash leaves the last one
-                state = {"model": model.module.state_dict(),
-                         "optimizer": optimizer.state_dict(), "epochs": epoch + 1}
-                torch.save(state, args.checkpoint + ".tmp")
-                os.replace(args.checkpoint + ".tmp", args.checkpoint)
-        if args.checkpoint:
-            dist.barrier()  # every rank resumes from the same epoch
+    global_batch = args.batch_size * world
+    epoch = first
+    while epoch < args.epochs:
+        # What a survivor goes back to when a rank dies during the epoch.
+        saved = (copy.deepcopy(model.module.state_dict()), copy.deepcopy(optimizer.state_dict())
+                 ) if args.survive else None
+        try:
+            run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt)
+        except RuntimeError as error:
+            gone = sorted({int(r) for r in re.findall(r"rank (\d+) is gone", str(error))})
+            if not args.survive or not gone:
+                raise
+            # Ranks of the default group; shrink_group makes the rest the new default group.
+            dist.shrink_group(gone)
+            args.kill_in_epoch = 0  # one node is lost, not one per attempt
+            old_rank, rank, world = rank, dist.get_rank(), dist.get_world_size()
+            model.module.load_state_dict(saved[0])
+            optimizer.load_state_dict(saved[1])
+            model = DDP(model.module)
+            # The global batch stays what the learning rate was set for: each survivor takes a
+            # larger share of a smaller set of shards.
+            sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=args.seed)
+            batch = -(-global_batch // world)
+            loader = DataLoader(train, batch_size=batch, sampler=sampler)
+            if rank == 0:
+                print(f"rank(s) {', '.join(map(str, gone))} gone in epoch {epoch + 1}: "
+                      f"{world} processes go on (this was rank {old_rank}), "
+                      f"{batch} samples per process per step, epoch {epoch + 1} again",
+                      flush=True)
+            continue
+        epoch += 1
     dist.destroy_process_group()
 
 

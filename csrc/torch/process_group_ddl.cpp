@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <optional>
+#include <thread>
 
 #include "arguments.hpp"
 #include "compat.hpp"
@@ -62,9 +64,46 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::split(const c10::intrusive_pt
   return c10::make_intrusive<ProcessGroupDDL>(std::move(comm));
 }
 
+void ProcessGroupDDL::registerOnCompletionHook(
+    std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  TORCH_CHECK(!observers_->hook, "ddl: this group already has a completion hook");
+  observers_->hook = hook;
+  onCompletionHook_ = std::move(hook);  // what hasHooks() looks at
+}
+
+void ProcessGroupDDL::waitForPendingWorks() {
+  std::vector<std::weak_ptr<ddl::Work>> pending;
+  {
+    std::lock_guard<std::mutex> lock(observers_->mutex);
+    pending.swap(observers_->pending);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + comm_->timeout();
+  for (const auto& weak : pending) {
+    if (auto work = weak.lock()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      work->wait(std::max(left, std::chrono::milliseconds(0)));
+    }
+  }
+  while (observers_->hooksRunning.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
                                          std::chrono::milliseconds timeout) {
-  return CallOptions{timeout, work.coreWork(name)};
+  work.observe(observers_, comm_->sequenceNumber());
+  CallOptions options{timeout, work.coreWork(name)};
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  if (observers_->hook) {
+    std::erase_if(observers_->pending, [](const auto& w) {
+      auto work = w.lock();
+      return !work || work->done();
+    });
+    observers_->pending.push_back(options.work);
+  }
+  return options;
 }
 
 void ProcessGroupDDL::placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>& tensors,

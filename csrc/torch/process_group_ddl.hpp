@@ -30,6 +30,15 @@ class ProcessGroupDDL : public c10d::Backend {
   // SHRINK_ABORT this group's ops in flight fail first. Options (pg_options) are not taken: the
   // new group has this one's settings.
   bool supportsShrinking() const override { return true; }
+  // Called with c10d's WorkInfo (op type, sequence number, start, end, duration) as each op of
+  // the group ends, on the threads that complete Futures. One hook per group, as for NCCL.
+  void registerOnCompletionHook(
+      std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
+  // Work.get_duration(): milliseconds from the op's start on the progress thread to its end.
+  void enableCollectivesTiming() override { observers_->timing.store(true); }
+  // destroy_process_group's wait, where a hook is registered: every op started so far has ended
+  // and its hook call returned (bounded by the group's timeout).
+  void waitForPendingWorks() override;
   // ProcessGroup.split_group (dist.split_group): the ranks of `ranks` (of this group) form a
   // group by themselves, as shrink's survivors do; the others get nullptr and send nothing.
   bool supportsSplitting() const override { return true; }
@@ -128,6 +137,7 @@ class ProcessGroupDDL : public c10d::Backend {
                                          c10d::OpType type, const char* where);
 
   std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<WorkObservers> observers_ = std::make_shared<WorkObservers>();
   std::mutex deviceMutex_;
   int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };

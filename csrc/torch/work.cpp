@@ -72,6 +72,14 @@ WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
 
 WorkDDL::~WorkDDL() = default;
 
+float WorkDDL::getDuration() const {
+  TORCH_CHECK(observers_ && observers_->timing.load(),
+              "ddl: get_duration needs the group's collective timing: call "
+              "ProcessGroup._enable_collectives_timing() before the call");
+  TORCH_CHECK(core_ && core_->done(), "ddl: get_duration of ", name_, " before it finished");
+  return std::chrono::duration<float, std::milli>(core_->finishedAt() - core_->startedAt()).count();
+}
+
 std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
   name_ = name;
   core_ = std::make_shared<ddl::Work>(name);
@@ -81,6 +89,26 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
   core_->setCompletionHook([self] {
     if (self->futureRequested_.load() || self->device_) {
       CompletionThreads::instance().post([self] { self->finalize(); });
+    }
+    std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;
+    if (self->observers_) {
+      std::lock_guard<std::mutex> lock(self->observers_->mutex);
+      hook = self->observers_->hook;
+    }
+    if (hook) {  // c10d's fields; run where Future callbacks run, never on the progress thread
+      const ddl::Work& core = *self->core_;
+      auto info = std::make_shared<c10d::WorkInfo>(
+          self->retrieveOpType(), self->sequence_, core.startedAt(), core.finishedAt(),
+          std::chrono::duration<float>(core.finishedAt() - core.startedAt()));
+      auto observers = self->observers_;
+      observers->hooksRunning.fetch_add(1);
+      CompletionThreads::instance().post([hook, info, observers] {
+        try {
+          hook(info);
+        } catch (...) {  // the hook's own failure: not the op's
+        }
+        observers->hooksRunning.fetch_sub(1);
+      });
     }
   });
   return core_;

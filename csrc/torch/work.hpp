@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <utility>
 #include <vector>
@@ -16,6 +17,18 @@
 #include "device_streams.hpp"
 
 namespace ddl {
+
+// What a backend asks of its Works' ends: the completion hook (registerOnCompletionHook) and
+// whether get_duration is on (enableCollectivesTiming).
+struct WorkObservers {
+  std::atomic<bool> timing{false};
+  std::mutex mutex;
+  std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;
+  // While a hook is registered: the ops not known to have ended, and hook calls not yet over
+  // (waitForPendingWorks waits for both).
+  std::vector<std::weak_ptr<ddl::Work>> pending;
+  std::atomic<int> hooksRunning{0};
+};
 
 // A c10d Work over a core Work. Results that need a copy after the transfer (non-contiguous
 // outputs, list-form outputs) are finalized exactly once: by the first of wait(),
@@ -32,6 +45,14 @@ class WorkDDL : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
+  // Milliseconds from the engine starting the op to its end (after enableCollectivesTiming).
+  float getDuration() const override;
+  uint64_t getSequencenumber() const override { return sequence_; }
+  // Before coreWork(): who is told of the end, and the op's number in its group.
+  void observe(std::shared_ptr<WorkObservers> observers, uint64_t sequence) {
+    observers_ = std::move(observers);
+    sequence_ = sequence;
+  }
 
   // Setup, before start(). Copies run in the order given; `source` must be a view of the
   // buffer the operation writes (not a copy taken now).
@@ -59,6 +80,8 @@ class WorkDDL : public c10d::Work {
   std::vector<at::Tensor> keep_;
   std::vector<std::function<void()>> after_;
   std::shared_ptr<ddl::Work> core_;
+  std::shared_ptr<WorkObservers> observers_;
+  uint64_t sequence_ = 0;
   const char* name_ = "collective";
   std::shared_ptr<DeviceCompletion> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

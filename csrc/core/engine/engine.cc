@@ -257,6 +257,7 @@ bool Engine::drainSubmissions() {
   for (auto& fn : calls) fn();
   for (auto& op : ops) {
     op->startClock(clock_.now());
+    if (op->work) op->work->markStarted();
     FlightRecorder::process().started(op->traceRecord);
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);

@@ -28,6 +28,8 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 
 void Work::finish(std::string error) {
   bool failed = !error.empty();
+  finished_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (started_.load() == 0) started_.store(finished_.load());  // refused before it started
   error_ = std::move(error);
   state_.store(failed ? kFailed : kSucceeded);
   if (sleepers_.load() > 0) {

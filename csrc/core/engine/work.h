@@ -36,13 +36,25 @@ class Work {
   // the engine holds the Work of a failed op until the transport lets go of its requests.
   void retain(std::shared_ptr<const void> holder) { retained_ = std::move(holder); }
 
+  // When the engine started the op and when it finished (steady clock; 0 until then).
+  std::chrono::steady_clock::time_point startedAt() const {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(started_.load()));
+  }
+  std::chrono::steady_clock::time_point finishedAt() const {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(finished_.load()));
+  }
+
   // Engine side.
+  void markStarted() {
+    started_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
   void finish(std::string error);
 
  private:
   enum : int { kPending = 0, kSucceeded = 1, kFailed = 2 };
   std::string description_;
   std::atomic<int> state_{kPending};
+  std::atomic<int64_t> started_{0}, finished_{0};
   std::atomic<int> sleepers_{0};
   std::string error_;
   int source_ = -1;
