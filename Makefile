@@ -60,11 +60,16 @@ test-python: build $(CLUSTER_TOOLS)
 # restart): a random rank of 2 - 4 killed or exiting at a random point of a random collective,
 # on one host (30 trials) and across two emulated hosts (30), every survivor naming it within
 # 2 - 3 s; SIGSTOP; the mismatch matrix; one rank's bad arguments; abort; torchrun restarts of
-# the example (5); PowerSGD and waiting callbacks against gloo; adoption under a memory limit.
+# the example (5); PowerSGD and waiting callbacks against gloo; adoption under a memory limit;
+# shrink: a random rank killed, then shrink_group and 20 collectives against gloo (30 trials on
+# one host, 30 across emulated hosts), and the example's --survive under 3 torchrun nodes.
 faults: build $(CLUSTER_TOOLS)
 	DDL_FAULT_TRIALS=$${DDL_FAULT_TRIALS:-30} DDL_CLUSTER_FAULT_TRIALS=$${DDL_CLUSTER_FAULT_TRIALS:-30} \
-	DDL_RESTART_TRIALS=$${DDL_RESTART_TRIALS:-5} $(PY) -m pytest -q -p no:cacheprovider -rA \
+	DDL_RESTART_TRIALS=$${DDL_RESTART_TRIALS:-5} DDL_SHRINK_TRIALS=$${DDL_SHRINK_TRIALS:-30} \
+	$(PY) -m pytest -q -p no:cacheprovider -rA \
 	  tests/python/test_faults.py tests/python/test_errors.py tests/python/test_adoption.py \
+	  tests/python/test_shrink.py tests/python/test_survive.py \
+	  "tests/python/test_cluster.py::test_random_rank_of_two_hosts_dies_then_the_survivors_shrink_and_go_on" \
 	  "tests/python/test_cluster.py::test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective" \
 	  "tests/python/test_cluster.py::test_a_rank_on_another_host_that_dies_or_is_cut_off_fails_the_survivors_in_seconds" \
 	  "tests/python/test_launch.py::test_the_example_resumes_after_a_rank_fails_under_torchrun_restarts" \

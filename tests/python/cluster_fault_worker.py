@@ -1,7 +1,8 @@
 """One rank of the across-hosts fault tests (test_cluster.py): a loop of 4 MiB collectives in
 which rank --victim dies (kill -9), exits, or loses its host's link (its eth0 goes down while it
 lives on), after --before calls and a pause of --pause-us. Every survivor must raise within --bound seconds of that moment, naming the victim,
-and fail a later call at once. The victim writes the moment into --stamp.
+and fail a later call at once. The victim writes the moment into --stamp. With --shrink the
+survivors then shrink the group and check 20 collectives of it against gloo.
 
     python cluster_fault_worker.py --victim 2 --how kill --op all_reduce --stamp FILE
 
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddl_testing import fault_call  # noqa: E402
+from ddl_testing import fault_call, shrunk_collectives  # noqa: E402
 
 import torch_ddl  # noqa: E402,F401
 
@@ -35,6 +36,8 @@ def main():
     parser.add_argument("--bound", type=float, default=3.0)
     parser.add_argument("--before", type=int, default=3, help="calls before the victim goes")
     parser.add_argument("--pause-us", type=int, default=0, help="then a pause, in microseconds")
+    parser.add_argument("--shrink", action="store_true",
+                        help="then shrink the group and check 20 collectives against gloo")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("ddl", timeout=timedelta(seconds=60))
@@ -74,6 +77,17 @@ def main():
     except RuntimeError as error:
         assert f"rank {args.victim}" in str(error), str(error)
     assert time.time() - start < 0.5
+    if args.shrink:
+        start = time.monotonic()
+        dist.shrink_group([args.victim], shrink_flags=args.before % 2)
+        took = time.monotonic() - start
+        print(f"SHRUNK {took:.3f}", flush=True)
+        assert took < 1.0, f"shrink_group took {took:.2f} s"
+        new_rank = dist.get_rank()
+        assert new_rank == rank - (rank > args.victim) and dist.get_world_size() == size - 1
+        shrunk_collectives(size - 1, new_rank, dist.new_group(backend="gloo"))
+        dist.destroy_process_group()
+        os._exit(0)
     # Stay until every survivor has noticed: a survivor that exits first is a dead peer too, and
     # one still waiting would rightly name it instead.
     open(f"{args.stamp}.{rank}", "w").close()

@@ -221,3 +221,66 @@ class MemoryCgroup:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+def _inputs(rank, step, n=1021):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(-50, 50, (n,), generator=g).to(torch.float32)
+
+
+def _expected(kind, size, rank, step):
+    """What a collective of shrunk_collectives gives `rank`, from every rank's inputs."""
+    xs = [_inputs(r, step) for r in range(size)]
+    root = step % size
+    if kind == "all_reduce":
+        return torch.stack(xs).sum(0)
+    if kind == "broadcast":
+        return xs[root].clone()
+    if kind == "all_gather":
+        return torch.cat(xs)
+    if kind == "reduce_scatter":
+        block = xs[0].numel() // size
+        return torch.stack(xs).sum(0)[rank * block:(rank + 1) * block]
+    if kind == "all_to_all":
+        block = xs[0].numel() // size
+        return torch.cat([x[rank * block:(rank + 1) * block] for x in xs])
+    return torch.stack(xs).sum(0) if rank == root else torch.zeros(0)
+
+
+def shrunk_collectives(size, rank, gloo, steps=20, ddl=None):
+    """20 collectives of every kind on `ddl` (default: the default group), each against gloo on
+    the same inputs, or, with `gloo` None (a store that died with its rank), against the result
+    computed here from every rank's inputs; `rank` and `size` are of those groups."""
+    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
+    for step in range(steps):
+        kind = kinds[step % len(kinds)]
+        x = _inputs(rank, step)
+        results = []
+        for group in (ddl, gloo) if gloo is not None else (ddl,):
+            t = x.clone()
+            if kind == "all_reduce":
+                dist.all_reduce(t, group=group)
+                results.append(t)
+            elif kind == "broadcast":
+                dist.broadcast(t, group_src=step % size, group=group)
+                results.append(t)
+            elif kind == "all_gather":
+                outs = [torch.empty_like(t) for _ in range(size)]
+                dist.all_gather(outs, t, group=group)
+                results.append(torch.cat(outs))
+            elif kind == "reduce_scatter":
+                out = torch.empty(t.numel() // size)
+                dist.reduce_scatter_tensor(out, t[: out.numel() * size], group=group)
+                results.append(out)
+            elif kind == "all_to_all":
+                n = t.numel() // size * size
+                out = torch.empty(n)
+                dist.all_to_all_single(out, t[:n], group=group)
+                results.append(out)
+            else:
+                dist.reduce(t, group_dst=step % size, group=group)
+                results.append(t if rank == step % size else torch.zeros(0))
+        if gloo is None:
+            results.append(_expected(kind, size, rank, step))
+        assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from " + (
+            "gloo" if gloo is not None else "the expected result")

@@ -14,67 +14,29 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ddl_testing import fault_call, random_fault, shrunk_collectives
 
 TIMEOUT = timedelta(seconds=60)
 
 
-def _inputs(rank, step, n=1021):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(-50, 50, (n,), generator=g).to(torch.float32)
-
-
-def _collectives(size, rank, gloo, steps=20, ddl=None):
-    """20 collectives of every kind on `ddl` (default: the default group), each against gloo;
-    `rank` and `size` are of those groups."""
-    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
-    for step in range(steps):
-        kind = kinds[step % len(kinds)]
-        x = _inputs(rank, step)
-        results = []
-        for group in (ddl, gloo):
-            t = x.clone()
-            if kind == "all_reduce":
-                dist.all_reduce(t, group=group)
-                results.append(t)
-            elif kind == "broadcast":
-                dist.broadcast(t, group_src=step % size, group=group)
-                results.append(t)
-            elif kind == "all_gather":
-                outs = [torch.empty_like(t) for _ in range(size)]
-                dist.all_gather(outs, t, group=group)
-                results.append(torch.cat(outs))
-            elif kind == "reduce_scatter":
-                out = torch.empty(t.numel() // size)
-                dist.reduce_scatter_tensor(out, t[: out.numel() * size], group=group)
-                results.append(out)
-            elif kind == "all_to_all":
-                n = t.numel() // size * size
-                out = torch.empty(n)
-                dist.all_to_all_single(out, t[:n], group=group)
-                results.append(out)
-            else:
-                dist.reduce(t, group_dst=step % size, group=group)
-                results.append(t if rank == step % size else torch.zeros(0))
-        assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from gloo"
-
-
-def _survivor(rank, size, victim, store, stamp, flags):
+def _survivor(rank, size, victim, store, stamp, flags, op="all_reduce", before=3, pause_us=0):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import torch_ddl  # noqa: F401
 
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=TIMEOUT)
-    x = torch.ones(1 << 18)
-    for _ in range(3):
-        dist.all_reduce(x)
+    call = fault_call(op, size)
+    for _ in range(before):
+        call()
     if rank == victim:
+        time.sleep(pause_us / 1e6)  # the others are somewhere inside their next op
         with open(stamp, "w") as f:
             f.write("dead")
         os.kill(os.getpid(), signal.SIGKILL)
     with pytest.raises(RuntimeError, match=f"rank {victim} is gone"):
         for _ in range(100000):
-            dist.all_reduce(x)
+            call()
     failed = time.monotonic()
     group = dist.shrink_group([victim], shrink_flags=flags)
     took = time.monotonic() - failed
@@ -83,7 +45,7 @@ def _survivor(rank, size, victim, store, stamp, flags):
     new_rank = rank - (rank > victim)
     assert dist.get_rank() == new_rank
     gloo = dist.new_group(backend="gloo")
-    _collectives(size - 1, new_rank, gloo)
+    shrunk_collectives(size - 1, new_rank, gloo)
     dist.destroy_process_group()
 
 
@@ -121,6 +83,20 @@ def test_survivors_of_a_killed_rank_shrink_and_go_on(size, victim, flags):
     want = [0] * size
     want[victim] = -signal.SIGKILL
     _run(_survivor, size, victim, flags, want=want)
+
+
+SHRINK_TRIALS = int(os.environ.get("DDL_SHRINK_TRIALS", "3"))
+
+
+@pytest.mark.parametrize("trial", range(SHRINK_TRIALS))
+def test_random_kill_then_shrink_and_twenty_collectives(trial):
+    seed, size, _, op, _, victim, before, pause_us = random_fault(trial + 500, [3, 4])
+    flags = trial % 2
+    print(f"seed {seed}: rank {victim} of {size} killed after {before} x {op} + {pause_us} us,"
+          f" shrink flags {flags}")
+    want = [0] * size
+    want[victim] = -signal.SIGKILL
+    _run(_survivor, size, victim, flags, op, before, pause_us, want=want)
 
 
 def _disagree(rank, size, _unused, store, stamp):
@@ -179,7 +155,7 @@ def _split(rank, size, _unused, store, stamp):
                             group_desc="split")
     assert sub is not None and sub.size() == 2 and sub.rank() == rank % 2
     assert sub._get_backend(torch.device("cpu")).name() == "ddl"
-    _collectives(2, rank % 2, gloo[rank // 2], ddl=sub)
+    shrunk_collectives(2, rank % 2, gloo[rank // 2], ddl=sub)
     # Three of four, the fourth not taking part.
     if rank != 1:
         trio = world.split_group([0, 2, 3], timeout=None, opts=None, group_name="trio",
