@@ -57,3 +57,35 @@ def _hooks(rank, size):
 
 def test_completion_hooks_and_timing():
     run_ranks(_hooks, 2)
+
+
+def _logged(rank, size):
+    x = torch.ones(1 << 18)
+    dist.all_reduce(x)
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+
+
+def test_the_debug_log_says_what_each_group_found_and_did(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_DEBUG", "TRACE")
+    monkeypatch.setenv("TORCH_DDL_DEBUG_FILE", str(tmp_path / "ddl_%h_%p.log"))
+    run_ranks(_logged, 2)
+    logs = sorted(tmp_path.glob("ddl_*.log"))
+    assert len(logs) == 2, logs  # one per process, named by host and pid
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert any(" INFO " in line and "created: 1 host" in line and "links " in line
+                   for line in lines), lines
+        plans = [line for line in lines if "allreduce of 1048576 bytes:" in line]
+        assert len(plans) == 1, lines  # once per size class, not per call
+        ops = [line for line in lines if " TRACE " in line]
+        assert len(ops) == 3 and "broadcast(262144 x float32 from rank 0)" in ops[2], ops
+
+
+def test_a_bad_debug_level_is_refused_naming_it():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import torch_ddl, torch_ddl._C"],
+                         env={**__import__("os").environ, "TORCH_DDL_DEBUG": "LOUD"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "TORCH_DDL_DEBUG=LOUD" in out.stderr, out.stderr[-2000:]

@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "../engine/engine.h"
+#include "../engine/log.h"
 #include "../engine/tag.h"
 #include "../reduce/reduce.h"
 #include "../shm/shared_buffers.h"
@@ -183,6 +184,11 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
       if (mapped.base == nullptr) {
         failure = "rank " + std::to_string(rank) + " cannot map the shared buffer of rank " +
                   std::to_string(j) + (why.empty() ? "" : ": " + why);
+        if (logs(LogLevel::kWarn)) {
+          logLine(LogLevel::kWarn, op.group().name + ": " + failure +
+                                       "; the allreduce takes "
+                                       "the shared-memory ring instead");
+        }
         break;
       }
       it = ring.peerBuffers.emplace(std::make_pair(j, o.header.serial), mapped).first;

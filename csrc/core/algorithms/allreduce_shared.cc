@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "../engine/engine.h"
+#include "../engine/log.h"
 #include "../engine/tag.h"
 #include "../shm/shared_buffers.h"
 #include "../shm/shared_ring.h"
@@ -74,7 +75,14 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   }
   if (adoptable.base != nullptr) {
     // Here, holding the turn, no earlier op of this group still writes the tensor.
-    op.group().engine->sharedBuffers()->adopt(adoptable.base, adoptable.bytes);
+    if (!op.group().engine->sharedBuffers()->adopt(adoptable.base, adoptable.bytes) &&
+        logs(LogLevel::kWarn)) {
+      logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
+                                   ": a tensor of " + std::to_string(adoptable.bytes) +
+                                   " bytes was not adopted into shared memory (no room in "
+                                   "/dev/shm, or its memory cannot be remapped): its "
+                                   "allreduces stay on the shared-memory ring");
+    }
   }
   if (mode == SharedAllreduce::kDirect ||
       (mode == SharedAllreduce::kAuto &&

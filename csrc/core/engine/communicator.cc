@@ -1,12 +1,14 @@
 #include "communicator.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "../shm/shared_ring.h"
 #include "config.h"
 #include "derive.h"
 #include "link_probe.h"
+#include "log.h"
 #include "tag.h"
 #include "trace.h"
 
@@ -238,6 +240,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
     comm->book_ = PlanBook::forMachine(comm->topology(), std::move(probed), std::move(request),
                                        config().hierarchical);
   }
+  comm->logCreation("created");
   return comm;
 }
 
@@ -300,7 +303,24 @@ PlanRequest Communicator::planRequest() {
 }
 
 std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, DataType type) {
-  return book_->allreduce(count, elementSize(type));
+  auto plan = book_->allreduce(count, elementSize(type));
+  if (logs(LogLevel::kInfo)) {  // once per size class (power of two) of this group
+    const size_t bytes = count * elementSize(type);
+    const uint64_t bit = uint64_t{1} << std::bit_width(bytes) % 64;
+    if ((loggedSizes_.fetch_or(bit) & bit) == 0) {
+      logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) +
+                                   ": allreduce of " + std::to_string(bytes) +
+                                   " bytes: " + plan->describe());
+    }
+  }
+  return plan;
+}
+
+void Communicator::logCreation(const char* how) const {
+  if (!logs(LogLevel::kInfo)) return;
+  logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) + " of " +
+                               std::to_string(size()) + " " + how + ": " + topology().describe() +
+                               "; links " + links().describe());
 }
 
 std::pair<int, int> Communicator::hostRings() {
@@ -439,6 +459,7 @@ std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& membe
   auto comm = std::shared_ptr<Communicator>(new Communicator(group, timeout_, std::move(book)));
   comm->ownsId_ = true;
   comm->identities_ = std::move(identityTexts);
+  comm->logCreation(("derived from " + group_->name).c_str());
   return comm;
 }
 
@@ -473,6 +494,12 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
                                             const void* inlineData, size_t inlineBytes) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
+  if (logs(LogLevel::kTrace)) {
+    logLine(LogLevel::kTrace, group_->name + " rank " + std::to_string(rank()) + " op #" +
+                                  std::to_string(sequence) + " " +
+                                  (print != nullptr ? print->describe() : std::string(name)) +
+                                  (peer >= 0 ? " with rank " + std::to_string(peer) : ""));
+  }
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
   op->setMemory(options.memory == MemoryKind::kHost ? group_->engine->hostMemory()
                                                     : memoryFor(options.memory, options.device));

@@ -189,8 +189,12 @@ class Communicator {
   // The group of `members` (ranks of this one, ascending) under `id`, agreed by them.
   std::shared_ptr<Communicator> derive(const std::vector<int>& members, uint32_t id);
 
+  // INFO log: the group's machine and links, once it exists (`how`: created, derived ...).
+  void logCreation(const char* how) const;
+
   std::shared_ptr<const Group> group_;
-  std::vector<std::string> identities_;  // by rank: ProcessIdentity::encode() ("" simulated)
+  std::atomic<uint64_t> loggedSizes_{0};  // allreduce size classes logged (bit k: 2^(k-1) bytes)
+  std::vector<std::string> identities_;   // by rank: ProcessIdentity::encode() ("" simulated)
   std::map<std::string, uint32_t> derivations_;  // agreements made so far, by call
   bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;

@@ -73,6 +73,13 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_TRACE_FILE", "/tmp/torch_ddl_trace_rank_",
      "where the flight recorder is dumped when an op fails (this prefix, then the rank), in the "
      "layout of torch's flight recorder; empty: only on demand (torch_ddl.dump_trace)"},
+    {"TORCH_DDL_DEBUG", "",
+     "a log, as NCCL_DEBUG: WARN (every fallback: a host ring over messages, a buffer not "
+     "adopted, a peer's buffer not mapped), INFO (also each group's creation: its machine, link "
+     "figures and, once per size class, the allreduce plan), TRACE (also one line per op); "
+     "empty: none"},
+    {"TORCH_DDL_DEBUG_FILE", "",
+     "where the log goes (%h: host name, %p: process id); empty: standard error"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -158,6 +165,21 @@ Config read() {
   c.shareTensors = share == "1";
   c.traceEntries = parseSize(kTable[17], 0);
   c.traceFile = configValue(kTable[18]);
+  std::string debug = configValue(kTable[19]);
+  std::transform(debug.begin(), debug.end(), debug.begin(), ::toupper);
+  if (debug.empty() || debug == "OFF") {
+    c.debug = 0;
+  } else if (debug == "WARN") {
+    c.debug = 1;
+  } else if (debug == "INFO") {
+    c.debug = 2;
+  } else if (debug == "TRACE") {
+    c.debug = 3;
+  } else {
+    throw Error("ddl: TORCH_DDL_DEBUG=" + configValue(kTable[19]) +
+                " is not one of WARN, INFO, TRACE (or empty)");
+  }
+  c.debugFile = configValue(kTable[20]);
   return c;
 }
 

@@ -39,6 +39,8 @@ struct Config {
   bool shareTensors = true;       // adopt large, reused allreduce tensors (shm/shared_buffers.h)
   size_t traceEntries = 0;        // operations the flight recorder keeps (trace.h)
   std::string traceFile;          // dump prefix on failure ("": on demand only)
+  int debug = 0;                  // TORCH_DDL_DEBUG: 0 off, 1 WARN, 2 INFO, 3 TRACE (log.h)
+  std::string debugFile;          // TORCH_DDL_DEBUG_FILE ("": stderr; %h host, %p pid)
 };
 
 struct ConfigEntry {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../engine/engine.h"
+#include "../engine/log.h"
 #include "../engine/tag.h"
 #include "../topology/ring_plan.h"
 #include "shared_buffers.h"
@@ -132,7 +133,16 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
   windows.slotBytes = geometry.slotBytes;
   windows.slots = geometry.slots;
   windows.ready = verdict != 0;
-  if (!windows.ready) releaseWindows(transport, windows);
+  if (!windows.ready) {
+    releaseWindows(transport, windows);
+    if (logs(LogLevel::kWarn)) {
+      logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
+                                   ": a host ring of " + std::to_string(n) +
+                                   " ranks moves its bytes over messages: " +
+                                   (ok ? "another of its ranks" : "this rank") +
+                                   " could not map its neighbour's shared memory");
+    }
+  }
 }
 
 }  // namespace ddl
