@@ -6,6 +6,7 @@ the allreduce plans the cost model weighs per message size.
     python -m torch_ddl.info --plan --hosts 2x4 --links 1:50us:117MB
     python -m torch_ddl.info --plan --hosts a,a,a,b --topology "r0: a; r1: b"
     python -m torch_ddl.info --trace /tmp/torch_ddl_trace_rank_*   # where the ranks diverged
+    python -m torch_ddl.info --fr-trace /tmp/torch_ddl_trace_rank_*  # torch's analyser on them
 """
 
 import argparse
@@ -91,7 +92,13 @@ def main():
     parser.add_argument("--trace", nargs="+", metavar="DUMP",
                         help="flight recorder dumps (files, a directory or a glob): name the "
                              "first operation where the ranks diverge")
+    parser.add_argument("--fr-trace", nargs="+", metavar="DUMP",
+                        help="the same dumps through torch's own flight-recorder analyser "
+                             "(torch.distributed.flight_recorder.fr_trace)")
     args = parser.parse_args()
+    if args.fr_trace:
+        from torch_ddl import trace
+        raise SystemExit(trace.torch_analyser(args.fr_trace))
     if args.trace:
         from torch_ddl import trace
         raise SystemExit(trace.main(args.trace))

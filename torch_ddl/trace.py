@@ -119,3 +119,42 @@ def main(paths):
     for line in analyze(dumps):
         print(line)
     return 0
+
+
+# The backend names torch's analyser accepts in an entry's profiling name ("nccl:all_reduce"):
+# a fixed list that has no "ddl". ddl numbers collectives per group from 0 in program order, as
+# NCCL's flight recorder does, so its entries are handed over under "nccl:".
+_ANALYSER_BACKEND = "nccl"
+
+
+def torch_analyser(paths, extra=()):
+    """Runs torch's flight-recorder analyser (torch.distributed.flight_recorder.fr_trace) over
+    ddl dumps: copies of them, named as the analyser expects (PREFIX then the rank) in a
+    temporary directory, with the profiling names' backend prefix it knows. `extra`: more of
+    fr_trace's arguments. Returns its exit status."""
+    import pickle
+    import tempfile
+
+    from torch.distributed.flight_recorder import fr_trace
+
+    files = expand(paths)
+    if not files:
+        print("no flight recorder dumps found in " + " ".join(paths))
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in files:
+            dump = read(path)
+            for entry in dump.get("entries", []):
+                name = entry.get("profiling_name", "")
+                if name.startswith("ddl:"):
+                    entry["profiling_name"] = _ANALYSER_BACKEND + name[len("ddl"):]
+            rank = _rank_of(path, dump)
+            with open(os.path.join(tmp, f"ddl_trace_{rank}"), "wb") as f:
+                pickle.dump(dump, f)
+        print(f"torch's flight-recorder analyser over {len(files)} ddl dump(s) "
+              f"(entries named {_ANALYSER_BACKEND}:<op> for it):", flush=True)
+        try:
+            fr_trace.main([tmp, "-p", "ddl_trace_", *extra])
+        except SystemExit as e:
+            return int(e.code or 0)
+    return 0

@@ -70,6 +70,13 @@ def test_trace_names_the_call_that_differs(tmp_path, monkeypatch):
     assert "op #3: the ranks called different things" in report, report
     assert "rank 2: broadcast(10 x float32 from rank 0)" in report, report
     assert "rank 0: allreduce(SUM, 10 x float32)" in report, report
+    # torch's own analyser reads the same dumps and names the rank that diverged.
+    out = subprocess.run([sys.executable, "-m", "torch_ddl.info", "--fr-trace",
+                          str(tmp_path / "trace_*")], capture_output=True, text=True, timeout=120)
+    said = out.stdout + out.stderr  # the analyser logs to standard error
+    assert out.returncode == 0, said[-3000:]
+    assert "Collective sequence number: 3 has errors" in said, said[-3000:]
+    assert "Culprit rank 2; Error type: COLLECTIVE_TYPE_MISMATCH" in said, said[-3000:]
 
 
 def test_trace_names_the_rank_that_never_called(tmp_path, monkeypatch):
