@@ -161,7 +161,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
     options.work->finish(e.what());
     C10_THROW_ERROR(ValueError, e.what());
   }
+  {
+    std::lock_guard<std::mutex> lock(coalescingMutex_);
+    if (coalescing_) coalesced_.push_back(work);
+  }
   return work;
+}
+
+void ProcessGroupDDL::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  TORCH_CHECK(!coalescing_, "ddl: startCoalescing while this group already coalesces");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::endCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  TORCH_CHECK(coalescing_, "ddl: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  return c10::make_intrusive<CoalescedWorkDDL>(rank_, std::move(coalesced_));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,

@@ -42,6 +42,11 @@ class ProcessGroupDDL : public c10d::Backend {
   // ProcessGroup.split_group (dist.split_group): the ranks of `ranks` (of this group) form a
   // group by themselves, as shrink's survivors do; the others get nullptr and send nothing.
   bool supportsSplitting() const override { return true; }
+  // Coalescing (batch_isend_irecv, the coalescing manager with a device): the ops called
+  // between start and end run as they are called, and endCoalescing returns one Work for all.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // What a split inherits: the backend's name and this group's timeout.
   c10::intrusive_ptr<Options> getBackendOptions() override {
     return c10::make_intrusive<Options>("ddl", comm_->timeout());
@@ -139,6 +144,9 @@ class ProcessGroupDDL : public c10d::Backend {
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<WorkObservers> observers_ = std::make_shared<WorkObservers>();
   std::mutex deviceMutex_;
+  std::mutex coalescingMutex_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };
 

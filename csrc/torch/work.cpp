@@ -208,4 +208,84 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
 
 int WorkDDL::sourceRank() const { return core_ ? core_->source() : -1; }
 
+CoalescedWorkDDL::CoalescedWorkDDL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(rank, c10d::OpType::COALESCED), works_(std::move(works)) {}
+
+bool CoalescedWorkDDL::isCompleted() {
+  for (auto& w : works_) {
+    if (!w->isCompleted()) return false;
+  }
+  return true;
+}
+
+bool CoalescedWorkDDL::isSuccess() const {
+  for (const auto& w : works_) {
+    if (!w->isSuccess()) return false;
+  }
+  return true;
+}
+
+std::exception_ptr CoalescedWorkDDL::exception() const {
+  for (const auto& w : works_) {
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
+}
+
+std::vector<at::Tensor> CoalescedWorkDDL::result() {
+  std::vector<at::Tensor> all;
+  for (auto& w : works_) {
+    for (at::Tensor& t : w->result()) all.push_back(t);
+  }
+  return all;
+}
+
+bool CoalescedWorkDDL::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto& w : works_) {
+    if (timeout == kNoTimeout) {
+      w->wait();
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    w->wait(std::max(left, std::chrono::milliseconds(0)));
+  }
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CoalescedWorkDDL::getFuture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (future_) return future_;
+  future_ = torch_compat::tensorListFuture();
+  if (works_.empty()) {
+    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+    return future_;
+  }
+  struct Pending {
+    std::atomic<size_t> left;
+    std::mutex mutex;
+    std::exception_ptr error;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = works_.size();
+  auto self = c10::intrusive_ptr<CoalescedWorkDDL>::reclaim_copy(this);
+  for (auto& w : works_) {
+    w->getFuture()->addCallback([pending, self](c10::ivalue::Future& f) {
+      if (f.hasError()) {
+        std::lock_guard<std::mutex> lock(pending->mutex);
+        if (!pending->error) pending->error = f.exception_ptr();
+      }
+      if (pending->left.fetch_sub(1) == 1) {
+        if (pending->error) {
+          self->future_->setError(pending->error);
+        } else {
+          self->future_->markCompleted(c10::IValue(self->result()));
+        }
+      }
+    });
+  }
+  return future_;
+}
+
 }  // namespace ddl

@@ -89,4 +89,25 @@ class WorkDDL : public c10d::Work {
   std::atomic<int> finalizeState_{0};  // 0 not started, 1 running, 2 done
 };
 
+// The Work of a coalesced batch (startCoalescing ... endCoalescing): the ops called between, as
+// one Work that is done when they all are, fails with the first of them that failed, and
+// whose Future completes with all their outputs, in call order.
+class CoalescedWorkDDL : public c10d::Work {
+ public:
+  CoalescedWorkDDL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  size_t size() const { return works_.size(); }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::mutex mutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 }  // namespace ddl

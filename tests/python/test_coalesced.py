@@ -68,6 +68,45 @@ def _coalesced(rank, size):
             assert_same(got, want, "all_gather_coalesced vs gloo")
 
 
+def _batched(rank, size):
+    """batch_isend_irecv and the coalescing manager with a device go through the backend's
+    startCoalescing / endCoalescing: one Work for the batch (torch's generic path returns one
+    per op), the results equal gloo's."""
+    warnings.simplefilter("ignore")
+    gloo = dist.new_group(backend="gloo")
+    cpu = torch.device("cpu")
+    assert dist.group.WORLD._get_backend(cpu).supports_coalescing
+    for group in (None, gloo):
+        right, left = (rank + 1) % size, (rank - 1) % size
+        sends = [torch.full((n,), float(100 * rank + n)) for n in (1, 257, 4099)]
+        recvs = [torch.zeros(n) for n in (1, 257, 4099)]
+        ops = [dist.P2POp(dist.isend, t, right, group=group) for t in sends]
+        ops += [dist.P2POp(dist.irecv, t, left, group=group) for t in recvs]
+        works = dist.batch_isend_irecv(ops)
+        if group is None:
+            assert len(works) == 1, works  # one coalesced Work (gloo: one per op)
+            assert len(works[0].get_future().wait()) == 6
+        else:
+            assert len(works) == 6
+        for w in works:
+            w.wait()
+        for t, n in zip(recvs, (1, 257, 4099)):
+            assert_same(t, torch.full((n,), float(100 * left + n)), f"batch recv n={n}")
+    # The coalescing manager with a device asks the backend to coalesce too.
+    ts = [torch.full((n,), float(rank)) for n in (5, 1021)]
+    with _coalescing_manager(device=cpu, async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for t in ts:
+        assert_same(t, torch.full_like(t, float(sum(range(size)))), "cm with a device")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_batch_isend_irecv_and_the_coalescing_manager_coalesce_in_the_backend(size):
+    run_ranks(_batched, size)
+
+
 def _premul(rank, size):
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
