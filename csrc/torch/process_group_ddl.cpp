@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "../core/shm/shared_buffers.h"
 #include "arguments.hpp"
 #include "compat.hpp"
 #include "reuse_tracker.hpp"
@@ -166,6 +167,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
     if (coalescing_) coalesced_.push_back(work);
   }
   return work;
+}
+
+at::Tensor ProcessGroupDDL::allocateTensor(long size, at::TensorOptions options) {
+  const char* where = "allocate_tensor";
+  if (options.has_device() && !options.device().is_cpu()) {
+    badInput(where, "ddl allocates CPU tensors in shared memory, not on " + options.device().str());
+  }
+  if (size < 0) badInput(where, "negative size " + std::to_string(size));
+  const auto type = options.has_dtype() ? c10::typeMetaToScalarType(options.dtype()) : at::kFloat;
+  const size_t bytes = static_cast<size_t>(size) * c10::elementSize(type);
+  std::shared_ptr<ddl::SharedBuffers> buffers = comm_->engine().sharedBuffers();
+  void* data = buffers->allocate(bytes);
+  return at::from_blob(
+      data, {size}, [buffers](void* p) { buffers->release(p); },
+      at::TensorOptions().dtype(type).device(at::kCPU));
 }
 
 void ProcessGroupDDL::startCoalescing() {

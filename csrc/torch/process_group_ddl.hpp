@@ -45,6 +45,10 @@ class ProcessGroupDDL : public c10d::Backend {
   // Coalescing (batch_isend_irecv, the coalescing manager with a device): the ops called
   // between start and end run as they are called, and endCoalescing returns one Work for all.
   bool supportsCoalescing() const override { return true; }
+  // Backend.allocate_tensor: CPU tensors in memory the host's ranks map (torch_ddl.empty_shared),
+  // whose allreduces take the direct path. Device tensors are refused, naming the device.
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override { return deviceIdx < 0; }
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // What a split inherits: the backend's name and this group's timeout.

@@ -89,3 +89,28 @@ def test_a_bad_debug_level_is_refused_naming_it():
                          env={**__import__("os").environ, "TORCH_DDL_DEBUG": "LOUD"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "TORCH_DDL_DEBUG=LOUD" in out.stderr, out.stderr[-2000:]
+
+
+def _allocated(rank, size):
+    import torch_ddl
+    cpu = torch.device("cpu")
+    backend = dist.group.WORLD._get_backend(cpu)
+    assert backend.supports_tensor_alloc(cpu)
+    live = torch_ddl._C.shared_buffers_live()
+    t = backend.allocate_tensor(1 << 20, dtype=torch.float64, device=cpu)
+    assert t.dtype == torch.float64 and t.numel() == 1 << 20 and t.device == cpu
+    assert torch_ddl._C.shared_buffers_live() == live + 1  # shared memory: the direct path
+    gloo = dist.new_group(backend="gloo")
+    for step in range(3):
+        t.copy_(torch.arange(1 << 20, dtype=torch.float64) * (rank + step))
+        want = t.clone()
+        dist.all_reduce(t)
+        dist.all_reduce(want, group=gloo)
+        assert torch.equal(t, want)
+    with pytest.raises((ValueError, RuntimeError), match="not on cuda"):
+        backend.allocate_tensor(4, dtype=torch.float32, device=torch.device("cuda", 0))
+    del t
+
+
+def test_allocate_tensor_gives_shared_memory_that_allreduces_like_gloo():
+    run_ranks(_allocated, 2)
