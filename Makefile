@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling
+.PHONY: all env build test test-cpp test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling test-torch-next
 
 all: build
 
@@ -152,5 +152,24 @@ clean:
 
 # The glue against torch 2.11's headers (the version on GPU machines), and the CUDA part where
 # nvcc is found; downloads ~0.5 GB once.
+# The Python suite and the conformance subset under torch 2.14.1 (a CUDA build that runs on the
+# CPU here, from the wheel on disk): a second environment, and a copy of the tree installed in it
+# (editable). Not part of make test.
+TORCH_NEXT := 2.14.1
+VENV_NEXT := .venv-$(TORCH_NEXT)
+test-torch-next: $(CLUSTER_TOOLS)
+	test -x $(VENV_NEXT)/bin/python || { python3 -m venv $(VENV_NEXT) && \
+	  $(VENV_NEXT)/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel && \
+	  $(VENV_NEXT)/bin/python -m pip install -q torch==$(TORCH_NEXT) libucx-cu13 numpy ninja \
+	    pytest scikit-learn expecttest hypothesis; }
+	mkdir -p build/torch-next
+	git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C build/torch-next
+	cd build/torch-next && TORCH_DDL_CUDA=0 MAX_JOBS=$(NPROC) $(CURDIR)/$(VENV_NEXT)/bin/python \
+	  -m pip install -q --no-build-isolation --no-deps -e .
+	cd build/torch-next && $(CURDIR)/$(VENV_NEXT)/bin/python -m pytest tests/python -q -x \
+	  -p no:cacheprovider
+	cd build/torch-next && PYTHON=$(CURDIR)/$(VENV_NEXT)/bin/python tests/conformance/run.sh \
+	  subset ddl 2
+
 compat: $(ENV_STAMP)
 	tools/check_torch_headers.sh 2.11.0

@@ -292,7 +292,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_allgather_base(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor";
   CallScope scope(*comm_, where);
@@ -415,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor";
   CallScope scope(*comm_, where);
@@ -438,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::_reduce_scatter_base(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall_base(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_TO_ALL_SINGLE(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const char* where = "all_to_all_single";
@@ -568,7 +568,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_into_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE_COALESCED(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor_coalesced";
@@ -653,7 +653,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE_COALESCED(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor_coalesced";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../core/engine/communicator.h"
+#include "compat.hpp"
 #include "work.hpp"
 
 namespace ddl {
@@ -78,7 +79,7 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
+  c10::intrusive_ptr<c10d::Work> DDL_ALL_GATHER_SINGLE(
       at::Tensor& output, at::Tensor& input,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(
@@ -90,10 +91,10 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+  c10::intrusive_ptr<c10d::Work> DDL_ALL_GATHER_SINGLE_COALESCED(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+  c10::intrusive_ptr<c10d::Work> DDL_REDUCE_SCATTER_SINGLE_COALESCED(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
 
@@ -109,10 +110,10 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+  c10::intrusive_ptr<c10d::Work> DDL_REDUCE_SCATTER_SINGLE(
       at::Tensor& output, at::Tensor& input,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
+  c10::intrusive_ptr<c10d::Work> DDL_ALL_TO_ALL_SINGLE(
       at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
       std::vector<int64_t>& inputSplitSizes,
       const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
