@@ -124,6 +124,21 @@ GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& 
   return d;
 }
 
+Task sendFramed(Op& op, int peer, uint64_t slot, std::string bytes) {
+  const uint64_t length = bytes.size();
+  // In this order (a length, then its bytes): not two arguments of one call.
+  Request* sentLength = op.send(peer, slot, &length, sizeof(length));
+  Request* sentBytes = op.send(peer, slot, bytes.data(), bytes.size());
+  co_await op.all(sentLength, sentBytes);
+}
+
+Task receiveFramed(Op& op, int peer, uint64_t slot, std::string* bytes) {
+  uint64_t length = 0;
+  co_await op.all(op.recv(peer, slot, &length, sizeof(length)));
+  bytes->assign(length, '\0');
+  co_await op.all(op.recv(peer, slot, bytes->data(), length));
+}
+
 int bootstrapParent(int rank) { return rank == 0 ? -1 : rank & (rank - 1); }
 
 std::vector<int> bootstrapChildren(int rank, int size) {
@@ -144,26 +159,16 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap
   std::vector<RankCard> cards;
   cards.push_back(std::move(mine));
   for (int child : children) {
-    uint64_t length = 0;
-    co_await op.all(op.recv(child, kSlot, &length, sizeof(length)));
-    std::string bytes(length, '\0');
-    co_await op.all(op.recv(child, kSlot, bytes.data(), length));
+    std::string bytes;
+    co_await receiveFramed(op, child, kSlot, &bytes);
     if (!decodeCards(bytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
     }
   }
   std::string down;
   if (parent >= 0) {
-    const std::string up = encodeCards(cards);
-    const uint64_t upLength = up.size();
-    // In this order (a length, then its bytes): not two arguments of one call.
-    Request* sentLength = op.send(parent, kSlot, &upLength, sizeof(upLength));
-    Request* sentCards = op.send(parent, kSlot, up.data(), up.size());
-    co_await op.all(sentLength, sentCards);
-    uint64_t length = 0;
-    co_await op.all(op.recv(parent, kSlot, &length, sizeof(length)));
-    down.assign(length, '\0');
-    co_await op.all(op.recv(parent, kSlot, down.data(), length));
+    co_await sendFramed(op, parent, kSlot, encodeCards(cards));
+    co_await receiveFramed(op, parent, kSlot, &down);
     if (!decodeDirectory(down, n, out.get())) {
       throw Error("rank " + std::to_string(parent) + " sent a malformed directory");
     }

@@ -46,6 +46,10 @@ struct GroupDirectory {
 GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& racks,
                              uint32_t groupId);
 
+// A framed message of `slot` between two ranks of an op: a length (8 bytes), then that many bytes.
+Task sendFramed(Op& op, int peer, uint64_t slot, std::string bytes);
+Task receiveFramed(Op& op, int peer, uint64_t slot, std::string* bytes);
+
 // The tree's parent of `rank` (-1 for rank 0) and its children, in the order they are awaited.
 int bootstrapParent(int rank);
 std::vector<int> bootstrapChildren(int rank, int size);

@@ -38,14 +38,6 @@ bool decodeCards(const std::string& bytes, std::vector<DeriveCard>* cards) {
   return r.ok(true);
 }
 
-// A length (8 bytes), then that many bytes.
-Task sendFramed(Op& op, int peer, std::string bytes) {
-  const uint64_t length = bytes.size();
-  Request* sentLength = op.send(peer, kSlot, &length, sizeof(length));
-  Request* sentBytes = op.send(peer, kSlot, bytes.data(), bytes.size());
-  co_await op.all(sentLength, sentBytes);
-}
-
 }  // namespace
 
 DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what) {
@@ -92,21 +84,16 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   std::vector<DeriveCard> cards;
   cards.push_back(std::move(mine));
   for (int child : children) {
-    uint64_t length = 0;
-    co_await op.all(op.recv(child, kSlot, &length, sizeof(length)));
-    std::string bytes(length, '\0');
-    co_await op.all(op.recv(child, kSlot, bytes.data(), length));
+    std::string bytes;
+    co_await receiveFramed(op, child, kSlot, &bytes);
     if (!decodeCards(bytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
     }
   }
   std::string down;
   if (parent >= 0) {
-    co_await sendFramed(op, parent, encodeCards(cards));
-    uint64_t length = 0;
-    co_await op.all(op.recv(parent, kSlot, &length, sizeof(length)));
-    down.assign(length, '\0');
-    co_await op.all(op.recv(parent, kSlot, down.data(), length));
+    co_await sendFramed(op, parent, kSlot, encodeCards(cards));
+    co_await receiveFramed(op, parent, kSlot, &down);
   } else {
     std::sort(cards.begin(), cards.end(),
               [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
@@ -126,7 +113,7 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   result.error = r.text();
   result.id = static_cast<uint32_t>(r.number());
   if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
-  for (int child : children) co_await sendFramed(op, child, down);
+  for (int child : children) co_await sendFramed(op, child, kSlot, down);
   *out = std::move(result);
 }
 
