@@ -70,6 +70,7 @@ void ProcessGroupDDL::registerOnCompletionHook(
   std::lock_guard<std::mutex> lock(observers_->mutex);
   TORCH_CHECK(!observers_->hook, "ddl: this group already has a completion hook");
   observers_->hook = hook;
+  observers_->hooked.store(true);
   onCompletionHook_ = std::move(hook);  // what hasHooks() looks at
 }
 
@@ -96,14 +97,13 @@ CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
                                          std::chrono::milliseconds timeout) {
   work.observe(observers_, comm_->sequenceNumber());
   CallOptions options{timeout, work.coreWork(name)};
+  if (!observers_->hooked.load()) return options;
   std::lock_guard<std::mutex> lock(observers_->mutex);
-  if (observers_->hook) {
-    std::erase_if(observers_->pending, [](const auto& w) {
-      auto work = w.lock();
-      return !work || work->done();
-    });
-    observers_->pending.push_back(options.work);
-  }
+  std::erase_if(observers_->pending, [](const auto& w) {
+    auto work = w.lock();
+    return !work || work->done();
+  });
+  observers_->pending.push_back(options.work);
   return options;
 }
 
@@ -162,9 +162,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
     options.work->finish(e.what());
     C10_THROW_ERROR(ValueError, e.what());
   }
-  {
+  if (coalescing_.load()) {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
-    if (coalescing_) coalesced_.push_back(work);
+    if (coalescing_.load()) coalesced_.push_back(work);
   }
   return work;
 }
@@ -186,15 +186,15 @@ at::Tensor ProcessGroupDDL::allocateTensor(long size, at::TensorOptions options)
 
 void ProcessGroupDDL::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalescingMutex_);
-  TORCH_CHECK(!coalescing_, "ddl: startCoalescing while this group already coalesces");
-  coalescing_ = true;
+  TORCH_CHECK(!coalescing_.load(), "ddl: startCoalescing while this group already coalesces");
+  coalescing_.store(true);
   coalesced_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::endCoalescing() {
   std::lock_guard<std::mutex> lock(coalescingMutex_);
-  TORCH_CHECK(coalescing_, "ddl: endCoalescing without startCoalescing");
-  coalescing_ = false;
+  TORCH_CHECK(coalescing_.load(), "ddl: endCoalescing without startCoalescing");
+  coalescing_.store(false);
   return c10::make_intrusive<CoalescedWorkDDL>(rank_, std::move(coalesced_));
 }
 

@@ -6,6 +6,7 @@
 // shared memory (reuse_tracker), device streams (device_streams, cuda/).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -150,7 +151,7 @@ class ProcessGroupDDL : public c10d::Backend {
   std::shared_ptr<WorkObservers> observers_ = std::make_shared<WorkObservers>();
   std::mutex deviceMutex_;
   std::mutex coalescingMutex_;
-  bool coalescing_ = false;
+  std::atomic<bool> coalescing_{false};  // set and cleared under coalescingMutex_
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };

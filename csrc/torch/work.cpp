@@ -91,7 +91,7 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
       CompletionThreads::instance().post([self] { self->finalize(); });
     }
     std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;
-    if (self->observers_) {
+    if (self->observers_ && self->observers_->hooked.load()) {
       std::lock_guard<std::mutex> lock(self->observers_->mutex);
       hook = self->observers_->hook;
     }

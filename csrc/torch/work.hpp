@@ -23,7 +23,8 @@ namespace ddl {
 struct WorkObservers {
   std::atomic<bool> timing{false};
   std::mutex mutex;
-  std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;
+  std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;  // set once, under mutex
+  std::atomic<bool> hooked{false};  // hook is set: ops without one take no lock
   // While a hook is registered: the ops not known to have ended, and hook calls not yet over
   // (waitForPendingWorks waits for both).
   std::vector<std::weak_ptr<ddl::Work>> pending;

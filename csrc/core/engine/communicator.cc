@@ -122,6 +122,15 @@ Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
   op.work->setSource(static_cast<int>(tag::source(r->senderTag)));
 }
 
+// A group's name, its entry in the flight recorder and its shared-memory ring, once its engine,
+// rank, size and id are set.
+void nameGroup(Group& group) {
+  group.name = "group " + std::to_string(group.id);
+  FlightRecorder::process().describeGroup(group.id, group.name, group.rank, group.size);
+  group.sharedRing = std::make_shared<SharedRing>(group.engine);
+  group.sharedRing->releasedSeen = group.engine->sharedBuffers()->releasedSoFar();
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
@@ -172,11 +181,8 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   } else {
     group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
   }
-  group->name = "group " + std::to_string(group->id);
-  FlightRecorder::process().describeGroup(group->id, group->name, rank, size);
+  nameGroup(*group);
   FlightRecorder::process().noteRank(rank);
-  group->sharedRing = std::make_shared<SharedRing>(&engine);
-  group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
   RankCard card;
   card.rank = rank;
   card.address = engine.localAddress();
@@ -217,7 +223,6 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
     }
   }
   engine.watch(group, identities);
-  std::vector<std::string> identityTexts = std::move(directory.identities);
   Topology topology = options.topology != nullptr ? *options.topology : directory.topology;
   if (topology.size != group->size) {
     throw Error("ddl: the topology given is for another group size");
@@ -231,7 +236,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
       group, options.timeout,
       PlanBook::forMachine(std::move(topology), std::move(costs), request, config().hierarchical)));
   comm->ownsId_ = pending.claimed;
-  comm->identities_ = std::move(identityTexts);
+  comm->identities_ = std::move(identities);
   pending.claimed = false;
   // Measured on real hosts only: a simulated topology's ranks share one process.
   if (options.topology == nullptr && !options.locality) {
@@ -337,7 +342,7 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
                                                    bool abortFirst) {
   const char* name = "shrink_group";
   std::vector<bool> out(static_cast<size_t>(size()), false);
-  std::string asked;
+  std::string listed;  // "1, 3"
   std::vector<int> sorted = excluded;
   std::sort(sorted.begin(), sorted.end());
   for (int r : sorted) {
@@ -354,19 +359,18 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
                   "not call shrink_group");
     }
     out[r] = true;
-    asked += (asked.empty() ? "exclude " : ", ") + std::to_string(r);
+    listed += (listed.empty() ? "" : ", ") + std::to_string(r);
   }
   if (sorted.empty()) throw Error(where(name) + ": no rank to exclude");
   std::vector<int> members;
   for (int r = 0; r < size(); ++r) {
-    if (out[r]) continue;
-    members.push_back(r);
+    if (!out[r]) members.push_back(r);
   }
   if (abortFirst) {
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
-          (sorted.size() > 1 ? "s " : " ") + asked.substr(8));
+          (sorted.size() > 1 ? "s " : " ") + listed);
   }
-  return derive(members, agree(members, asked, name, nextAgreement(name)));
+  return derive(members, agree(members, "exclude " + listed, name, nextAgreement(name)));
 }
 
 uint32_t Communicator::nextAgreement(const char* what) {
@@ -437,28 +441,22 @@ std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& membe
   group->engine = &engine;
   group->size = static_cast<int>(members.size());
   group->id = id;
-  group->name = "group " + std::to_string(id);
   std::vector<ProcessIdentity> identities(members.size());
-  std::vector<std::string> identityTexts;
   for (size_t i = 0; i < members.size(); ++i) {
     const int m = members[i];
     if (m == rank()) group->rank = static_cast<int>(i);
     group->addresses.push_back(group_->addresses[m]);
-    const std::string text = static_cast<size_t>(m) < identities_.size() ? identities_[m] : "";
-    identityTexts.push_back(text);
-    if (m != rank() && !text.empty()) identities[i] = ProcessIdentity::decode(text);
+    if (static_cast<size_t>(m) < identities_.size()) identities[i] = identities_[m];
   }
   group->peers.assign(members.size(), -1);
-  FlightRecorder::process().describeGroup(group->id, group->name, group->rank, group->size);
-  group->sharedRing = std::make_shared<SharedRing>(&engine);
-  group->sharedRing->releasedSeen = engine.sharedBuffers()->releasedSoFar();
+  nameGroup(*group);
   engine.openControl(group);
   engine.watch(group, identities);
   auto book = PlanBook::forMachine(restrictTopology(topology(), members), links(), book_->request(),
                                    book_->hierarchical());
   auto comm = std::shared_ptr<Communicator>(new Communicator(group, timeout_, std::move(book)));
   comm->ownsId_ = true;
-  comm->identities_ = std::move(identityTexts);
+  comm->identities_ = std::move(identities);
   comm->logCreation(("derived from " + group_->name).c_str());
   return comm;
 }

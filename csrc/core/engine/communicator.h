@@ -193,8 +193,8 @@ class Communicator {
   void logCreation(const char* how) const;
 
   std::shared_ptr<const Group> group_;
-  std::atomic<uint64_t> loggedSizes_{0};  // allreduce size classes logged (bit k: 2^(k-1) bytes)
-  std::vector<std::string> identities_;   // by rank: ProcessIdentity::encode() ("" simulated)
+  std::atomic<uint64_t> loggedSizes_{0};     // allreduce size classes logged (bit k: 2^(k-1) bytes)
+  std::vector<ProcessIdentity> identities_;  // by rank (none for this rank, or simulated)
   std::map<std::string, uint32_t> derivations_;  // agreements made so far, by call
   bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;

@@ -332,8 +332,7 @@ void Op::recycle(Request* req) {
   if (req == nullptr || !req->done) return;
   if (req->isSend && req->peer >= 0) recycledSentTo_.insert(req->peer);
   req->consumer = nullptr;
-  req->done = true;
-  req->isSend = false;
+  req->isSend = false;  // counted in recycledSentTo_ now
   req->peer = -1;
   recycled_.push_back(req);
 }
