@@ -994,6 +994,38 @@ TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {
   });
 }
 
+TEST(GroupState, AnOpClosedWithReceivesStillHeldIsFreedWhenTheyComplete) {
+  // A transport that completes a cancelled receive only later (as UCX may): the failed op waits
+  // as an orphan for its receives, then goes, its ring's links before the requests they point
+  // at (a sanitizer build sees any access to a freed request).
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"}, {"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  LoopbackFabric fabric;
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) return;  // never joins: rank 0's ring waits on its receives
+        std::vector<float> buf(100000, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_FALSE(work->done());
+        comm.close("aborted: the test closed it");
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(1000)));
+        EXPECT_TRUE(work->failed());
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (comm.engine().orphanedOps() > 0 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        EXPECT_EQ(comm.engine().orphanedOps(), 0u);
+      },
+      std::chrono::seconds(60),
+      [&] {
+        auto transport = fabric.join();
+        transport->refuseWindows(true);
+        transport->deferCancels(true);
+        return transport;
+      });
+}
+
 TEST(GroupState, ATimeoutIsRecordedAsTheGroupsFirstFailure) {
   runRanks(
       2,

@@ -387,7 +387,7 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
   if (allDone(pending)) {
     op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
   } else {
-    orphans_.push_back(Orphaned{std::move(op), std::move(pending)});
+    orphans_.push_back(Orphaned{std::move(pending), std::move(op)});
     orphanCount_.store(orphans_.size());
   }
   if (!error.empty()) {
@@ -420,9 +420,7 @@ void Engine::checkDeadlines() {
                                 " ms: " + op.pendingPeers();
     finishOp(current, why + op.waitChain(!op.describeTimeout), Cause::kTimeout);
   }
-  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
-                                [](const Orphaned& o) { return allDone(o.requests); }),
-                 orphans_.end());
+  std::erase_if(orphans_, [](const Orphaned& o) { return allDone(o.requests); });
   orphanCount_.store(orphans_.size());
 }
 

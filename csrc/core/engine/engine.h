@@ -185,11 +185,13 @@ class Engine {
   // An op that failed while the transport still held some of its requests (a receive it had
   // matched cannot always be cancelled). Its coroutine frame, with the scratch those requests may
   // write into, lives until every one of them completes; its Work has already failed.
+  // The op is destroyed first (members go in reverse order, and a list never moves one): its
+  // frame's links still point at these requests when it is destroyed.
   struct Orphaned {
-    std::unique_ptr<Op> op;
     std::vector<std::unique_ptr<Request>> requests;
+    std::unique_ptr<Op> op;
   };
-  std::vector<Orphaned> orphans_;
+  std::list<Orphaned> orphans_;
   PeerWatch watch_;
   struct Lost {
     std::string why;

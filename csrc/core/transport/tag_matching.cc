@@ -48,11 +48,16 @@ void TagMatcher::arrive(Delivered message) {
   complete(recv, message);
 }
 
-bool TagMatcher::cancel(Request* req) {
+bool TagMatcher::withdraw(Request* req) {
   auto it =
       std::find_if(posted_.begin(), posted_.end(), [&](const Posted& r) { return r.req == req; });
   if (it == posted_.end()) return false;
   posted_.erase(it);
+  return true;
+}
+
+bool TagMatcher::cancel(Request* req) {
+  if (!withdraw(req)) return false;
   req->fail("cancelled");
   return true;
 }

@@ -28,6 +28,8 @@ class TagMatcher {
   void arrive(Delivered message);
   // Fails a posted receive ("cancelled"); false when it is not posted here.
   bool cancel(Request* req);
+  // Takes a posted receive back without completing it; false when it is not posted here.
+  bool withdraw(Request* req);
   // Drops the unexpected messages that match.
   void discard(uint64_t tag, uint64_t mask);
 

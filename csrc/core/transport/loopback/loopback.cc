@@ -105,7 +105,13 @@ bool LoopbackTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, 
 
 void LoopbackTransport::discard(uint64_t tag, uint64_t mask) { matcher_.discard(tag, mask); }
 
-void LoopbackTransport::cancel(Request* req) { matcher_.cancel(req); }
+void LoopbackTransport::cancel(Request* req) {
+  if (!deferCancels_) {
+    matcher_.cancel(req);
+  } else if (matcher_.withdraw(req)) {
+    cancelled_.push_back(req);
+  }
+}
 
 bool LoopbackTransport::progress() {
   uint64_t counter;
@@ -116,10 +122,14 @@ bool LoopbackTransport::progress() {
     arrived.swap(inbox_);
   }
   for (Delivered& message : arrived) matcher_.arrive(std::move(message));
-  return !arrived.empty();
+  std::vector<Request*> cancelled = std::move(cancelled_);
+  cancelled_.clear();
+  for (Request* req : cancelled) req->fail("cancelled");
+  return !arrived.empty() || !cancelled.empty();
 }
 
 bool LoopbackTransport::arm() {
+  if (!cancelled_.empty()) return false;
   std::lock_guard<std::mutex> lock(inboxMutex_);
   return inbox_.empty();
 }
