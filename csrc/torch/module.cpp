@@ -52,6 +52,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->topology().describe(); })
       .def("links",
            [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->links().describe(); })
+      // The hosts the group found, in order: (name, [group ranks]).
+      .def("hosts",
+           [](const ddl::ProcessGroupDDL& pg) {
+             const ddl::Topology& t = pg.communicator()->topology();
+             std::vector<std::pair<std::string, std::vector<int>>> out;
+             const std::vector<std::vector<int>> members = t.members(0);
+             for (size_t h = 0; h < members.size(); ++h) {
+               out.emplace_back(t.levels[0].blockNames[h], members[h]);
+             }
+             return out;
+           })
       // c10d's getError (torch's Python Backend has no binding for it).
       .def("get_error", &ddl::ProcessGroupDDL::getError)
       .def("host_rings",
