@@ -23,11 +23,20 @@ one of them fails):
     for i in 0 1 2; do torchrun --nnodes 3 --nproc_per_node 1 --node_rank $i \
         --master_addr 127.0.0.1 --master_port 29511 examples/train_digits.py \
         --survive --kill-in-epoch 3 & done; wait
+
+With --in-memory the digits are written to files (one per sample) and read back through
+torch_ddl.data.InMemoryDataset.from_files: one copy per host in shared memory. With --easgd
+(ddl or gloo) no gradient is allreduced: each process steps its own model and every --tau steps
+torch_ddl.optim.ElasticAveraging pulls the models and their centre together (--alpha, default
+0.9 / processes); the centre is what is evaluated and saved. Each epoch's line then ends with
+the bytes each process allreduced in it (for DDP: its gradients, every step).
 """
 
 import argparse
+import contextlib
 import copy
 import os
+import tempfile
 import re
 import signal
 import sys
@@ -67,7 +76,29 @@ def load_data(seed):
     return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
 
 
-def run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt):
+def write_digit_files(dataset, seed):
+    """The samples of `dataset` as files of 64 bytes (pixel values 0 - 16), written once per
+    machine (every process writes the same bytes; a file appears whole)."""
+    directory = os.path.join(tempfile.gettempdir(), f"torch_ddl_digits_{seed}")
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for i, (x, _) in enumerate(dataset):
+        path = os.path.join(directory, f"{i:05d}.raw")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write((x * 16).round().to(torch.uint8).numpy().tobytes())
+            os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def decode_digit(raw):
+    return raw.to(torch.float32).view(1, 8, 8) / 16.0
+
+
+def run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt,
+              easgd=None):
     sampler.set_epoch(epoch)
     model.train()
     start = time.perf_counter()
@@ -83,25 +114,36 @@ def run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world,
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
-        optimizer.step()
+        (easgd or optimizer).step()
         totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(totals)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), (easgd.centre_weights() if easgd else contextlib.nullcontext()):
         correct = (model(test.tensors[0]).argmax(1) == test.tensors[1]).sum().item()
+        weights = {k: v.clone() for k, v in unwrap(model).state_dict().items()}
+    if easgd:
+        sent = easgd.bytes_communicated - args.sent
+        args.sent = easgd.bytes_communicated
+    else:  # DDP allreduces every gradient every step
+        sent = (step + 1) * sum(p.numel() * p.element_size() for p in model.parameters())
     if rank == 0:
         print(f"epoch {epoch + 1}/{args.epochs}  loss {totals[0] / totals[1]:.4f}  "
               f"test accuracy {correct / len(test):.3f}  "
-              f"samples/s {totals[1].item() / elapsed.item():.0f}", flush=True)
+              f"samples/s {totals[1].item() / elapsed.item():.0f}  "
+              f"allreduced {sent / 1e6:.2f} MB", flush=True)
         if args.checkpoint:  # written whole, then renamed: a crash leaves the last one
-            state = {"model": model.module.state_dict(),
-                     "optimizer": optimizer.state_dict(), "epochs": epoch + 1}
+            state = {"model": weights, "epochs": epoch + 1,
+                     "optimizer": (easgd or optimizer).state_dict()}
             torch.save(state, args.checkpoint + ".tmp")
             os.replace(args.checkpoint + ".tmp", args.checkpoint)
     if args.checkpoint:
         dist.barrier()  # every rank resumes from the same epoch
+
+
+def unwrap(model):
+    return model.module if isinstance(model, DDP) else model
 
 
 def main():
@@ -119,9 +161,18 @@ def main():
                         help="go on without ranks that die: shrink the group, redo the epoch")
     parser.add_argument("--kill-in-epoch", type=int, default=0,
                         help="the last rank kills itself (SIGKILL) in this epoch")
+    parser.add_argument("--in-memory", action="store_true",
+                        help="train from files held once per host (torch_ddl.data)")
+    parser.add_argument("--easgd", action="store_true",
+                        help="elastic averaging every --tau steps instead of DDP")
+    parser.add_argument("--tau", type=int, default=4)
+    parser.add_argument("--alpha", type=float, help="default: 0.9 / processes")
     args = parser.parse_args()
+    args.sent = 0
     if args.survive and args.backend != "ddl":
         parser.error("--survive needs --backend ddl (dist.shrink_group)")
+    if args.survive and args.easgd:
+        parser.error("--survive goes with DDP, not --easgd")
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.backend == "ddl":
@@ -131,21 +182,34 @@ def main():
     torch.manual_seed(args.seed)
 
     train, test = load_data(args.seed)
+    if args.in_memory:
+        from torch_ddl.data import InMemoryDataset
+
+        paths = write_digit_files(train, args.seed)
+        train = InMemoryDataset.from_files(paths, train.tensors[1].tolist(),
+                                           transform=decode_digit)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    model = DDP(DigitsCNN())
+    model = DigitsCNN() if args.easgd else DDP(DigitsCNN())
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    easgd = None
+    if args.easgd:
+        from torch_ddl.optim import ElasticAveraging
+
+        easgd = ElasticAveraging(optimizer, args.alpha or 0.9 / world, args.tau)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     first = 0
     if args.checkpoint and os.path.exists(args.checkpoint):
         saved = torch.load(args.checkpoint)
-        model.module.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        unwrap(model).load_state_dict(saved["model"])  # the centre, with --easgd
+        (easgd or optimizer).load_state_dict(saved["optimizer"])
         first = saved["epochs"]
     if rank == 0:
         print(f"training DigitsCNN on {len(train)} digits, {world} processes, "
               f"backend {args.backend}" + (f", attempt {attempt}" if attempt else "") +
+              (f", EASGD tau {args.tau} alpha {easgd.alpha:g}" if easgd else ", DDP") +
+              (", data in memory once per host" if args.in_memory else "") +
               (f", resumed after epoch {first}" if first else ""), flush=True)
     global_batch = args.batch_size * world
     epoch = first
@@ -154,7 +218,8 @@ def main():
         saved = (copy.deepcopy(model.module.state_dict()), copy.deepcopy(optimizer.state_dict())
                  ) if args.survive else None
         try:
-            run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt)
+            run_epoch(args, epoch, model, optimizer, loader, sampler, test, rank, world, attempt,
+                      easgd)
         except RuntimeError as error:
             gone = sorted({int(r) for r in re.findall(r"rank (\d+) is gone", str(error))})
             if not args.survive or not gone:

@@ -333,18 +333,25 @@ class InMemoryDataset(Dataset):
     def __len__(self):
         return self._count
 
-    def __getitem__(self, i):
+    def raw(self, i):
+        """Sample i as held, before the transform: a uint8 tensor over the file's bytes, or row i
+        of the tensor (no copy either way)."""
         if not -self._count <= i < self._count:
             raise IndexError(f"InMemoryDataset: index {i} out of range for {self._count} samples")
         i %= self._count
+        if self._kind != "files":
+            return self._data[i]
+        start, end = int(self._offsets[i]), int(self._offsets[i + 1])
+        if end == start:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self._region, dtype=torch.uint8, count=end - start, offset=start)
+
+    def __getitem__(self, i):
+        sample = self.raw(i)
+        i %= self._count
         if self._kind == "files":
-            start, end = int(self._offsets[i]), int(self._offsets[i + 1])
-            sample = torch.frombuffer(self._region, dtype=torch.uint8, count=end - start,
-                                      offset=start) if end > start else torch.empty(
-                                          0, dtype=torch.uint8)
             label = self._labels[i] if self._labels is not None else None
         else:
-            sample = self._data[i]
             label = self._tensor_labels[i] if self._tensor_labels is not None else None
         if self._transform is not None:
             sample = self._transform(sample)

@@ -184,7 +184,7 @@ def _memory(rank, world, paths, total, results):
 
 
 def test_four_ranks_of_a_host_hold_one_copy(tmp_path):
-    sizes = [(1 << 20) + 17 * i for i in range(64)]  # 64 MiB
+    sizes = [(4 << 20) + 17 * i for i in range(64)]  # 256 MiB
     paths = write_files(str(tmp_path), sizes)
     total = sum(sizes)
     results = str(tmp_path / "pss")
