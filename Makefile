@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling test-torch-next
+.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling test-torch-next bench-data bench-easgd
 
 all: build
 
@@ -118,6 +118,19 @@ bench: build
 $(CLUSTER_TOOLS):
 	@if [ "$$(id -u)" != 0 ]; then echo "note: emulating hosts needs root and iproute2" >&2; exit 0; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+
+# torch_ddl.data.InMemoryDataset against the files read from disk and each rank's own copy:
+# 4 ranks, 256 MiB of JPEG decoded in 2 workers per rank, then in the ranks (docs/training.md).
+bench-data: build
+	$(PY) -c "import PIL" 2>/dev/null || $(PY) -m pip install -q pillow
+	@mkdir -p benchmarks/results
+	set -o pipefail; ($(PY) benchmarks/data_bench.py && $(PY) benchmarks/data_bench.py --workers 0) \
+	  | tee benchmarks/results/data_bench.txt
+
+# Sync EASGD against DDP across 2 emulated hosts x 2 ranks at 1 Gbit/s (root).
+bench-easgd: build $(CLUSTER_TOOLS)
+	@mkdir -p benchmarks/results
+	set -o pipefail; $(PY) benchmarks/easgd_bench.py | tee benchmarks/results/easgd_bench.txt
 
 bench-cluster: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
