@@ -65,7 +65,9 @@ SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
 
 SharedRingTurn::~SharedRingTurn() {
   if (released_) return;
-  if (ring_.status != SharedRing::Status::kBroken && !clean_ && !op_.endsCleanly()) {
+  if (ring_.status == SharedRing::Status::kUnknown && ring_.windows.refused) {
+    ring_.status = SharedRing::Status::kUnavailable;  // its setup cut short after the verdict
+  } else if (ring_.status != SharedRing::Status::kBroken && !clean_ && !op_.endsCleanly()) {
     ring_.status = SharedRing::Status::kBroken;
     ring_.broken = "the shared-memory ring of this group is unusable: " + what_ +
                    " failed while using it (destroy and re-create the process group)";
@@ -134,7 +136,24 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
   windows.slots = geometry.slots;
   windows.ready = verdict != 0;
   if (!windows.ready) {
+    windows.refused = true;
     releaseWindows(transport, windows);
+    // One more round before any member goes on (an op that requires the ring fails at once,
+    // and its notice to the others must not cut short one still waiting for the verdict):
+    // every member has it once the first one has heard back from all.
+    if (position == 0) {
+      std::vector<uint8_t> acks(n);
+      std::vector<Request*> requests;
+      for (int p = 1; p < n; ++p) requests.push_back(op.recv(order[p], voteSlot, &acks[p], 1));
+      co_await op.all(requests);
+      requests.clear();
+      for (int p = 1; p < n; ++p) requests.push_back(op.send(order[p], verdictSlot, &verdict, 1));
+      co_await op.all(requests);
+    } else {
+      Request* ack = op.send(order[0], voteSlot, &ok, 1);
+      Request* all = op.recv(order[0], verdictSlot, &verdict, 1);
+      co_await op.all(ack, all);
+    }
     if (logs(LogLevel::kWarn)) {
       logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
                                    ": a host ring of " + std::to_string(n) +

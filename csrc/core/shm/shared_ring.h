@@ -30,6 +30,9 @@ class Engine;
 
 struct SlotWindows {
   bool ready = false;  // set up, every member mapped its next one's inbox
+  // The ring's verdict was heard that it cannot be set up: no member will use it, so an op cut
+  // short after that leaves the ranks agreeing.
+  bool refused = false;
   uint64_t inboxWindow = 0;
   uint64_t outboxWindow = 0;
   char* inbox = nullptr;   // this rank's window: the previous member writes, this rank reads
