@@ -13,7 +13,6 @@ share communicating is 1 - compute / step. Ratios are steps/s over DDP's in the 
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -74,7 +73,6 @@ def worker(args):
 
     results["ddp"] = timed(ddp_step, args.steps)
     params = sum(p.numel() for p in model.parameters())
-    del ddp
     for tau in args.taus:
         for overlap in (False, True):
             model = mlp()
@@ -118,17 +116,10 @@ def main():
 
     hosts, ranks = (int(v) for v in args.shape.split("x"))
     with Cluster(hosts, ranks, args.rate) as cluster:
-        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DDL_TRACE_ENTRIES="0")
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--width",
-                str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-                "--steps", str(args.steps), "--taus", ",".join(map(str, args.taus))]
-        results = cluster.launch(argv, env=env, timeout=1800)
-    for r, (code, out) in enumerate(results):
-        if code != 0:
-            print(f"rank {r} exited {code}:\n{out[-3000:]}", file=sys.stderr)
-            raise SystemExit(1)
-    got = json.loads(next(line[7:] for line in results[0][1].splitlines()
-                          if line.startswith("RESULT ")))
+        got = cluster.result([sys.executable, str(Path(__file__).resolve()), "--worker",
+                              "--width", str(args.width), "--layers", str(args.layers),
+                              "--batch", str(args.batch), "--steps", str(args.steps),
+                              "--taus", ",".join(map(str, args.taus))])
     compute, ddp = got["compute"], got["ddp"]
     print(f"# {args.shape} at {args.rate}: MLP {args.layers} x {args.width}^2 "
           f"({got['params'] / 1e6:.1f} M parameters), batch {args.batch} per rank; compute "

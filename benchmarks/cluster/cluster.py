@@ -17,6 +17,7 @@ rendezvous at host 0) and GLOO_SOCKET_IFNAME=eth0. Host h has address 10.99.0.(h
 """
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -280,6 +281,18 @@ class Cluster:
         procs = [self.popen(h, argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True) for h, e in envs]
         return _collect(procs, timeout)
+
+    def result(self, argv, timeout=1800):
+        """Runs argv as every rank (OMP_NUM_THREADS=1, no flight recorder) and returns the JSON
+        that rank 0 printed on a line "RESULT {...}"; exits naming the first rank that failed."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DDL_TRACE_ENTRIES="0")
+        results = self.launch(argv, env=env, timeout=timeout)
+        for r, (code, out) in enumerate(results):
+            if code != 0:
+                print(f"rank {r} exited {code}:\n{out[-3000:]}", file=sys.stderr)
+                raise SystemExit(1)
+        return json.loads(next(line[len("RESULT "):] for line in results[0][1].splitlines()
+                               if line.startswith("RESULT ")))
 
     def torchrun(self, script_argv, env=None, timeout=600, port=29600):
         """Runs `torchrun --nnodes H --node_rank h --nproc_per_node L ... script_argv` on every

@@ -13,7 +13,6 @@ at creation, then the update.
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -99,17 +98,9 @@ def main():
 
     hosts, ranks, racks = shape_of(args.shape)
     with Cluster(hosts, ranks, args.rate, racks, args.rack_rate if racks else None) as cluster:
-        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DDL_TRACE_ENTRIES="0")
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--width",
-                str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-                "--steps", str(args.steps)]
-        results = cluster.launch(argv, env=env, timeout=1800)
-    for r, (code, out) in enumerate(results):
-        if code != 0:
-            print(f"rank {r} exited {code}:\n{out[-3000:]}", file=sys.stderr)
-            raise SystemExit(1)
-    got = json.loads(next(line[7:] for line in results[0][1].splitlines()
-                          if line.startswith("RESULT ")))
+        got = cluster.result([sys.executable, str(Path(__file__).resolve()), "--worker",
+                              "--width", str(args.width), "--layers", str(args.layers),
+                              "--batch", str(args.batch), "--steps", str(args.steps)])
     # Each linear layer: its weight, then its bias; backward work in proportion to the weight.
     layers = [(n, n if i % 2 == 0 else 0) for i, n in enumerate(got["params"])]
     buckets = scaling.buckets(layers)

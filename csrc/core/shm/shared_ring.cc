@@ -84,6 +84,33 @@ void SharedRingTurn::release() {
   ring_.advance();
 }
 
+namespace {
+
+// Each member's byte goes to the first member of `order`, which answers every member with the
+// AND of them all (in *answer, on every member). Messages of one round on `voteSlot` and
+// `answerSlot`; rounds on the same slots follow each other in order.
+Task allOf(Op& op, const std::vector<int>& order, uint64_t voteSlot, uint64_t answerSlot,
+           uint8_t mine, uint8_t* answer) {
+  const int n = static_cast<int>(order.size());
+  *answer = mine;
+  std::vector<Request*> requests;
+  if (op.rank() != order[0]) {
+    requests.push_back(op.send(order[0], voteSlot, &mine, 1));
+    requests.push_back(op.recv(order[0], answerSlot, answer, 1));
+    co_await op.all(requests);
+    co_return;
+  }
+  std::vector<uint8_t> votes(n, 1);
+  for (int p = 1; p < n; ++p) requests.push_back(op.recv(order[p], voteSlot, &votes[p], 1));
+  co_await op.all(requests);
+  for (int p = 1; p < n; ++p) *answer &= votes[p];
+  requests.clear();
+  for (int p = 1; p < n; ++p) requests.push_back(op.send(order[p], answerSlot, answer, 1));
+  co_await op.all(requests);
+}
+
+}  // namespace
+
 Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size_t slotBytes,
                       size_t slots, uint32_t firstStep) {
   const int n = static_cast<int>(order.size());
@@ -117,21 +144,8 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
     ok = windows.outboxWindow != 0;
   }
 
-  uint8_t verdict = ok;
-  if (position == 0) {
-    std::vector<uint8_t> votes(n, 1);
-    std::vector<Request*> requests;
-    for (int p = 1; p < n; ++p) requests.push_back(op.recv(order[p], voteSlot, &votes[p], 1));
-    co_await op.all(requests);
-    for (int p = 1; p < n; ++p) verdict &= votes[p];
-    requests.clear();
-    for (int p = 1; p < n; ++p) requests.push_back(op.send(order[p], verdictSlot, &verdict, 1));
-    co_await op.all(requests);
-  } else {
-    Request* vote = op.send(order[0], voteSlot, &ok, 1);
-    Request* answer = op.recv(order[0], verdictSlot, &verdict, 1);
-    co_await op.all(vote, answer);
-  }
+  uint8_t verdict = 0;
+  co_await allOf(op, order, voteSlot, verdictSlot, ok, &verdict);
   windows.slotBytes = geometry.slotBytes;
   windows.slots = geometry.slots;
   windows.ready = verdict != 0;
@@ -141,19 +155,8 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
     // One more round before any member goes on (an op that requires the ring fails at once,
     // and its notice to the others must not cut short one still waiting for the verdict):
     // every member has it once the first one has heard back from all.
-    if (position == 0) {
-      std::vector<uint8_t> acks(n);
-      std::vector<Request*> requests;
-      for (int p = 1; p < n; ++p) requests.push_back(op.recv(order[p], voteSlot, &acks[p], 1));
-      co_await op.all(requests);
-      requests.clear();
-      for (int p = 1; p < n; ++p) requests.push_back(op.send(order[p], verdictSlot, &verdict, 1));
-      co_await op.all(requests);
-    } else {
-      Request* ack = op.send(order[0], voteSlot, &ok, 1);
-      Request* all = op.recv(order[0], verdictSlot, &verdict, 1);
-      co_await op.all(ack, all);
-    }
+    uint8_t heard = 0;
+    co_await allOf(op, order, voteSlot, verdictSlot, 0, &heard);
     if (logs(LogLevel::kWarn)) {
       logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
                                    ": a host ring of " + std::to_string(n) +
