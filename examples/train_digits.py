@@ -207,9 +207,10 @@ def main():
         first = saved["epochs"]
     if rank == 0:
         print(f"training DigitsCNN on {len(train)} digits, {world} processes, "
-              f"backend {args.backend}" + (f", attempt {attempt}" if attempt else "") +
+              f"backend {args.backend}" +
               (f", EASGD tau {args.tau} alpha {easgd.alpha:g}" if easgd else ", DDP") +
               (", data in memory once per host" if args.in_memory else "") +
+              (f", attempt {attempt}" if attempt else "") +
               (f", resumed after epoch {first}" if first else ""), flush=True)
     global_batch = args.batch_size * world
     epoch = first

@@ -65,6 +65,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       // c10d's getError (torch's Python Backend has no binding for it).
       .def("get_error", &ddl::ProcessGroupDDL::getError)
+      // dist._time_estimator's calls (torch binds them for NCCL only).
+      .def("_start_time_estimate", &ddl::ProcessGroupDDL::startTimeEstimate)
+      .def("_end_time_estimate", &ddl::ProcessGroupDDL::endTimeEstimate)
       .def("host_rings",
            [](const ddl::ProcessGroupDDL& pg) {
              std::pair<int, int> counts;

@@ -4,10 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <thread>
 
 #include "../core/shm/shared_buffers.h"
+#include "../core/topology/allreduce_plan.h"
 #include "arguments.hpp"
 #include "compat.hpp"
 #include "reuse_tracker.hpp"
@@ -148,6 +150,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
   // If the op fails while UCX still holds one of its messages, the engine keeps the core Work,
   // and with it these tensors, until UCX lets go.
   auto tensors = std::static_pointer_cast<const std::vector<at::Tensor>>(work->tensorsInUse());
+  if (estimating_.load()) {
+    const double seconds = estimateSeconds(work->retrieveOpType(), *tensors);
+    {
+      std::lock_guard<std::mutex> lock(estimateMutex_);
+      estimatedSeconds_ += seconds;
+    }
+    options.work->finish("");
+    return work;
+  }
   try {
     placeOnDevice(*work, *tensors, options);
   } catch (...) {
@@ -196,6 +207,61 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::endCoalescing() {
   TORCH_CHECK(coalescing_.load(), "ddl: endCoalescing without startCoalescing");
   coalescing_.store(false);
   return c10::make_intrusive<CoalescedWorkDDL>(rank_, std::move(coalesced_));
+}
+
+void ProcessGroupDDL::startTimeEstimate() {
+  std::lock_guard<std::mutex> lock(estimateMutex_);
+  TORCH_CHECK(!estimating_.load(), "ddl: _start_time_estimate while this group already estimates");
+  estimatedSeconds_ = 0;
+  estimating_.store(true);
+}
+
+double ProcessGroupDDL::endTimeEstimate() {
+  std::lock_guard<std::mutex> lock(estimateMutex_);
+  TORCH_CHECK(estimating_.load(), "ddl: _end_time_estimate without _start_time_estimate");
+  estimating_.store(false);
+  return estimatedSeconds_ * 1e6;
+}
+
+// allreduce: the plan the group would take for that size, as `info --plan` predicts it. Other
+// ops: a flat ring, tree or exchange over the group's slowest level (its links as probed).
+double ProcessGroupDDL::estimateSeconds(c10d::OpType type,
+                                        const std::vector<at::Tensor>& tensors) const {
+  double bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) bytes += static_cast<double>(t.numel() * t.element_size());
+  }
+  const ddl::Topology& topology = comm_->topology();
+  const ddl::LinkCosts& links = comm_->links();
+  const int p = size_;
+  if (p <= 1) return 0;
+  const ddl::LinkCost& slowest =
+      links.at(topology.hosts() > 1 ? static_cast<int>(topology.levels.size()) : 0);
+  const double alpha = slowest.latency, beta = slowest.bandwidth;
+  const double steps = std::ceil(std::log2(static_cast<double>(p)));
+  switch (type) {
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED: {
+      const size_t count = static_cast<size_t>(bytes) / 4;
+      auto plans =
+          ddl::allreduceCandidates(topology, links, count, 4, ddl::Communicator::planRequest());
+      return plans.empty() ? 0 : plans.front().predicted;
+    }
+    case c10d::OpType::BARRIER:
+      return steps * alpha;
+    case c10d::OpType::BROADCAST:
+    case c10d::OpType::REDUCE:
+      return steps * alpha + bytes / beta;
+    case c10d::OpType::SEND:
+    case c10d::OpType::RECV:
+    case c10d::OpType::RECVANYSOURCE:
+      return alpha + bytes / beta;
+    case c10d::OpType::REDUCE_SCATTER:
+    case c10d::OpType::_REDUCE_SCATTER_BASE:  // the work holds this rank's share
+      return (p - 1) * (alpha + bytes / beta);
+    default:  // gathers, scatters, all-to-all: (P - 1) shares of the whole
+      return (p - 1) * (alpha + bytes / p / beta);
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor>& tensors,

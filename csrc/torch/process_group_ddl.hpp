@@ -53,6 +53,12 @@ class ProcessGroupDDL : public c10d::Backend {
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // dist._time_estimator: between start and end no op of this group communicates; each one
+  // completes at once (its outputs untouched) and adds what the cost model predicts for it, with
+  // the links the group probed. endTimeEstimate returns the sum in microseconds, as NCCL's does.
+  bool supportsTimeEstimation() const override { return true; }
+  void startTimeEstimate();
+  double endTimeEstimate();
   // What a split inherits: the backend's name and this group's timeout.
   c10::intrusive_ptr<Options> getBackendOptions() override {
     return c10::make_intrusive<Options>("ddl", comm_->timeout());
@@ -152,6 +158,11 @@ class ProcessGroupDDL : public c10d::Backend {
   std::mutex deviceMutex_;
   std::mutex coalescingMutex_;
   std::atomic<bool> coalescing_{false};  // set and cleared under coalescingMutex_
+  std::mutex estimateMutex_;
+  std::atomic<bool> estimating_{false};  // set and cleared under estimateMutex_
+  double estimatedSeconds_ = 0;
+  // The cost model's seconds for an op of `type` whose work holds `tensors` (its outputs).
+  double estimateSeconds(c10d::OpType type, const std::vector<at::Tensor>& tensors) const;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };

@@ -114,3 +114,47 @@ def _allocated(rank, size):
 
 def test_allocate_tensor_gives_shared_memory_that_allreduces_like_gloo():
     run_ranks(_allocated, 2)
+
+
+def _estimates(rank, size, results):
+    x = torch.full((1 << 22,), float(rank))  # 16 MiB
+    outs = [torch.empty(1 << 18) for _ in range(size)]
+    with dist._time_estimator() as whole:
+        dist.all_reduce(x)
+    with dist._time_estimator() as several:
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        dist.all_gather(outs, x[: 1 << 18])
+        dist.broadcast(x, src=0)
+        dist.barrier()
+    # Nothing was sent: every tensor is as it was.
+    assert torch.equal(x, torch.full((1 << 22,), float(rank)))
+    assert whole.estimated_time > 0 and several.estimated_time > whole.estimated_time
+    # What the group then measures for the same allreduce.
+    dist.all_reduce(x)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(3):
+        dist.all_reduce(x)
+    measured_us = (time.perf_counter() - start) / 3 * 1e6
+    assert torch.equal(x, torch.full((1 << 22,), float(sum(range(size)) * size ** 3)))
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend._start_time_estimate()
+    with pytest.raises(RuntimeError, match="already estimates"):
+        backend._start_time_estimate()
+    backend._end_time_estimate()
+    with pytest.raises(RuntimeError, match="without _start_time_estimate"):
+        backend._end_time_estimate()
+    if rank == 0:
+        with open(results, "w") as f:
+            f.write(f"{whole.estimated_time} {measured_us}")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_time_estimator_predicts_without_communicating(size, tmp_path):
+    results = str(tmp_path / "estimate")
+    run_ranks(_estimates, size, results)
+    estimated, measured = (float(v) for v in open(results).read().split())
+    print(f"{size} ranks, 16 MiB allreduce: estimated {estimated:.0f} us, measured "
+          f"{measured:.0f} us ({estimated / measured:.2f}x)")
+    assert estimated > 0 and measured > 0
