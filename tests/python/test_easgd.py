@@ -130,3 +130,25 @@ def _bad_arguments(rank, world):
 
 def test_bad_arguments_are_refused_naming_what_is_wrong():
     run_ranks(_bad_arguments, 2)
+
+
+def _with_ddp_no_sync(rank, world):
+    # Under DDP's no_sync (no gradient allreduce) the wrapper does what it does without DDP.
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_ddl.optim import ElasticAveraging
+
+    plain, _, _, _ = train(rank, world, 3, False, steps=12)
+    model = DDP(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ea = ElasticAveraging(opt, alpha=0.9 / world, tau=3)
+    for step in range(12):
+        with model.no_sync():
+            local_step(model, opt, rank, step)
+        ea.step()
+    for a, b in zip(plain, model.module.parameters()):
+        assert torch.equal(a, b.detach())
+
+
+def test_elastic_averaging_under_ddp_no_sync():
+    run_ranks(_with_ddp_no_sync, 2)
