@@ -67,6 +67,14 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::split(const c10::intrusive_pt
   return c10::make_intrusive<ProcessGroupDDL>(std::move(comm));
 }
 
+c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::merge(
+    const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<Options>& opts,
+    const int& rank, const int& size) {
+  const std::chrono::milliseconds timeout =
+      opts && opts->timeout.count() > 0 ? opts->timeout : comm_->timeout();
+  return c10::make_intrusive<ProcessGroupDDL>(store, rank, size, timeout);
+}
+
 void ProcessGroupDDL::registerOnCompletionHook(
     std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
   std::lock_guard<std::mutex> lock(observers_->mutex);

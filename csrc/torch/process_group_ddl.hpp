@@ -66,6 +66,12 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+  // ProcessGroup.merge_remote_group: processes of separate groups that share `store` form one
+  // group of `size` (c10d numbers them in the order they reach the store). They are not all
+  // members of this group, so it cannot connect them: the new group is created over the store.
+  c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const c10::intrusive_ptr<Options>& opts, const int& rank,
+                                          const int& size) override;
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
       const c10::intrusive_ptr<Options>& optsOverride = nullptr) override;

@@ -113,3 +113,29 @@ def test_200_groups_do_not_grow_threads_fds_or_memory():
 def test_sequence_numbers_and_debug_detail(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     run_ranks(_sequence_and_debug, 2)
+
+
+def _merge(rank, size):
+    # Two separate groups (halves of the world) merge through a store they share into one group
+    # of every process: ranks in the order they reached the store, each process once.
+    from datetime import timedelta
+
+    half = dist.new_group(ranks=list(range(size // 2)), backend="ddl")
+    other = dist.new_group(ranks=list(range(size // 2, size)), backend="ddl")
+    mine = half if rank < size // 2 else other
+    store = dist.PrefixStore("merge", dist.distributed_c10d._get_default_store())
+    merged = mine.merge_remote_group(store, size, timedelta(seconds=60))
+    assert merged.size() == size
+    backend = merged._get_backend(torch.device("cpu"))
+    assert backend.name() == "ddl" or "ddl" in type(backend).__name__.lower()
+    x = torch.full((70001,), float(rank + 1))
+    merged.allreduce([x]).wait()
+    assert torch.equal(x, torch.full((70001,), float(size * (size + 1) // 2)))
+    seen = torch.zeros(size)
+    seen[merged.rank()] = rank + 1
+    merged.allreduce([seen]).wait()
+    assert sorted(seen.tolist()) == [float(r + 1) for r in range(size)]
+
+
+def test_merge_remote_group_forms_one_group_of_separate_groups():
+    run_ranks(_merge, 4)
