@@ -126,11 +126,15 @@ bench-data: build
 	@mkdir -p benchmarks/results
 	set -o pipefail; ($(PY) benchmarks/data_bench.py && $(PY) benchmarks/data_bench.py --workers 0) \
 	  | tee benchmarks/results/data_bench.txt
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	$(PY) benchmarks/plot_training.py
 
 # Sync EASGD against DDP across 2 emulated hosts x 2 ranks at 1 Gbit/s (root).
 bench-easgd: build $(CLUSTER_TOOLS)
 	@mkdir -p benchmarks/results
 	set -o pipefail; $(PY) benchmarks/easgd_bench.py | tee benchmarks/results/easgd_bench.txt
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	$(PY) benchmarks/plot_training.py
 
 bench-cluster: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
