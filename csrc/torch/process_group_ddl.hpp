@@ -33,7 +33,8 @@ class ProcessGroupDDL : public c10d::Backend {
   // new group has this one's settings.
   bool supportsShrinking() const override { return true; }
   // Called with c10d's WorkInfo (op type, sequence number, start, end, duration) as each op of
-  // the group ends, on the threads that complete Futures. One hook per group, as for NCCL.
+  // the group ends, on the threads that complete Futures: ops that end close together may be
+  // reported in either order (the sequence numbers give the call order). One hook per group.
   void registerOnCompletionHook(
       std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
   // Work.get_duration(): milliseconds from the op's start on the progress thread to its end.
