@@ -60,14 +60,15 @@ def _hosts(group):
     return keys[rank][0], [r for r, k in enumerate(keys) if k == keys[rank]]
 
 
-def _agree(group, what, error):
-    """Every rank's error (None: none); raises the first one on every rank."""
-    errors = [None] * dist.get_world_size(group)
-    dist.all_gather_object(errors, error, group=group)
-    for r, e in enumerate(errors):
+def _agree(group, what, error, value=None):
+    """Every rank's error (None: none) and value: raises the first error on every rank, else
+    returns the values by rank."""
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (value, error), group=group)
+    for r, (_, e) in enumerate(gathered):
         if e is not None:
             raise RuntimeError(f"InMemoryDataset.{what}: rank {r}: {e}")
-    return errors
+    return [v for v, _ in gathered]
 
 
 def _create(size, host, what):
@@ -163,15 +164,14 @@ class InMemoryDataset(Dataset):
                         index = torch.tensor(offsets, dtype=torch.int64).numpy().tobytes()
                         region[_HEADER:_HEADER + len(index)] = index
                     handle = (os.getpid(), fd, at)
-        handles = [None] * dist.get_world_size(group)
-        dist.all_gather_object(handles, (handle, error), group=group)
-        for r, (_, e) in enumerate(handles):
-            if e is not None:
-                self.close()
-                raise RuntimeError(f"InMemoryDataset.{what}: rank {r}: {e}")
+        try:
+            handles = _agree(group, what, error, handle)
+        except RuntimeError:
+            self.close()
+            raise
         error = None
         if rank != leader:
-            pid, fd, size = handles[leader][0]
+            pid, fd, size = handles[leader]
             try:
                 self._fd, self._bytes = _open_peer(pid, fd, writable=True), size
             except OSError as e:
@@ -250,14 +250,12 @@ class InMemoryDataset(Dataset):
                         if part is not None:
                             _view(region, *part).copy_(t)
                 meta = (os.getpid(), fd, at, parts)
-        handles = [None] * dist.get_world_size(group)
-        dist.all_gather_object(handles, (meta, error), group=group)
-        for r, (_, e) in enumerate(handles):
-            if e is not None:
-                if rank == leader and getattr(self, "_fd", None) is not None:
-                    os.close(self._fd)
-                raise RuntimeError(f"InMemoryDataset.{what}: rank {r}: {e}")
-        pid, fd, size, parts = handles[leader][0]
+        try:
+            handles = _agree(group, what, error, meta)
+        except RuntimeError:
+            self.close()
+            raise
+        pid, fd, size, parts = handles[leader]
         error = None
         if rank != leader:
             try:
