@@ -208,13 +208,60 @@ void ProcessGroupDDL::startCoalescing() {
   TORCH_CHECK(!coalescing_.load(), "ddl: startCoalescing while this group already coalesces");
   coalescing_.store(true);
   coalesced_.clear();
+  batch_.clear();
+  batchSlot_ = std::make_shared<BatchMemberWork::Batch>();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::endCoalescing() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<BatchEntry> batch;
+  std::shared_ptr<BatchMemberWork::Batch> slot;
+  {
+    std::lock_guard<std::mutex> lock(coalescingMutex_);
+    TORCH_CHECK(coalescing_.load(), "ddl: endCoalescing without startCoalescing");
+    coalescing_.store(false);
+    works = std::move(coalesced_);
+    batch = std::move(batch_);
+    slot = std::move(batchSlot_);
+  }
+  if (!batch.empty()) works.push_back(postBatch(std::move(batch), slot));
+  return c10::make_intrusive<CoalescedWorkDDL>(rank_, std::move(works));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::joinBatch(std::vector<at::Tensor>& tensors,
+                                                          bool isSend, int peer, int tag,
+                                                          const char* where) {
+  if (peer == rank_) {
+    badInput(where,
+             std::string("a rank cannot ") + (isSend ? "send to" : "receive from") + " itself");
+  }
+  if (peer < 0) {
+    badInput(where, "a coalesced batch receives from named ranks only, not from any source");
+  }
   std::lock_guard<std::mutex> lock(coalescingMutex_);
-  TORCH_CHECK(coalescing_.load(), "ddl: endCoalescing without startCoalescing");
-  coalescing_.store(false);
-  return c10::make_intrusive<CoalescedWorkDDL>(rank_, std::move(coalesced_));
+  batch_.push_back({isSend, tensors[0], peer, tag});
+  return c10::make_intrusive<BatchMemberWork>(rank_,
+                                              isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                              tensors, isSend ? -1 : peer, batchSlot_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::postBatch(
+    std::vector<BatchEntry> batch, const std::shared_ptr<BatchMemberWork::Batch>& slot) {
+  std::vector<at::Tensor> tensors;
+  for (const BatchEntry& e : batch) tensors.push_back(e.tensor);
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, tensors);
+  std::vector<Communicator::Transfer> transfers;
+  for (const BatchEntry& e : batch) {
+    at::Tensor buffer = contiguousFor(e.tensor, *work, !e.isSend);
+    transfers.push_back({e.isSend, buffer.data_ptr(),
+                         static_cast<size_t>(buffer.numel()) * buffer.element_size(), e.peer,
+                         static_cast<uint32_t>(e.tag)});
+  }
+  auto posted = launch(work, callOptions(*work, "coalesced", c10d::kUnsetTimeout),
+                       [&](CallOptions& o) { comm_->pointToPoint(std::move(transfers), o); });
+  slot->work = posted;
+  slot->posted.store(true);
+  return posted;
 }
 
 void ProcessGroupDDL::startTimeEstimate() {
@@ -581,6 +628,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& te
   at::Tensor& tensor = single(tensors, where);
   DataType type = checkTensor(tensor, where);
   checkRank(where, "dst", dstRank, size_);
+  if (coalescing_.load()) return joinBatch(tensors, true, dstRank, tag, where);
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::SEND, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, false);
   work->keepAlive(buffer);
@@ -596,6 +644,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::receive(std::vector<at::Tensor>&
   at::Tensor& tensor = single(tensors, where);
   DataType dtype = checkTensor(tensor, where);
   if (srcRank != -1) checkRank(where, "src", srcRank, size_);
+  if (coalescing_.load()) return joinBatch(tensors, false, srcRank, tag, where);
   auto work = c10::make_intrusive<WorkDDL>(rank_, type, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   return launch(work, callOptions(*work, "recv", c10d::kUnsetTimeout), [&](CallOptions& o) {

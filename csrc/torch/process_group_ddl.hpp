@@ -45,8 +45,9 @@ class ProcessGroupDDL : public c10d::Backend {
   // ProcessGroup.split_group (dist.split_group): the ranks of `ranks` (of this group) form a
   // group by themselves, as shrink's survivors do; the others get nullptr and send nothing.
   bool supportsSplitting() const override { return true; }
-  // Coalescing (batch_isend_irecv, the coalescing manager with a device): the ops called
-  // between start and end run as they are called, and endCoalescing returns one Work for all.
+  // Coalescing (batch_isend_irecv, the coalescing manager with a device): the sends and recvs
+  // called between start and end are one op of the core (Communicator::pointToPoint), posted by
+  // endCoalescing; collectives run as they are called. endCoalescing returns one Work for all.
   bool supportsCoalescing() const override { return true; }
   // Backend.allocate_tensor: CPU tensors in memory the host's ranks map (torch_ddl.empty_shared),
   // whose allreduces take the direct path. Device tensors are refused, naming the device.
@@ -171,6 +172,19 @@ class ProcessGroupDDL : public c10d::Backend {
   // The cost model's seconds for an op of `type` whose work holds `tensors` (its outputs).
   double estimateSeconds(c10d::OpType type, const std::vector<at::Tensor>& tensors) const;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  // The sends and recvs of the coalesced batch in progress (under coalescingMutex_).
+  struct BatchEntry {
+    bool isSend;
+    at::Tensor tensor;
+    int peer;
+    int tag;
+  };
+  std::vector<BatchEntry> batch_;
+  std::shared_ptr<BatchMemberWork::Batch> batchSlot_;
+  c10::intrusive_ptr<c10d::Work> joinBatch(std::vector<at::Tensor>& tensors, bool isSend, int peer,
+                                           int tag, const char* where);
+  c10::intrusive_ptr<c10d::Work> postBatch(std::vector<BatchEntry> batch,
+                                           const std::shared_ptr<BatchMemberWork::Batch>& slot);
   int cudaDevice_ = -1;  // the CUDA device of the group's first CUDA collective
 };
 

@@ -288,4 +288,31 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWorkDDL::getFuture() {
   return future_;
 }
 
+BatchMemberWork::BatchMemberWork(int rank, c10d::OpType type, std::vector<at::Tensor> tensors,
+                                 int source, std::shared_ptr<Batch> batch)
+    : c10d::Work(rank, type),
+      tensors_(std::move(tensors)),
+      source_(source),
+      batch_(std::move(batch)) {}
+
+c10d::Work& BatchMemberWork::batch() const {
+  TORCH_CHECK(batch_->posted.load(),
+              "ddl: this op belongs to a coalesced batch that has not been posted: its sends and "
+              "receives start together when coalescing ends (endCoalescing), or the batch was "
+              "refused");
+  return *batch_->work;
+}
+
+bool BatchMemberWork::isCompleted() { return batch_->posted.load() && batch().isCompleted(); }
+
+bool BatchMemberWork::isSuccess() const { return batch().isSuccess(); }
+
+std::exception_ptr BatchMemberWork::exception() const {
+  return batch_->posted.load() ? batch().exception() : nullptr;
+}
+
+bool BatchMemberWork::wait(std::chrono::milliseconds timeout) { return batch().wait(timeout); }
+
+c10::intrusive_ptr<c10::ivalue::Future> BatchMemberWork::getFuture() { return batch().getFuture(); }
+
 }  // namespace ddl

@@ -111,4 +111,32 @@ class CoalescedWorkDDL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// A send or recv called while its group coalesces: the batch (endCoalescing) posts it with the
+// others as one op, and it is done when the batch is. Waiting on it before endCoalescing is an
+// error, not a wait that cannot end.
+class BatchMemberWork : public c10d::Work {
+ public:
+  struct Batch {  // the batch's Work, set once by endCoalescing
+    std::atomic<bool> posted{false};
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  BatchMemberWork(int rank, c10d::OpType type, std::vector<at::Tensor> tensors, int source,
+                  std::shared_ptr<Batch> batch);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override { return tensors_; }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;  // the batch's
+  int sourceRank() const override { return source_; }
+
+ private:
+  c10d::Work& batch() const;
+
+  std::vector<at::Tensor> tensors_;
+  int source_;
+  std::shared_ptr<Batch> batch_;
+};
+
 }  // namespace ddl

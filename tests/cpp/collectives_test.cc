@@ -334,6 +334,24 @@ TEST_P(WorldSize, AlltoallUnevenAndPointToPoint) {
       check(comm.send(&v, sizeof(v), 0, 99));
     }
     EXPECT_THROW((void)comm.send(&a, sizeof(a), me, 1), Error);
+    // A batch (one op): sends to both neighbours under two tags, matched by lone receives on
+    // one side and by a batch of receives on the other; each message as the lone one would be.
+    int64_t x = me * 10 + 3, y = me * 10 + 4, rx = -1, fromPrev = -1, fromNext = -1;
+    using T = Communicator::Transfer;
+    auto batch =
+        comm.pointToPoint({T{true, &x, sizeof(x), next, 0x50001}, T{true, &y, sizeof(y), prev, 5},
+                           T{false, &fromPrev, sizeof(fromPrev), prev, 0x50001},
+                           T{false, &fromNext, sizeof(fromNext), next, 5}});
+    check(batch);
+    ASSERT_EQ(fromPrev, prev * 10 + 3);
+    ASSERT_EQ(fromNext, next * 10 + 4);
+    auto lone = comm.send(&x, sizeof(x), next, 0x50001);
+    check(comm.pointToPoint({T{false, &rx, sizeof(rx), prev, 0x50001}}));
+    check(lone);
+    ASSERT_EQ(rx, prev * 10 + 3);
+    EXPECT_THROW((void)comm.pointToPoint({T{false, &rx, sizeof(rx), -1, 1}}), Error);
+    EXPECT_THROW((void)comm.pointToPoint({T{true, &x, sizeof(x), me, 1}}), Error);
+    check(comm.pointToPoint({}));
     check(comm.barrier());
   });
 }

@@ -1,6 +1,7 @@
 """Coalesced collectives (the coalescing manager and the *_coalesced calls), PREMUL_SUM and
 monitored_barrier over 'ddl'."""
 
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -92,6 +93,43 @@ def _batched(rank, size):
             w.wait()
         for t, n in zip(recvs, (1, 257, 4099)):
             assert_same(t, torch.full((n,), float(100 * left + n)), f"batch recv n={n}")
+    # The batch is one op of the core: a group with a completion hook sees one COALESCED op
+    # for six sends and receives (of several tags, two of them to one peer).
+    pg = dist.new_group(backend="ddl")
+    infos, lock = [], threading.Lock()
+
+    def hook(info):
+        with lock:
+            infos.append(info)
+    pg._register_on_completion_hook(hook)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    sends = [torch.full((n,), float(rank * 10 + n)) for n in (3, 1, 2)]
+    recvs = [torch.zeros(n) for n in (3, 1, 2)]
+    tags = (7, 0, 7)
+    ops = [dist.P2POp(dist.isend, t, right, group=pg, tag=g) for t, g in zip(sends, tags)]
+    ops += [dist.P2POp(dist.irecv, t, left, group=pg, tag=g) for t, g in zip(recvs, tags)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for t, n in zip(recvs, (3, 1, 2)):
+        assert_same(t, torch.full((n,), float(left * 10 + n)), f"tagged batch recv n={n}")
+    pg._wait_for_pending_works()
+    with lock:
+        kinds = [str(i.op_type) for i in infos]
+    assert len(kinds) == 1 and "COALESCED" in kinds[0], kinds
+    # A member's Work waits with the batch; before the batch is posted it refuses to wait.
+    pg._start_coalescing(cpu)
+    try:
+        early = pg.recv([torch.zeros(1)], left, 0)
+        with pytest.raises(RuntimeError, match="has not been posted"):
+            early.wait()
+        with pytest.raises(ValueError, match="named ranks only"):
+            pg.recv_anysource([torch.zeros(1)], 0)
+        pg.send([torch.ones(1)], right, 0)
+    finally:
+        batch = pg._end_coalescing(cpu)
+    batch.wait()
+    early.wait()
+    assert early.is_completed() and early._source_rank() == left
     # The coalescing manager with a device asks the backend to coalesce too.
     ts = [torch.full((n,), float(rank)) for n in (5, 1021)]
     with _coalescing_manager(device=cpu, async_ops=True) as cm:

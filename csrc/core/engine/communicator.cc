@@ -122,6 +122,17 @@ Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
   op.work->setSource(static_cast<int>(tag::source(r->senderTag)));
 }
 
+Task batchTask(Op& op, std::vector<Communicator::Transfer> transfers) {
+  std::vector<Request*> requests;
+  requests.reserve(transfers.size());
+  for (const Communicator::Transfer& t : transfers) {
+    const uint64_t slot = pointToPointSlot(t.userTag);
+    requests.push_back(t.isSend ? op.sendUnder(t.userTag, t.peer, slot, t.data, t.bytes)
+                                : op.recvUnder(t.userTag, t.peer, slot, t.data, t.bytes));
+  }
+  co_await op.all(std::move(requests));
+}
+
 // A group's name, its entry in the flight recorder and its shared-memory ring, once its engine,
 // rank, size and id are set.
 void nameGroup(Group& group) {
@@ -676,6 +687,28 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int peer, uin
   return startAt(
       userTag, nullptr, "recv", options,
       [=](Op& op) { return recvTask(op, data, bytes, peer, userTag); }, peer);
+}
+
+std::shared_ptr<Work> Communicator::pointToPoint(std::vector<Transfer> transfers,
+                                                 CallOptions options) {
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    const char* what = t.isSend ? "send" : "recv";
+    if (t.peer < 0 || t.peer >= size()) {
+      throw Error(where("batch") + ": " + what + " " + std::to_string(i) + " names rank " +
+                  std::to_string(t.peer) + ", not a rank of it" +
+                  (t.peer == -1 && !t.isSend ? " (a batch receives from named ranks only)" : ""));
+    }
+    if (t.peer == rank()) {
+      throw Error(where("batch") + ": " + what + " " + std::to_string(i) +
+                  " names this rank; a rank cannot " + (t.isSend ? "send to" : "receive from") +
+                  " itself");
+    }
+  }
+  const uint32_t first = transfers.empty() ? 0 : transfers.front().userTag;
+  return startAt(
+      first, nullptr, "coalesced", options,
+      [transfers = std::move(transfers)](Op& op) { return batchTask(op, transfers); }, -1);
 }
 
 }  // namespace ddl

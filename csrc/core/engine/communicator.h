@@ -158,6 +158,19 @@ class Communicator {
                              CallOptions options = {});
   std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t userTag,
                              CallOptions options = {});
+  // One transfer of a point-to-point batch.
+  struct Transfer {
+    bool isSend = true;
+    void* data = nullptr;  // read by a send, written by a receive
+    size_t bytes = 0;      // a receive takes at most this many
+    int peer = 0;          // a rank of this group; a batch receives from named ranks only
+    uint32_t userTag = 0;
+  };
+  // Several sends and receives as one op (torch's batch_isend_irecv, a coalesced batch): all
+  // posted at once in the order given, each matched as the lone send or recv of its tag would
+  // be; done when all are, failing with the first that fails (naming the peers still awaited).
+  // Checks every transfer before any is posted.
+  std::shared_ptr<Work> pointToPoint(std::vector<Transfer> transfers, CallOptions options = {});
 
  private:
   Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,

@@ -141,8 +141,23 @@ Request* Op::send(int peer, uint64_t slot, const void* data, size_t bytes) {
 }
 
 Request* Op::postSend(Request* req, uint64_t slot, const void* data, size_t bytes) {
+  return postSendUnder(sequence_, req, slot, data, bytes);
+}
+
+Request* Op::sendUnder(uint32_t sequence, int peer, uint64_t slot, const void* data, size_t bytes) {
+  return postSendUnder(sequence, newRequest(peer, true), slot, data, bytes);
+}
+
+Request* Op::recvUnder(uint32_t sequence, int peer, uint64_t slot, void* data, size_t bytes) {
+  Request* req = newRequest(peer, false);
+  req->expectedBytes = Request::kAnySize;
+  return postReceiveUnder(sequence, req, slot, data, bytes);
+}
+
+Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const void* data,
+                           size_t bytes) {
   if (refuseAfterFailure(req)) return req;
-  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(group_->rank));
+  uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(group_->rank));
   group_->engine->transport().send(group_->peer(req->peer), t, data, bytes, req);
   return req;
 }
@@ -163,8 +178,13 @@ Request* Op::postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t 
 }
 
 Request* Op::postReceive(Request* req, uint64_t slot, void* data, size_t bytes) {
+  return postReceiveUnder(sequence_, req, slot, data, bytes);
+}
+
+Request* Op::postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, void* data,
+                              size_t bytes) {
   if (refuseAfterFailure(req)) return req;
-  uint64_t t = tag::make(group_->id, sequence_, slot, static_cast<uint32_t>(req->peer));
+  uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(req->peer));
   group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;
 }

@@ -97,6 +97,11 @@ class Op {
   Request* recvUpTo(int peer, uint64_t slot, void* data, size_t bytes);
   // From whichever rank sends first; the sender is tag::source(request->senderTag).
   Request* recvAny(uint64_t slot, void* data, size_t bytes);
+  // A point-to-point batch's messages (Communicator::pointToPoint): each under its own
+  // transfer's sequence field (the low bits of its user tag) instead of the op's; the receive
+  // takes at most `bytes`.
+  Request* sendUnder(uint32_t sequence, int peer, uint64_t slot, const void* data, size_t bytes);
+  Request* recvUnder(uint32_t sequence, int peer, uint64_t slot, void* data, size_t bytes);
 
   class Until {
    public:
@@ -194,6 +199,10 @@ class Op {
   // Post a request made by newRequest (nothing leaves a failed op).
   Request* postSend(Request* req, uint64_t slot, const void* data, size_t bytes);
   Request* postReceive(Request* req, uint64_t slot, void* data, size_t bytes);
+  Request* postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const void* data,
+                         size_t bytes);
+  Request* postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, void* data,
+                            size_t bytes);
   bool refuseAfterFailure(Request* req);
 
   std::shared_ptr<const Group> group_;
