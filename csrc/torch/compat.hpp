@@ -32,6 +32,16 @@
 #define DDL_ALL_TO_ALL_SINGLE alltoall_base
 #endif
 
+// torch 2.14's fault-tolerance API (supportsReconfigure, get_reconfigure_handle, reconfigure)
+// and abort hooks (registerAbortHook, unregisterAbortHook): overridden where the headers have
+// them.
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+#define DDL_TORCH_HAS_RECONFIGURE 1
+#endif
+#ifdef C10D_BACKEND_HAS_HOOKS
+#define DDL_TORCH_HAS_ABORT_HOOKS 1
+#endif
+
 namespace ddl::torch_compat {
 
 static_assert(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11,

@@ -27,10 +27,78 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   } catch (const ddl::Error& e) {
     C10_THROW_ERROR(DistBackendError, e.what());
   }
+  watchFailures();
 }
 
 ProcessGroupDDL::ProcessGroupDDL(std::shared_ptr<Communicator> comm)
-    : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)) {}
+    : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)) {
+  watchFailures();
+}
+
+void ProcessGroupDDL::watchFailures() {
+  std::weak_ptr<Communicator> weak = comm_;
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  observers_->groupFailed = [weak] {
+    auto comm = weak.lock();
+    return comm && comm->firstFailure().first != GroupState::Failure::kNone;
+  };
+  observers_->abortHooksRan.store(false);
+}
+
+#ifdef DDL_TORCH_HAS_RECONFIGURE
+c10d::ReconfigureHandle ProcessGroupDDL::get_reconfigure_handle() const {
+  return Communicator::handle(comm_->engine());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::ReconfigureOptions& opts) {
+  const char* where = "reconfigure";
+  if (std::find(usedUuids_.begin(), usedUuids_.end(), opts.uuid) != usedUuids_.end()) {
+    badInput(where, "uuid " + std::to_string(opts.uuid) +
+                        " was used before on this group; pass a fresh one each time");
+  }
+  std::vector<std::string> handles;
+  if (const auto* list = std::get_if<std::vector<c10d::ReconfigureHandle>>(&opts.handles)) {
+    handles = *list;
+  } else {
+    const auto& set = std::get<std::unordered_set<c10d::ReconfigureHandle>>(opts.handles);
+    handles = Communicator::orderHandles({set.begin(), set.end()});
+  }
+  const std::chrono::milliseconds timeout = opts.timeout.value_or(comm_->timeout());
+  const LinkCosts links = comm_->links();
+  std::shared_ptr<Communicator> next;
+  try {
+    next = Communicator::reconfigure(comm_->engine(), handles, opts.uuid, timeout, &links);
+  } catch (const ddl::Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+  usedUuids_.push_back(opts.uuid);
+  comm_->close("the group was reconfigured (uuid " + std::to_string(opts.uuid) + ")");
+  comm_ = std::move(next);
+  rank_ = comm_->rank();
+  size_ = comm_->size();
+  watchFailures();
+  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{});
+  work->coreWork(where)->finish("");
+  return work;
+}
+#endif
+
+#ifdef DDL_TORCH_HAS_ABORT_HOOKS
+void ProcessGroupDDL::registerAbortHook(int64_t hookId, c10d::AbortHook hook) {
+  TORCH_CHECK(hook, "ddl: register_abort_hook: the hook is empty");
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  TORCH_CHECK(observers_->abortHooks.count(hookId) == 0, "ddl: register_abort_hook: id ", hookId,
+              " is registered already");
+  observers_->abortHooks[hookId] = std::move(hook);
+  observers_->abortHooked.store(true);
+}
+
+void ProcessGroupDDL::unregisterAbortHook(int64_t hookId) {
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  TORCH_CHECK(observers_->abortHooks.erase(hookId) == 1, "ddl: unregister_abort_hook: no hook ",
+              hookId, " is registered");
+}
+#endif
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
     const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
@@ -820,7 +888,10 @@ c10d::ErrorType ProcessGroupDDL::getError() {
   return c10d::ErrorType::COMM_ERROR;
 }
 
-void ProcessGroupDDL::abort() { comm_->close("aborted: abort() was called on this group"); }
+void ProcessGroupDDL::abort() {
+  observers_->runAbortHooks();
+  comm_->close("aborted: abort() was called on this group");
+}
 
 void ProcessGroupDDL::shutdown() { comm_->close("the group was shut down"); }
 

@@ -84,6 +84,23 @@ class ProcessGroupDDL : public c10d::Backend {
   // a group in trouble, shutdown() (destroy_process_group) for one whose work is done.
   void abort() override;
   void shutdown() override;
+#ifdef DDL_TORCH_HAS_RECONFIGURE
+  // dist._reconfigure (torch 2.14): the processes whose handles are listed form this group
+  // again, over messages between them (Communicator::reconfigure): no store, no restart, no
+  // wait for a process left out. The old group is closed (its ops in flight fail), rank and size
+  // become the new ones, the links it probed are kept. Returns a completed Work once the new
+  // group exists. No other thread may use the group meanwhile. A set of handles is ordered by
+  // host, so that each host's ranks are consecutive.
+  bool supportsReconfigure() const override { return true; }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
+#ifdef DDL_TORCH_HAS_ABORT_HOOKS
+  // Run once (per reconfiguration) on the group's first failure, on a completion thread, or by
+  // abort() before it fails the ops in flight; not by shutdown(). In id order.
+  void registerAbortHook(int64_t hookId, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hookId) override;
+#endif
 
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
@@ -161,7 +178,11 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          c10d::OpType type, const char* where);
 
+  // The observers' test of the group's failure, for the communicator in use.
+  void watchFailures();
+
   std::shared_ptr<Communicator> comm_;
+  std::vector<int64_t> usedUuids_;  // reconfigure's, so far
   std::shared_ptr<WorkObservers> observers_ = std::make_shared<WorkObservers>();
   std::mutex deviceMutex_;
   std::mutex coalescingMutex_;

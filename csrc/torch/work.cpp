@@ -65,6 +65,30 @@ class CompletionThreads {
 
 }  // namespace
 
+void WorkObservers::runAbortHooks() {
+  if (!abortHooked.load() || abortHooksRan.exchange(true)) return;
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [id, hook] : abortHooks) hooks.push_back(hook);
+  }
+  for (const auto& hook : hooks) {
+    try {
+      hook();
+    } catch (...) {  // a hook's own failure: the others still run
+    }
+  }
+}
+
+void WorkObservers::afterFailedOp() {
+  std::function<bool()> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    failed = groupFailed;
+  }
+  if (failed && failed()) runAbortHooks();
+}
+
 WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
@@ -89,6 +113,10 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
   core_->setCompletionHook([self] {
     if (self->futureRequested_.load() || self->device_) {
       CompletionThreads::instance().post([self] { self->finalize(); });
+    }
+    if (self->core_->failed() && self->observers_ && self->observers_->abortHooked.load()) {
+      auto observers = self->observers_;
+      CompletionThreads::instance().post([observers] { observers->afterFailedOp(); });
     }
     std::function<void(std::shared_ptr<c10d::WorkInfo>)> hook;
     if (self->observers_ && self->observers_->hooked.load()) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -29,6 +30,15 @@ struct WorkObservers {
   // (waitForPendingWorks waits for both).
   std::vector<std::weak_ptr<ddl::Work>> pending;
   std::atomic<int> hooksRunning{0};
+  // Abort hooks (registerAbortHook), by id, under mutex. They run once per communicator: after
+  // its first failure (a timeout or a lost peer, as groupFailed says; not a refused argument),
+  // on a completion thread, or in abort() before it closes the group.
+  std::map<int64_t, std::function<void()>> abortHooks;
+  std::atomic<bool> abortHooked{false};
+  std::atomic<bool> abortHooksRan{false};
+  std::function<bool()> groupFailed;  // under mutex
+  void runAbortHooks();
+  void afterFailedOp();  // runAbortHooks if the group failed
 };
 
 // A c10d Work over a core Work. Results that need a copy after the transfer (non-contiguous

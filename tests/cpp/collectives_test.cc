@@ -1180,5 +1180,68 @@ TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
   EXPECT_FALSE(Notice::decode(bytes.data(), 3).has_value());
 }
 
+// torch 2.14's reconfigure: processes form a group from each other's handles, no store; a
+// process left out (rank 2 here) is not waited for; ranks follow the list's order.
+TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::string> handles;
+  for (int r = 0; r < 4; ++r) {
+    engines.push_back(std::make_unique<Engine>(fabric.join()));
+    handles.push_back(Communicator::handle(*engines.back()));
+  }
+  const std::vector<int> order = {3, 0, 1};
+  const std::vector<std::string> listed = {handles[3], handles[0], handles[1]};
+  auto together = [&](const std::function<void(int)>& body) {
+    std::vector<std::exception_ptr> errors(order.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < order.size(); ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          body(static_cast<int>(i));
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  };
+  together([&](int i) {
+    auto comm = Communicator::reconfigure(*engines[order[i]], listed, 7, std::chrono::seconds(30));
+    ASSERT_EQ(comm->rank(), i);
+    ASSERT_EQ(comm->size(), 3);
+    std::vector<double> v(1001, order[i] + 1.0);
+    check(comm->allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
+    for (double x : v) ASSERT_EQ(x, 7.0);  // 4 + 1 + 2
+  });
+  // Given the same handles but different uuids: every process gets an error naming both.
+  std::vector<std::string> errors(order.size());
+  together([&](int i) {
+    try {
+      (void)Communicator::reconfigure(*engines[order[i]], listed, i == 1 ? 9 : 8,
+                                      std::chrono::seconds(30));
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("uuid 9"), std::string::npos) << e;
+    EXPECT_NE(e.find("uuid 8"), std::string::npos) << e;
+  }
+  // Bad handles fail at once, before any message.
+  const auto now = std::chrono::seconds(1);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {"ddl1:zz"}, 1, now), Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {handles[1]}, 1, now), Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {handles[0], handles[0]}, 1, now),
+               Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {}, 1, now), Error);
+  // A set's order: by host, then handle, the same whatever order it came in.
+  std::vector<std::string> shuffled = {handles[2], handles[0], handles[3], handles[1]};
+  EXPECT_EQ(Communicator::orderHandles(shuffled), Communicator::orderHandles(handles));
+}
+
 }  // namespace
 }  // namespace ddl::test

@@ -11,6 +11,7 @@
 #include "log.h"
 #include "tag.h"
 #include "trace.h"
+#include "wire.h"
 
 namespace ddl {
 namespace {
@@ -469,6 +470,171 @@ std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& membe
   comm->ownsId_ = true;
   comm->identities_ = std::move(identities);
   comm->logCreation(("derived from " + group_->name).c_str());
+  return comm;
+}
+
+namespace {
+
+constexpr char kHandlePrefix[] = "ddl1:";
+
+std::string toHex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
+
+bool fromHex(const std::string& text, size_t from, std::string* bytes) {
+  if ((text.size() - from) % 2 != 0) return false;
+  auto value = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  for (size_t i = from; i < text.size(); i += 2) {
+    const int hi = value(text[i]), lo = value(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    bytes->push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return true;
+}
+
+// Handle `index` of a reconfigure's list, as the card creation would have had from it.
+RankCard decodeHandle(const std::string& h, int index) {
+  std::string bytes;
+  const size_t prefix = sizeof(kHandlePrefix) - 1;
+  if (h.compare(0, prefix, kHandlePrefix) != 0 || !fromHex(h, prefix, &bytes)) {
+    throw Error("ddl: reconfigure: handle " + std::to_string(index) +
+                " is not a ddl reconfigure handle (get_reconfigure_handle() of a ddl group)");
+  }
+  Reader reader(bytes);
+  RankCard card;
+  card.rank = index;
+  card.address = reader.text();
+  card.identity = reader.text();
+  card.locality = reader.text();
+  if (!reader.ok(true)) {
+    throw Error("ddl: reconfigure: handle " + std::to_string(index) + " is cut short");
+  }
+  return card;
+}
+
+}  // namespace
+
+std::vector<std::string> Communicator::orderHandles(std::vector<std::string> handles) {
+  std::vector<std::pair<std::string, std::string>> keyed;  // (host, handle)
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const Locality where = Locality::decode(decodeHandle(handles[i], static_cast<int>(i)).locality);
+    keyed.emplace_back(where.hostName + "/" + where.machineKey, std::move(handles[i]));
+  }
+  std::sort(keyed.begin(), keyed.end());
+  handles.clear();
+  for (auto& [host, h] : keyed) handles.push_back(std::move(h));
+  return handles;
+}
+
+std::string Communicator::handle(Engine& engine) {
+  Writer w;
+  w.text(engine.localAddress());
+  w.text(ProcessIdentity::self().encode());
+  w.text(Locality::self().encode());
+  return kHandlePrefix + toHex(w.take());
+}
+
+std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
+                                                        const std::vector<std::string>& handles,
+                                                        int64_t uuid,
+                                                        std::chrono::milliseconds timeout,
+                                                        const LinkCosts* links) {
+  const std::string what = "reconfigure";
+  const int n = static_cast<int>(handles.size());
+  if (n == 0) throw Error("ddl: reconfigure: no handles given");
+  if (static_cast<uint32_t>(n) > tag::kMaxRanks) {
+    throw Error("ddl: reconfigure: " + std::to_string(n) + " handles; groups are limited to " +
+                std::to_string(tag::kMaxRanks) + " ranks");
+  }
+  const std::string mine = handle(engine);
+  std::vector<RankCard> cards(static_cast<size_t>(n));
+  std::map<std::string, int> seen;
+  int me = -1;
+  for (int r = 0; r < n; ++r) {
+    const std::string& h = handles[static_cast<size_t>(r)];
+    cards[static_cast<size_t>(r)] = decodeHandle(h, r);
+    auto [at, inserted] = seen.emplace(h, r);
+    if (!inserted) {
+      throw Error("ddl: reconfigure: handles " + std::to_string(at->second) + " and " +
+                  std::to_string(r) + " are the same process's");
+    }
+    if (h == mine) me = r;
+  }
+  if (me < 0) {
+    throw Error("ddl: reconfigure: this process's handle is not among the " + std::to_string(n) +
+                " given (a process reconfigures only a group it is a member of)");
+  }
+  GroupDirectory directory = directoryFrom(cards, parseRackMap(config().topology), 0);
+  if (!directory.error.empty()) throw Error(directory.error);
+  // The members agree on what they were given and on an id, as a derived group's do, under a
+  // sequence every member computes from the uuid.
+  auto agreement = std::make_shared<Group>();
+  agreement->engine = &engine;
+  agreement->rank = me;
+  agreement->size = n;
+  agreement->id = tag::kAgreementGroup;
+  agreement->name = "reconfigure " + std::to_string(uuid);
+  agreement->addresses = directory.addresses;
+  agreement->peers.assign(static_cast<size_t>(n), -1);
+  // Under a sequence from the handles: processes given the same handles meet and compare their
+  // uuids (a mismatch is named); processes given other lists cannot be waited for by name.
+  std::string listed;
+  for (const std::string& h : handles) listed += h + "\n";
+  const uint64_t digest = std::hash<std::string>{}(listed);
+  DeriveCard card;
+  card.rank = me;
+  card.parentRank = me;
+  card.request = "reconfigure with uuid " + std::to_string(uuid);
+  for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
+  std::vector<int> members(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+  const auto sequence = static_cast<uint32_t>(digest & 0xffff);
+  auto work = std::make_shared<Work>(what);
+  auto result = std::make_shared<DeriveResult>();
+  auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
+  op->task = agreeOnDerived(*op, members, std::move(card), what, result);
+  engine.submit(std::move(op));
+  work->wait();
+  if (work->failed()) throw Error(work->error());
+  if (!result->error.empty()) throw Error(result->error);
+  if (!engine.claimGroupId(result->id)) {
+    throw Error("ddl: reconfigure: the id " + std::to_string(result->id) +
+                " agreed was taken here meanwhile (another group's creation); try again");
+  }
+  auto group = std::make_shared<Group>();
+  group->engine = &engine;
+  group->rank = me;
+  group->size = n;
+  group->id = result->id;
+  group->addresses = directory.addresses;
+  group->peers.assign(static_cast<size_t>(n), -1);
+  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    if (r != me && !directory.identities[r].empty()) {
+      identities[r] = ProcessIdentity::decode(directory.identities[r]);
+    }
+  }
+  nameGroup(*group);
+  engine.openControl(group);
+  engine.watch(group, identities);
+  LinkCosts costs = links != nullptr ? *links : parseLinks(config().links);
+  if (links == nullptr) costs.segmentBytes = static_cast<double>(config().segmentBytes);
+  auto comm = std::shared_ptr<Communicator>(
+      new Communicator(group, timeout,
+                       PlanBook::forMachine(std::move(directory.topology), std::move(costs),
+                                            planRequest(), config().hierarchical)));
+  comm->ownsId_ = true;
+  comm->identities_ = std::move(identities);
+  comm->logCreation(("reconfigured (uuid " + std::to_string(uuid) + ")").c_str());
   return comm;
 }
 

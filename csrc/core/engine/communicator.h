@@ -102,6 +102,22 @@ class Communicator {
   // A group of `ranks` of this one (torch's split), made by them alone as shrink's is; the
   // ranks that are not in it get nullptr and send nothing.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks);
+  // torch 2.14's reconfigure (survivors, or a grown set, form a group again without restarting
+  // processes). handle(): what peers need to reach this process (its address, identity and
+  // locality), as text, to be passed around out of band. reconfigure(): a group of the
+  // processes whose handles are listed (this one among them; its rank is its handle's place),
+  // made over messages between them alone, no store: every listed process calls it with the
+  // same handles and `uuid` (else each gets an error naming who was given what) and none waits
+  // for a process that is not listed. `links`: the link figures to plan with (a group's
+  // probed ones; TORCH_DDL_LINKS's when null). Throws on bad handles before any message leaves.
+  static std::string handle(Engine& engine);
+  static std::shared_ptr<Communicator> reconfigure(Engine& engine,
+                                                   const std::vector<std::string>& handles,
+                                                   int64_t uuid, std::chrono::milliseconds timeout,
+                                                   const LinkCosts* links = nullptr);
+  // Handles in an order every process computes alike: by host, then by handle (a set of
+  // handles, whose order torch leaves to the backend). Throws on a handle that is not ddl's.
+  static std::vector<std::string> orderHandles(std::vector<std::string> handles);
   // Closes the group: its ops in flight fail now with `reason`, and so does every later one
   // (abort(), shutdown()). Returns once they have failed.
   void close(const std::string& reason);
