@@ -1238,6 +1238,36 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {handles[0], handles[0]}, 1, now),
                Error);
   EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {}, 1, now), Error);
+  // A listed process that never calls: rank 0 (a short timeout) gives up waiting for it and
+  // tells rank 1, whose own timeout is long: rank 1 fails at once with rank 0's words.
+  {
+    std::string error0, error1;
+    double took1 = 0;
+    std::thread first([&] {
+      try {
+        (void)Communicator::reconfigure(*engines[0], {handles[0], handles[1], handles[2]}, 3,
+                                        std::chrono::milliseconds(300));
+      } catch (const Error& e) {
+        error0 = e.what();
+      }
+    });
+    std::thread second([&] {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        (void)Communicator::reconfigure(*engines[1], {handles[0], handles[1], handles[2]}, 3,
+                                        std::chrono::seconds(60));
+      } catch (const Error& e) {
+        error1 = e.what();
+      }
+      took1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+    first.join();
+    second.join();
+    EXPECT_NE(error0.find("rank 2"), std::string::npos) << error0;
+    EXPECT_NE(error1.find("rank 0 reports"), std::string::npos) << error1;
+    EXPECT_NE(error1.find("rank 2"), std::string::npos) << error1;
+    EXPECT_LT(took1, 10.0);
+  }
   // A set's order: by host, then handle, the same whatever order it came in.
   std::vector<std::string> shuffled = {handles[2], handles[0], handles[3], handles[1]};
   EXPECT_EQ(Communicator::orderHandles(shuffled), Communicator::orderHandles(handles));

@@ -122,6 +122,37 @@ def test_ranks_asked_for_different_groups_fail_naming_the_difference():
     _run(_disagree, 4, None, want=[0, 0, 0, 0])
 
 
+def _stale(rank, size, _unused, store, stamp):
+    """Ranks 2 and 3 die; the survivors first ask to exclude rank 2 only (a view that still has
+    the dead rank 3): they fail within seconds naming rank 3, not at the 60 s timeout, and then
+    shrink with both excluded and go on."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    dist.barrier()
+    if rank >= 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="is gone"):
+        for _ in range(100000):
+            dist.all_reduce(torch.ones(1 << 16))
+    time.sleep(0.5)  # both are dead by now
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 3 is gone") as error:
+        dist.shrink_group([2])
+    took = time.monotonic() - start
+    assert took < 5, f"{took:.1f} s: {error.value}"
+    group = dist.shrink_group([2, 3])
+    assert group.size() == 2 and dist.get_rank() == rank
+    shrunk_collectives(2, rank, None)
+    dist.destroy_process_group()
+
+
+def test_a_view_that_still_has_a_dead_rank_fails_at_once_naming_it():
+    _run(_stale, 4, None, want=[0, 0, -signal.SIGKILL, -signal.SIGKILL])
+
+
 def _bad_arguments(rank, size, _unused, store, stamp):
     import torch_ddl  # noqa: F401
 

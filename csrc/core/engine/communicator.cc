@@ -432,13 +432,29 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
   card.parentRank = rank();
   card.request = request;
   for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
+  // A member that is gone (one this rank did not know of, or a view that still has it) fails
+  // the agreement within milliseconds, not at its timeout: the members on this host are watched,
+  // and those whose endpoints the parent opened are known by them.
+  std::vector<ProcessIdentity> identities(static_cast<size_t>(size()));
+  for (int m : members) {
+    if (static_cast<size_t>(m) < identities_.size()) identities[m] = identities_[m];
+  }
+  engine.call([&] {
+    for (int m : members) agreement->peers[m] = group_->peers[m];
+  });
+  engine.watch(agreement, identities);
+  const int index = card.rank;
   auto work = std::make_shared<Work>(what);
   auto result = std::make_shared<DeriveResult>();
   auto op = std::make_unique<Op>(agreement, sequence, what, timeout_, work);
   op->task = agreeOnDerived(*op, members, std::move(card), what, result);
   engine.submit(std::move(op));
   work->wait();
-  if (work->failed()) throw Error(work->error());
+  if (work->failed()) {
+    tellNeighbours(*agreement, sequence, members, index, result->heardFrom, work->error(),
+                   std::min(timeout_, std::chrono::milliseconds(10000)));
+    throw Error(work->error());
+  }
   if (!result->error.empty()) throw Error(result->error);
   return result->id;
 }
@@ -598,13 +614,24 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
   std::vector<int> members(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
   const auto sequence = static_cast<uint32_t>(digest & 0xffff);
+  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    if (r != me && !directory.identities[r].empty()) {
+      identities[r] = ProcessIdentity::decode(directory.identities[r]);
+    }
+  }
+  engine.watch(agreement, identities);
   auto work = std::make_shared<Work>(what);
   auto result = std::make_shared<DeriveResult>();
   auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
   op->task = agreeOnDerived(*op, members, std::move(card), what, result);
   engine.submit(std::move(op));
   work->wait();
-  if (work->failed()) throw Error(work->error());
+  if (work->failed()) {
+    tellNeighbours(*agreement, sequence, members, me, result->heardFrom, work->error(),
+                   std::min(timeout, std::chrono::milliseconds(10000)));
+    throw Error(work->error());
+  }
   if (!result->error.empty()) throw Error(result->error);
   if (!engine.claimGroupId(result->id)) {
     throw Error("ddl: reconfigure: the id " + std::to_string(result->id) +
@@ -617,12 +644,6 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
   group->id = result->id;
   group->addresses = directory.addresses;
   group->peers.assign(static_cast<size_t>(n), -1);
-  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    if (r != me && !directory.identities[r].empty()) {
-      identities[r] = ProcessIdentity::decode(directory.identities[r]);
-    }
-  }
   nameGroup(*group);
   engine.openControl(group);
   engine.watch(group, identities);

@@ -4,6 +4,7 @@
 
 #include "../types.h"
 #include "bootstrap.h"
+#include "engine.h"
 #include "tag.h"
 #include "wire.h"
 
@@ -11,6 +12,32 @@ namespace ddl {
 namespace {
 
 constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kAgreementStep);
+constexpr uint64_t kAbortSlot = tag::slot(tag::kControlPhase, tag::kAgreementAbortStep);
+constexpr size_t kAbortBytes = 2048;  // a failure's words, cut to this
+
+// A framed message (bootstrap.h's receiveFramed) from `peer`, unless another member's word that
+// the agreement failed (`abort`, from any member) comes first: then that word is thrown.
+Task receiveUnlessAborted(Op& op, int peer, std::string* bytes, Request* abort,
+                          const std::string* abortText, DeriveResult* out) {
+  auto ended = [abort, abortText, out] {
+    const int from = static_cast<int>(tag::source(abort->senderTag));
+    out->heardFrom = from;
+    return Error("rank " + std::to_string(from) + " reports: " +
+                 abortText->substr(0, std::min(abort->receivedBytes, abortText->size())));
+  };
+  uint64_t length = 0;
+  Request* r = op.recv(peer, kSlot, &length, sizeof(length));
+  co_await op.until([r, abort] { return r->done || abort->done; });
+  if (!r->done) throw ended();
+  bytes->assign(length, '\0');
+  r = op.recv(peer, kSlot, bytes->data(), length);
+  co_await op.until([r, abort] { return r->done || abort->done; });
+  if (!r->done) throw ended();
+}
+
+Task sendAbort(Op& op, int peer, std::string text) {
+  co_await op.all(op.send(peer, kAbortSlot, text.data(), text.size()));
+}
 
 std::string encodeCards(const std::vector<DeriveCard>& cards) {
   Writer w;
@@ -81,11 +108,13 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   const int parent = up < 0 ? -1 : members[up];
   std::vector<int> children;
   for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members[child]);
+  auto abortText = std::make_unique<std::string>(kAbortBytes, '\0');
+  Request* abort = op.recvAny(kAbortSlot, abortText->data(), abortText->size());
   std::vector<DeriveCard> cards;
   cards.push_back(std::move(mine));
   for (int child : children) {
     std::string bytes;
-    co_await receiveFramed(op, child, kSlot, &bytes);
+    co_await receiveUnlessAborted(op, child, &bytes, abort, abortText.get(), out.get());
     if (!decodeCards(bytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
     }
@@ -93,7 +122,7 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   std::string down;
   if (parent >= 0) {
     co_await sendFramed(op, parent, kSlot, encodeCards(cards));
-    co_await receiveFramed(op, parent, kSlot, &down);
+    co_await receiveUnlessAborted(op, parent, &down, abort, abortText.get(), out.get());
   } else {
     std::sort(cards.begin(), cards.end(),
               [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
@@ -115,6 +144,33 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
   for (int child : children) co_await sendFramed(op, child, kSlot, down);
   *out = std::move(result);
+}
+
+void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
+                    int index, int heardFrom, std::string text, std::chrono::milliseconds timeout) {
+  std::vector<int> to;
+  const int up = bootstrapParent(index);
+  if (up >= 0) to.push_back(members[up]);
+  for (int child : bootstrapChildren(index, static_cast<int>(members.size()))) {
+    to.push_back(members[child]);
+  }
+  if (text.size() > kAbortBytes) text.resize(kAbortBytes);
+  for (int peer : to) {
+    if (peer == heardFrom) continue;
+    // A group of its own per message: a neighbour that is gone fails this op alone.
+    auto group = std::make_shared<Group>();
+    group->engine = agreement.engine;
+    group->rank = agreement.rank;
+    group->size = agreement.size;
+    group->id = agreement.id;
+    group->name = agreement.name;
+    group->addresses = agreement.addresses;
+    group->peers.assign(static_cast<size_t>(agreement.size), -1);
+    auto work = std::make_shared<Work>("agreement failure notice");
+    auto op = std::make_unique<Op>(group, sequence, "agreement failure notice", timeout, work);
+    op->task = sendAbort(*op, peer, text);
+    agreement.engine->submit(std::move(op));
+  }
 }
 
 }  // namespace ddl

@@ -14,6 +14,7 @@
 // of the parent (whose failed ops' leftovers are being discarded) can be taken for them.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct DeriveCard {
 struct DeriveResult {
   std::string error;  // the same on every rank
   uint32_t id = 0;
+  int heardFrom = -1;  // the agreement failed on the word of this (parent) rank
 };
 
 // Rank 0's decision from every card (by new rank). `what` names the call for messages.
@@ -42,7 +44,14 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 // messages name parent ranks, so that ranks asked for different groups still meet and tell.
 // `members`: the new group's ranks (parent ranks, by new rank), as this rank was asked; the
 // ranks left out are never contacted. `out` is set once the op succeeds.
+// A member's agreement that fails (a member gone, a timeout) would leave the others waiting for
+// it until their own timeout: each member also listens for a word from any other, and ends at
+// once with it. The failed member tells its neighbours in the tree (tellNeighbours), but
+// `heardFrom` (out->heardFrom of a member told), and each one told tells its own: O(P)
+// messages, each neighbour sent to by an op of its own (one gone fails only its own).
 Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
                     std::shared_ptr<DeriveResult> out);
+void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
+                    int index, int heardFrom, std::string text, std::chrono::milliseconds timeout);
 
 }  // namespace ddl

@@ -86,5 +86,7 @@ inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 inline constexpr uint32_t kGroupIds = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementGroup = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementStep = 3;
+// A member whose agreement failed tells its neighbours in the agreement's tree (derive.h).
+inline constexpr uint32_t kAgreementAbortStep = 4;
 
 }  // namespace ddl::tag
