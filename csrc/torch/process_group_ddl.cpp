@@ -176,6 +176,7 @@ CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
   work.observe(observers_, comm_->sequenceNumber());
   CallOptions options{timeout, work.coreWork(name)};
   if (!observers_->hooked.load()) return options;
+  work.countHookCall();
   std::lock_guard<std::mutex> lock(observers_->mutex);
   std::erase_if(observers_->pending, [](const auto& w) {
     auto work = w.lock();

@@ -129,7 +129,7 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
           self->retrieveOpType(), self->sequence_, core.startedAt(), core.finishedAt(),
           std::chrono::duration<float>(core.finishedAt() - core.startedAt()));
       auto observers = self->observers_;
-      observers->hooksRunning.fetch_add(1);
+      if (!self->hookCounted_) observers->hooksRunning.fetch_add(1);
       CompletionThreads::instance().post([hook, info, observers] {
         try {
           hook(info);

@@ -64,6 +64,13 @@ class WorkDDL : public c10d::Work {
     observers_ = std::move(observers);
     sequence_ = sequence;
   }
+  // The hook call this op will make is counted in observers->hooksRunning from now on (not
+  // only once it is posted), so that waitForPendingWorks cannot see the op done and no hook
+  // running in between.
+  void countHookCall() {
+    hookCounted_ = true;
+    observers_->hooksRunning.fetch_add(1);
+  }
 
   // Setup, before start(). Copies run in the order given; `source` must be a view of the
   // buffer the operation writes (not a copy taken now).
@@ -93,6 +100,7 @@ class WorkDDL : public c10d::Work {
   std::shared_ptr<ddl::Work> core_;
   std::shared_ptr<WorkObservers> observers_;
   uint64_t sequence_ = 0;
+  bool hookCounted_ = false;
   const char* name_ = "collective";
   std::shared_ptr<DeviceCompletion> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
