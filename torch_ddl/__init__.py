@@ -142,8 +142,33 @@ def _name_backend_in_ddp_logging():
     DDP._get_ddp_logging_data = _get_ddp_logging_data
 
 
+def _register_shrunk_groups_as_custom():
+    """torch 2.13 and 2.14's shrink_group registers the shrunk group's backend as GLOO (NCCL on
+    CUDA) whatever it is. Code that trusts the type then takes ddl's backend for gloo's: DDP's
+    logger reads gloo's options out of it and crashes. The ddl backend of a shrunk group is
+    registered again as CUSTOM, the type the group it came from had, and made the default."""
+    c10d = dist.distributed_c10d
+    original = getattr(c10d, "_create_shrunk_process_group", None)
+    if original is None or getattr(original, "_torch_ddl", False):
+        return
+
+    @functools.wraps(original)
+    def _create_shrunk_process_group(new_backend, *args, **kwargs):
+        pg = original(new_backend, *args, **kwargs)
+        if isinstance(new_backend, ProcessGroupDDL):
+            custom = dist.ProcessGroup.BackendType.CUSTOM
+            for device in ("cpu", "cuda"):
+                pg._register_backend(torch.device(device), custom, new_backend)
+            pg._set_default_backend(custom)
+        return pg
+
+    _create_shrunk_process_group._torch_ddl = True
+    c10d._create_shrunk_process_group = _create_shrunk_process_group
+
+
 _allow_monitored_barrier()
 _name_backend_in_ddp_logging()
+_register_shrunk_groups_as_custom()
 
 # torch may have registered "ddl" already (torch_ddl_autoload), creating groups through this
 # module all the same.

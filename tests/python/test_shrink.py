@@ -46,6 +46,10 @@ def _survivor(rank, size, victim, store, stamp, flags, op="all_reduce", before=3
     assert dist.get_rank() == new_rank
     gloo = dist.new_group(backend="gloo")
     shrunk_collectives(size - 1, new_rank, gloo)
+    # torch registers a shrunk group's backend as gloo's; torch_ddl makes it CUSTOM again, so
+    # that DDP (whose logger reads gloo's options out of a "gloo" backend) works on it.
+    assert group._get_backend_name() == "custom", group._get_backend_name()
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
     dist.destroy_process_group()
 
 

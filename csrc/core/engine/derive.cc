@@ -108,7 +108,10 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   const int parent = up < 0 ? -1 : members[up];
   std::vector<int> children;
   for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members[child]);
-  auto abortText = std::make_unique<std::string>(kAbortBytes, '\0');
+  // The word may still be posted when this coroutine ends (it is cancelled after): its buffer
+  // lives with the op's Work, which the engine keeps until the transport lets go.
+  auto abortText = std::make_shared<std::string>(kAbortBytes, '\0');
+  op.work->retain(abortText);
   Request* abort = op.recvAny(kAbortSlot, abortText->data(), abortText->size());
   std::vector<DeriveCard> cards;
   cards.push_back(std::move(mine));
