@@ -61,6 +61,32 @@ def run_ranks(fn, world_size, *args, timeout=240):
                     p.kill()
 
 
+def _spawned(rank, fn, args):
+    try:
+        fn(rank, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+def run_spawned(fn, size, args, want, timeout=120):
+    """Runs fn(rank, *args) in `size` spawned processes, which start no group themselves, and
+    checks their exit codes against `want` (a rank killed with SIGKILL: -9); every process left
+    after the deadline is killed."""
+    ctx = mp.start_processes(_spawned, args=(fn, args), nprocs=size, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        for p in ctx.processes:
+            p.join(max(0.1, deadline - time.monotonic()))
+        codes = [p.exitcode for p in ctx.processes]
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    assert codes == want, f"exit codes {codes}, want {want}"
+
+
 def fault_call(op, size):
     """A 4 MiB collective of the default group by name (all_reduce, broadcast, all_gather,
     reduce_scatter), as the fault tests call it again and again."""

@@ -8,14 +8,12 @@ import signal
 import tempfile
 import threading
 import time
-import traceback
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ddl_testing import shrunk_collectives
+from ddl_testing import run_spawned, shrunk_collectives
 
 pytestmark = pytest.mark.skipif(not hasattr(dist, "_reconfigure"),
                                 reason="torch before 2.14 has no reconfigure")
@@ -111,28 +109,9 @@ def _regrow(rank, size, store):
         dist.all_reduce(torch.ones(3))
 
 
-def _entry(rank, fn, size, store):
-    try:
-        fn(rank, size, store)
-    except Exception:
-        traceback.print_exc()
-        raise
-
-
 def _run(fn, size, want):
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry, args=(fn, size, os.path.join(tmp, "store")),
-                                 nprocs=size, join=False, start_method="spawn")
-        deadline = time.monotonic() + 120
-        try:
-            for p in ctx.processes:
-                p.join(max(0.1, deadline - time.monotonic()))
-            codes = [p.exitcode for p in ctx.processes]
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-    assert codes == want, f"exit codes {codes}, want {want}"
+        run_spawned(fn, size, (size, os.path.join(tmp, "store")), want)
 
 
 def test_survivors_of_a_killed_rank_reconfigure_and_go_on_and_abort_hooks_run_once():

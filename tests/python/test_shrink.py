@@ -7,14 +7,12 @@ import os
 import signal
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ddl_testing import fault_call, random_fault, shrunk_collectives
+from ddl_testing import fault_call, random_fault, run_spawned, shrunk_collectives
 
 TIMEOUT = timedelta(seconds=60)
 
@@ -53,31 +51,11 @@ def _survivor(rank, size, victim, store, stamp, flags, op="all_reduce", before=3
     dist.destroy_process_group()
 
 
-def _entry(rank, fn, *args):
-    try:
-        fn(rank, *args)
-    except Exception:
-        traceback.print_exc()
-        raise
-
-
 def _run(fn, size, *args, want=None):
     shm_before = set(os.listdir("/dev/shm"))
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            _entry, args=(fn, size, *args[:1], os.path.join(tmp, "store"),
-                          os.path.join(tmp, "stamp"), *args[1:]),
-            nprocs=size, join=False, start_method="spawn")
-        deadline = time.monotonic() + 120
-        try:
-            for p in ctx.processes:
-                p.join(max(0.1, deadline - time.monotonic()))
-            codes = [p.exitcode for p in ctx.processes]
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-    assert codes == want, f"exit codes {codes}, want {want}"
+        run_spawned(fn, size, (size, *args[:1], os.path.join(tmp, "store"),
+                               os.path.join(tmp, "stamp"), *args[1:]), want)
     left = set(os.listdir("/dev/shm")) - shm_before
     assert not left, f"left in /dev/shm: {sorted(left)}"
 

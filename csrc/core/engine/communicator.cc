@@ -443,20 +443,10 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
     for (int m : members) agreement->peers[m] = group_->peers[m];
   });
   engine.watch(agreement, identities);
-  const int index = card.rank;
-  auto work = std::make_shared<Work>(what);
-  auto result = std::make_shared<DeriveResult>();
-  auto op = std::make_unique<Op>(agreement, sequence, what, timeout_, work);
-  op->task = agreeOnDerived(*op, members, std::move(card), what, result);
-  engine.submit(std::move(op));
-  work->wait();
-  if (work->failed()) {
-    tellNeighbours(*agreement, sequence, members, index, result->heardFrom, work->error(),
-                   std::min(timeout_, std::chrono::milliseconds(10000)));
-    throw Error(work->error());
-  }
-  if (!result->error.empty()) throw Error(result->error);
-  return result->id;
+  const DeriveResult result =
+      runAgreement(agreement, sequence, members, std::move(card), what, timeout_);
+  if (!result.error.empty()) throw Error(result.error);
+  return result.id;
 }
 
 std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& members, uint32_t id) {
@@ -621,27 +611,18 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
     }
   }
   engine.watch(agreement, identities);
-  auto work = std::make_shared<Work>(what);
-  auto result = std::make_shared<DeriveResult>();
-  auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
-  op->task = agreeOnDerived(*op, members, std::move(card), what, result);
-  engine.submit(std::move(op));
-  work->wait();
-  if (work->failed()) {
-    tellNeighbours(*agreement, sequence, members, me, result->heardFrom, work->error(),
-                   std::min(timeout, std::chrono::milliseconds(10000)));
-    throw Error(work->error());
-  }
-  if (!result->error.empty()) throw Error(result->error);
-  if (!engine.claimGroupId(result->id)) {
-    throw Error("ddl: reconfigure: the id " + std::to_string(result->id) +
+  const DeriveResult result =
+      runAgreement(agreement, sequence, members, std::move(card), what, timeout);
+  if (!result.error.empty()) throw Error(result.error);
+  if (!engine.claimGroupId(result.id)) {
+    throw Error("ddl: reconfigure: the id " + std::to_string(result.id) +
                 " agreed was taken here meanwhile (another group's creation); try again");
   }
   auto group = std::make_shared<Group>();
   group->engine = &engine;
   group->rank = me;
   group->size = n;
-  group->id = result->id;
+  group->id = result.id;
   group->addresses = directory.addresses;
   group->peers.assign(static_cast<size_t>(n), -1);
   nameGroup(*group);

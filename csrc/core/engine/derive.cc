@@ -149,6 +149,24 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   *out = std::move(result);
 }
 
+DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
+                          const std::vector<int>& members, DeriveCard mine, const std::string& what,
+                          std::chrono::milliseconds timeout) {
+  const int index = mine.rank;
+  auto work = std::make_shared<Work>(what);
+  auto result = std::make_shared<DeriveResult>();
+  auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
+  op->task = agreeOnDerived(*op, members, std::move(mine), what, result);
+  agreement->engine->submit(std::move(op));
+  work->wait();
+  if (work->failed()) {
+    tellNeighbours(*agreement, sequence, members, index, result->heardFrom, work->error(),
+                   std::min(timeout, std::chrono::milliseconds(10000)));
+    throw Error(work->error());
+  }
+  return *result;
+}
+
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
                     int index, int heardFrom, std::string text, std::chrono::milliseconds timeout) {
   std::vector<int> to;

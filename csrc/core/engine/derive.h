@@ -51,6 +51,12 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 // messages, each neighbour sent to by an op of its own (one gone fails only its own).
 Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
                     std::shared_ptr<DeriveResult> out);
+// agreeOnDerived as an op of `agreement` (id tag::kAgreementGroup) under `sequence`, waited for:
+// when it fails here, the neighbours are told (tellNeighbours) and its error is thrown. The
+// decision it returns (an error the same on every member, or the id) is the caller's.
+DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
+                          const std::vector<int>& members, DeriveCard mine, const std::string& what,
+                          std::chrono::milliseconds timeout);
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
                     int index, int heardFrom, std::string text, std::chrono::milliseconds timeout);
 
