@@ -69,12 +69,17 @@ def _spawned(rank, fn, args):
         raise
 
 
+def spawn(fn, size, args):
+    """fn(rank, *args) in `size` spawned processes that start no group themselves (the caller
+    joins them); an exception is printed before it ends the process."""
+    return mp.start_processes(_spawned, args=(fn, args), nprocs=size, join=False,
+                              start_method="spawn")
+
+
 def run_spawned(fn, size, args, want, timeout=120):
-    """Runs fn(rank, *args) in `size` spawned processes, which start no group themselves, and
-    checks their exit codes against `want` (a rank killed with SIGKILL: -9); every process left
-    after the deadline is killed."""
-    ctx = mp.start_processes(_spawned, args=(fn, args), nprocs=size, join=False,
-                             start_method="spawn")
+    """spawn(), then the exit codes checked against `want` (a rank killed with SIGKILL: -9);
+    every process left after the deadline is killed."""
+    ctx = spawn(fn, size, args)
     deadline = time.monotonic() + timeout
     try:
         for p in ctx.processes:

@@ -5,14 +5,12 @@ import os
 import signal
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from ddl_testing import fault_call, random_fault
+from ddl_testing import fault_call, random_fault, run_spawned, spawn
 
 TIMEOUT = timedelta(seconds=60)
 BOUND_S = 2.0
@@ -54,33 +52,14 @@ def _rank(rank, size, victim, how, op, store, stamp, before=5, pause_us=0):
     assert time.time() - start < 0.5
 
 
-def _entry(rank, fn, *args):
-    try:
-        fn(rank, *args)
-    except Exception:
-        traceback.print_exc()
-        raise
-
-
 def _run_fault(size, victim, how, op, before=5, pause_us=0):
     shm_before = set(os.listdir("/dev/shm"))
+    want = [0] * size
+    want[victim] = -signal.SIGKILL if how == "kill" else 0
     with tempfile.TemporaryDirectory() as tmp:
         args = (size, victim, how, op, os.path.join(tmp, "store"), os.path.join(tmp, "stamp"),
                 before, pause_us)
-        ctx = mp.start_processes(_entry, args=(_rank, *args), nprocs=size, join=False,
-                                 start_method="spawn")
-        deadline = time.monotonic() + 90
-        try:
-            for p in ctx.processes:
-                p.join(max(0.1, deadline - time.monotonic()))
-            codes = [p.exitcode for p in ctx.processes]
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-    want = [0] * size
-    want[victim] = -signal.SIGKILL if how == "kill" else 0
-    assert codes == want, f"exit codes {codes}, want {want}"
+        run_spawned(_rank, size, args, want, timeout=90)
     # Nothing is left in /dev/shm, not even by the rank killed with SIGKILL (ddl's shared
     # memory is memfds and UCX's unlinked segments: the kernel frees them with the process).
     left = set(os.listdir("/dev/shm")) - shm_before
@@ -138,8 +117,7 @@ def _stopped(rank, size, store):
 @pytest.mark.parametrize("size", [2, 4])
 def test_a_stopped_peer_gets_the_timeout_naming_it(size):
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry, args=(_stopped, size, os.path.join(tmp, "store")),
-                                 nprocs=size, join=False, start_method="spawn")
+        ctx = spawn(_stopped, size, (size, os.path.join(tmp, "store")))
         try:
             for p in ctx.processes[:-1]:
                 p.join(60)
@@ -209,14 +187,4 @@ def test_abort_fails_ops_in_flight_and_get_error_names_the_first_failure(body):
     size = 2
     with tempfile.TemporaryDirectory() as tmp:
         args = (size, os.path.join(tmp, "store"), os.path.join(tmp, "done"))
-        ctx = mp.start_processes(_entry, args=(body, *args), nprocs=size, join=False,
-                                 start_method="spawn")
-        try:
-            for p in ctx.processes:
-                p.join(90)
-            codes = [p.exitcode for p in ctx.processes]
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-    assert codes == [0, 0], codes
+        run_spawned(body, size, args, [0, 0], timeout=90)
