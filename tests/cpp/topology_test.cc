@@ -396,34 +396,40 @@ TEST(Leaders, EveryShapeMatchesTheExpectedSums) {
 }
 
 // The link probe over the loopback: every host's ring measures the host level, the first ring
-// across hosts the level above; every rank gets the same figures; links the user gave, or a
-// probe turned off, are left alone.
+// of each level across hosts the level above; the figures reach every rank over the creation
+// tree (the probe has no store to use); links the user gave, or a probe turned off, are left
+// alone.
 TEST(LinkProbe, EveryRankPlansWithTheFiguresOneRingMeasured) {
-  const Topology t = simulated({0, 0, 1, 1, 1, 2});  // uneven: a host of one rank takes no part
-  for (const char* given : {"", "1:50us:117MB", "0:3us:7GB"}) {
-    for (const char* probe : {"1", "0"}) {
-      ScopedEnv env({{"TORCH_DDL_PROBE_LINKS", probe}});
-      MemoryStore store;
-      std::vector<LinkCosts> got(t.size);
-      runRanksOn(t, [&](Communicator& comm) {
-        LinkCosts links = parseLinks(given);
-        probeLinks(comm, store, "probe/", t, &links);
-        got[comm.rank()] = links;
-      });
-      for (int d : {0, 1}) {  // the host level, the level across hosts
-        const LinkCost& cost = got[0].at(d);
-        const bool named = std::string(given).rfind(std::to_string(d) + ":", 0) == 0;
-        if (std::string(probe) == "1" && !named) {
-          EXPECT_EQ(cost.origin, "probed") << "dimension " << d;
-          EXPECT_GT(cost.latency, 0) << "dimension " << d;
-          EXPECT_GT(cost.bandwidth, 0) << "dimension " << d;
-        } else {
-          EXPECT_EQ(cost.origin, named ? "TORCH_DDL_LINKS" : "default") << "dimension " << d;
-          EXPECT_EQ(cost.bandwidth, parseLinks(given).at(d).bandwidth) << "dimension " << d;
+  // Uneven: a host of one rank takes no part; then hosts in two racks (three levels).
+  const std::vector<Topology> machines = {simulated({0, 0, 1, 1, 1, 2}),
+                                          simulated({0, 0, 1, 1, 2, 2, 3, 3, 3}, {0, 0, 1, 1})};
+  for (const Topology& t : machines) {
+    const int levels = static_cast<int>(gridOf(t).dims.size());
+    EXPECT_EQ(levels, t.size == 9 ? 3 : 2) << t.describe();
+    for (const char* given : {"", "1:50us:117MB", "0:3us:7GB"}) {
+      for (const char* probe : {"1", "0"}) {
+        ScopedEnv env({{"TORCH_DDL_PROBE_LINKS", probe}});
+        std::vector<LinkCosts> got(t.size);
+        runRanksOn(t, [&](Communicator& comm) {
+          LinkCosts links = parseLinks(given);
+          probeLinks(comm, t, &links);
+          got[comm.rank()] = links;
+        });
+        for (int d = 0; d < levels; ++d) {
+          const LinkCost& cost = got[0].at(d);
+          const bool named = std::string(given).rfind(std::to_string(d) + ":", 0) == 0;
+          if (std::string(probe) == "1" && !named) {
+            EXPECT_EQ(cost.origin, "probed") << t.describe() << " dimension " << d;
+            EXPECT_GT(cost.latency, 0) << t.describe() << " dimension " << d;
+            EXPECT_GT(cost.bandwidth, 0) << t.describe() << " dimension " << d;
+          } else {
+            EXPECT_EQ(cost.origin, named ? "TORCH_DDL_LINKS" : "default") << "dimension " << d;
+            EXPECT_EQ(cost.bandwidth, parseLinks(given).at(d).bandwidth) << "dimension " << d;
+          }
         }
-      }
-      for (int r = 1; r < t.size; ++r) {
-        EXPECT_EQ(got[r].describe(), got[0].describe()) << "rank " << r;
+        for (int r = 1; r < t.size; ++r) {
+          EXPECT_EQ(got[r].describe(), got[0].describe()) << t.describe() << " rank " << r;
+        }
       }
     }
   }

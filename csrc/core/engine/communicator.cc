@@ -253,7 +253,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   // Measured on real hosts only: a simulated topology's ranks share one process.
   if (options.topology == nullptr && !options.locality) {
     LinkCosts probed = comm->links();
-    probeLinks(*comm, *pending.store, pending.key, comm->topology(), &probed);
+    probeLinks(*comm, comm->topology(), &probed);
     comm->book_ = PlanBook::forMachine(comm->topology(), std::move(probed), std::move(request),
                                        config().hierarchical);
   }

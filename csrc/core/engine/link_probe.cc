@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../types.h"
+#include "bootstrap.h"
 #include "communicator.h"
 #include "config.h"
 
@@ -23,6 +24,8 @@ constexpr double kFastEnough = 0.010;  // seconds for kSmallBytes: then kLargeBy
 constexpr uint32_t kPingTag = 0xfffffff0u, kDataTag = 0xfffffff1u, kAckTag = 0xfffffff2u;
 // The host level: every host's ranks at once, as in a host stage.
 constexpr uint32_t kTokenTag = 0xfffffff3u, kStepTag = 0xfffffff4u;
+// The results, up and down the creation tree.
+constexpr uint32_t kResultTag = 0xfffffff5u;
 constexpr int kLaps = 5;                // token laps around the host ring
 constexpr int kSteps = 5;               // ring steps of kStepBytes
 constexpr size_t kStepBytes = 1 << 20;  // per rank and step
@@ -80,20 +83,41 @@ LinkCost measured(double latency, size_t bytes, double took) {
   return LinkCost{latency, static_cast<double>(bytes) / wire, "probed"};
 }
 
-void publish(KeyValueStore& store, const std::string& key, const LinkCost& cost) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.9g %.9g", cost.latency, cost.bandwidth);
-  store.set(key, text);
-}
-
-// What the measuring rank published under `key`; `what` names the probe in the error.
-LinkCost published(KeyValueStore& store, const std::string& key, const std::string& what) {
-  LinkCost cost{0, 0, "probed"};
-  if (std::sscanf(store.get(key).c_str(), "%lf %lf", &cost.latency, &cost.bandwidth) != 2 ||
-      !(cost.bandwidth > 0)) {
-    throw Error("ddl: the link probe of " + what + " published nothing");
+// The figures of one probe, from the ranks that measured them to every rank, over the group's
+// creation tree (bootstrap.h): up, the slowest of what a subtree measured (the largest latency,
+// the smallest bandwidth); down, rank 0's answer. 2 (P - 1) messages of 16 bytes in 2 log2(P)
+// rounds, and every rank waits for the answer, so the next probe meets quiet links. Nothing
+// measured anywhere: nullopt on every rank.
+std::optional<LinkCost> spread(Communicator& comm, const std::optional<LinkCost>& mine) {
+  double figures[2] = {0, 0};  // latency, bandwidth (0: nothing measured)
+  auto combine = [&figures](const double other[2]) {
+    if (!(other[1] > 0)) return;
+    if (!(figures[1] > 0)) {
+      figures[0] = other[0];
+      figures[1] = other[1];
+      return;
+    }
+    figures[0] = std::max(figures[0], other[0]);
+    figures[1] = std::min(figures[1], other[1]);
+  };
+  if (mine) {
+    const double own[2] = {mine->latency, mine->bandwidth};
+    combine(own);
   }
-  return cost;
+  const int parent = bootstrapParent(comm.rank());
+  const std::vector<int> children = bootstrapChildren(comm.rank(), comm.size());
+  for (int child : children) {
+    double theirs[2] = {0, 0};
+    await(comm, comm.recv(theirs, sizeof(theirs), child, kResultTag));
+    combine(theirs);
+  }
+  if (parent >= 0) {
+    await(comm, comm.send(figures, sizeof(figures), parent, kResultTag));
+    await(comm, comm.recv(figures, sizeof(figures), parent, kResultTag));
+  }
+  for (int child : children) await(comm, comm.send(figures, sizeof(figures), child, kResultTag));
+  if (!(figures[1] > 0)) return std::nullopt;
+  return LinkCost{figures[0], figures[1], "probed"};
 }
 
 // The measuring side; `known` (figures this process measured before for these two hosts): it
@@ -186,63 +210,55 @@ std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& 
   return measured(median(laps), kStepBytes, median(steps));
 }
 
-void probeHosts(Communicator& comm, KeyValueStore& store, const std::string& key,
-                const Topology& topology, LinkCosts* links) {
+void probeHosts(Communicator& comm, const Topology& topology, LinkCosts* links) {
   if (links->at(0).origin != "default") return;
   const std::vector<std::vector<int>> hosts = topology.members(0);
   const std::vector<int>& mine = hosts[topology.levels[0].blockOf[comm.rank()]];
+  std::optional<LinkCost> measuredHere;
   if (mine.size() > 1) {
     const int host = topology.levels[0].blockOf[comm.rank()];
     const std::string what =
         topology.levels[0].blockNames[host] + ":" + std::to_string(mine.size());
     const std::optional<LinkCost> known = mine[0] == comm.rank() ? recall(what) : std::nullopt;
-    if (std::optional<LinkCost> cost = measureHost(comm, mine, known)) {
-      remember(what, *cost);
-      publish(store, key + "links/0/" + std::to_string(host), *cost);
-    }
+    measuredHere = measureHost(comm, mine, known);
+    if (measuredHere) remember(what, *measuredHere);
   }
   // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
-  std::optional<LinkCost> worst;
-  for (size_t h = 0; h < hosts.size(); ++h) {
-    if (hosts[h].size() < 2) continue;
-    const LinkCost cost = published(store, key + "links/0/" + std::to_string(h),
-                                    "host " + topology.levels[0].blockNames[h]);
-    if (!worst) worst = cost;
-    worst->latency = std::max(worst->latency, cost.latency);
-    worst->bandwidth = std::min(worst->bandwidth, cost.bandwidth);
+  if (std::optional<LinkCost> worst = spread(comm, measuredHere)) {
+    links->byDimension[0] = *worst;
   }
-  if (worst) links->byDimension[0] = *worst;
 }
 
 }  // namespace
 
-void probeLinks(Communicator& comm, KeyValueStore& store, const std::string& key,
-                const Topology& topology, LinkCosts* links) {
+void probeLinks(Communicator& comm, const Topology& topology, LinkCosts* links) {
   if (!config().probeLinks || topology.hosts() < 2) return;
-  probeHosts(comm, store, key, topology, links);
+  probeHosts(comm, topology, links);
   const Grid grid = gridOf(topology);
   for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
     if (grid.dims[d] < 2 || links->at(d).origin != "default") continue;
     std::vector<std::vector<int>> rings = dimensionRings(topology, grid, d);
     if (rings.empty()) continue;
     const int measurer = rings[0][0], responder = rings[0][1];
-    const std::string result = key + "links/" + std::to_string(d);
+    std::optional<LinkCost> measuredHere;
     if (comm.rank() == measurer) {
       const auto& names = topology.levels[0].blockNames;
       const auto& hostOf = topology.levels[0].blockOf;
       const std::string what =
           names[hostOf[measurer]] + ">" + names[hostOf[responder]] + ":" + std::to_string(d);
-      const LinkCost cost = measure(comm, responder, recall(what));
-      remember(what, cost);
-      publish(store, result, cost);
+      measuredHere = measure(comm, responder, recall(what));
+      remember(what, *measuredHere);
     } else if (comm.rank() == responder) {
       respond(comm, measurer);
     }
-    const LinkCost cost = published(store, result, "dimension " + std::to_string(d));
+    const std::optional<LinkCost> cost = spread(comm, measuredHere);
+    if (!cost) {
+      throw Error("ddl: the link probe of dimension " + std::to_string(d) + " measured nothing");
+    }
     if (static_cast<int>(links->byDimension.size()) <= d) {
       links->byDimension.resize(d + 1, links->byDimension.back());
     }
-    links->byDimension[d] = cost;
+    links->byDimension[d] = *cost;
   }
 }
 
