@@ -104,6 +104,60 @@ def test_ranks_asked_for_different_groups_fail_naming_the_difference():
     _run(_disagree, 4, None, want=[0, 0, 0, 0])
 
 
+def _other_leader(rank, size, outcomes, store, stamp):
+    """Views that differ in who leads the new group: ranks 0 and 1 exclude rank 3 (a group led
+    by rank 0), ranks 2 and 3 exclude rank 0 (led by rank 1); or, with `disjoint`, two pairs
+    that each exclude the other. The ranks left out are told at once: nobody waits for the 60 s
+    timeout, and the two views never both become working groups."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+
+    disjoint = os.path.basename(outcomes) == "disjoint"
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=TIMEOUT)
+    dist.barrier()
+    if disjoint:
+        asked = [2, 3] if rank < 2 else [0, 1]
+    else:
+        asked = [3] if rank < 2 else [0]
+    start = time.monotonic()
+    try:
+        dist.shrink_group(asked)
+        outcome = "formed"
+    except RuntimeError as error:
+        outcome = f"failed {time.monotonic() - start:.3f} {error}"
+    with open(os.path.join(outcomes, str(rank) + ".tmp"), "w") as f:
+        f.write(outcome)
+    os.rename(os.path.join(outcomes, str(rank) + ".tmp"), os.path.join(outcomes, str(rank)))
+    deadline = time.monotonic() + 30  # every rank has its outcome before any exits
+    while len(os.listdir(outcomes)) < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os._exit(0)  # a group formed on one side may have a peer that failed: no teardown
+
+
+@pytest.mark.parametrize("case", ["overlapping", "disjoint"])
+def test_views_that_differ_in_their_leader_fail_at_once_and_never_form_two_groups(case):
+    with tempfile.TemporaryDirectory() as tmp:
+        outcomes = os.path.join(tmp, case)
+        os.mkdir(outcomes)
+        _run(_other_leader, 4, outcomes, want=[0, 0, 0, 0])
+        got = {}
+        for rank in range(4):
+            with open(os.path.join(outcomes, str(rank))) as f:
+                got[rank] = f.read()
+    for rank, outcome in got.items():
+        if outcome == "formed":
+            continue
+        took = float(outcome.split()[1])
+        assert took < 5, f"rank {rank}: {outcome}"
+        assert "asked for different groups" in outcome and "exclude" in outcome, outcome
+    sides = [(0, 1), (2, 3)]
+    formed = [all(got[r] == "formed" for r in side) for side in sides]
+    assert not all(formed), got
+    if case == "overlapping":  # neither view can form without a rank of the other
+        assert not any(formed), got
+
+
 def _stale(rank, size, _unused, store, stamp):
     """Ranks 2 and 3 die; the survivors first ask to exclude rank 2 only (a view that still has
     the dead rank 3): they fail within seconds naming rank 3, not at the 60 s timeout, and then

@@ -382,7 +382,7 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
           (sorted.size() > 1 ? "s " : " ") + listed);
   }
-  return derive(members, agree(members, "exclude " + listed, name, nextAgreement(name)));
+  return derive(members, agree(members, "exclude " + listed, name, nextAgreement(name), sorted));
 }
 
 uint32_t Communicator::nextAgreement(const char* what) {
@@ -416,7 +416,8 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks)
 }
 
 uint32_t Communicator::agree(const std::vector<int>& members, const std::string& request,
-                             const char* what, uint32_t sequence) {
+                             const char* what, uint32_t sequence,
+                             const std::vector<int>& excluded) {
   Engine& engine = *group_->engine;
   auto agreement = std::make_shared<Group>();
   agreement->engine = &engine;
@@ -439,10 +440,24 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
   for (int m : members) {
     if (static_cast<size_t>(m) < identities_.size()) identities[m] = identities_[m];
   }
+  std::vector<PeerId> endpoints;  // the parent's, for the ranks left out
   engine.call([&] {
     for (int m : members) agreement->peers[m] = group_->peers[m];
+    endpoints = group_->peers;
   });
   engine.watch(agreement, identities);
+  // The ranks left out are told first, in the agreement's word of failure: one that is alive and
+  // in an agreement of this call of its own (a view that differs, whoever leads it) ends it at
+  // once naming this request, and its members tell theirs; a dead one, or one that keeps to the
+  // contract and does not call, never reads it. Two views can then both form a group only where
+  // each one's members heard their answer before the other's word, one message, reached them.
+  if (!excluded.empty()) {
+    tellRanks(*agreement, sequence, excluded,
+              std::string("the ranks were asked for different groups: rank ") +
+                  std::to_string(rank()) + " was asked to " + request + " (" + what +
+                  "), which leaves this rank out",
+              std::min(timeout_, std::chrono::milliseconds(10000)), endpoints);
+  }
   const DeriveResult result =
       runAgreement(agreement, sequence, members, std::move(card), what, timeout_);
   if (!result.error.empty()) throw Error(result.error);

@@ -211,8 +211,9 @@ class Communicator {
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
   // The members' agreement on `request` (engine/derive.h) under `sequence`: the new group's id.
+  // `excluded` (a shrink's): the ranks this rank's request leaves out, told so first.
   uint32_t agree(const std::vector<int>& members, const std::string& request, const char* what,
-                 uint32_t sequence);
+                 uint32_t sequence, const std::vector<int>& excluded = {});
   // The agreement's sequence for the next call `what` of this group.
   uint32_t nextAgreement(const char* what);
   // The group of `members` (ranks of this one, ascending) under `id`, agreed by them.

@@ -153,6 +153,8 @@ DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequ
                           const std::vector<int>& members, DeriveCard mine, const std::string& what,
                           std::chrono::milliseconds timeout) {
   const int index = mine.rank;
+  const std::string asked =
+      "rank " + std::to_string(mine.parentRank) + " was asked to " + mine.request;
   auto work = std::make_shared<Work>(what);
   auto result = std::make_shared<DeriveResult>();
   auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
@@ -160,24 +162,31 @@ DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequ
   agreement->engine->submit(std::move(op));
   work->wait();
   if (work->failed()) {
-    tellNeighbours(*agreement, sequence, members, index, result->heardFrom, work->error(),
+    std::string error = work->error();
+    if (result->heardFrom >= 0) error += "; " + asked;
+    tellNeighbours(*agreement, sequence, members, index, error,
                    std::min(timeout, std::chrono::milliseconds(10000)));
-    throw Error(work->error());
+    throw Error(error);
   }
   return *result;
 }
 
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
-                    int index, int heardFrom, std::string text, std::chrono::milliseconds timeout) {
+                    int index, std::string text, std::chrono::milliseconds timeout) {
   std::vector<int> to;
   const int up = bootstrapParent(index);
   if (up >= 0) to.push_back(members[up]);
   for (int child : bootstrapChildren(index, static_cast<int>(members.size()))) {
     to.push_back(members[child]);
   }
+  tellRanks(agreement, sequence, to, std::move(text), timeout);
+}
+
+void tellRanks(const Group& agreement, uint32_t sequence, const std::vector<int>& ranks,
+               std::string text, std::chrono::milliseconds timeout,
+               const std::vector<PeerId>& endpoints) {
   if (text.size() > kAbortBytes) text.resize(kAbortBytes);
-  for (int peer : to) {
-    if (peer == heardFrom) continue;
+  for (int peer : ranks) {
     // A group of its own per message: a neighbour that is gone fails this op alone.
     auto group = std::make_shared<Group>();
     group->engine = agreement.engine;
@@ -186,7 +195,11 @@ void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector
     group->id = agreement.id;
     group->name = agreement.name;
     group->addresses = agreement.addresses;
+    // The endpoint opened before, if any (no op of the agreement's group changes them
+    // meanwhile), and no other: an op fails when any rank of its group is lost.
+    const std::vector<PeerId>& known = endpoints.empty() ? agreement.peers : endpoints;
     group->peers.assign(static_cast<size_t>(agreement.size), -1);
+    if (static_cast<size_t>(peer) < known.size()) group->peers[peer] = known[peer];
     auto work = std::make_shared<Work>("agreement failure notice");
     auto op = std::make_unique<Op>(group, sequence, "agreement failure notice", timeout, work);
     op->task = sendAbort(*op, peer, text);

@@ -46,18 +46,27 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 // ranks left out are never contacted. `out` is set once the op succeeds.
 // A member's agreement that fails (a member gone, a timeout) would leave the others waiting for
 // it until their own timeout: each member also listens for a word from any other, and ends at
-// once with it. The failed member tells its neighbours in the tree (tellNeighbours), but
-// `heardFrom` (out->heardFrom of a member told), and each one told tells its own: O(P)
-// messages, each neighbour sent to by an op of its own (one gone fails only its own).
+// once with it. The failed member tells its neighbours in the tree (tellNeighbours), and each
+// one told tells its own, also the one whose word it had (that word may have come from a rank
+// of another view, which still waits): O(P) messages, each neighbour sent to by an op of its
+// own (one gone fails only its own). A shrink's members first tell the ranks they leave out
+// (Communicator::agree), so that views that differ in who leads them meet as well.
 Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
                     std::shared_ptr<DeriveResult> out);
 // agreeOnDerived as an op of `agreement` (id tag::kAgreementGroup) under `sequence`, waited for:
-// when it fails here, the neighbours are told (tellNeighbours) and its error is thrown. The
+// when it fails here, the neighbours are told (tellNeighbours) and its error is thrown (with
+// what this rank was asked, when it failed on another rank's word). The
 // decision it returns (an error the same on every member, or the id) is the caller's.
 DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
                           const std::vector<int>& members, DeriveCard mine, const std::string& what,
                           std::chrono::milliseconds timeout);
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
-                    int index, int heardFrom, std::string text, std::chrono::milliseconds timeout);
+                    int index, std::string text, std::chrono::milliseconds timeout);
+// Sends `text` as the agreement's word of failure to each of `ranks` (of the agreement's group),
+// each by an op of its own over `endpoints` (by rank; the agreement's when empty): one that is
+// gone fails its own alone, and nothing waits for them.
+void tellRanks(const Group& agreement, uint32_t sequence, const std::vector<int>& ranks,
+               std::string text, std::chrono::milliseconds timeout,
+               const std::vector<PeerId>& endpoints = {});
 
 }  // namespace ddl
