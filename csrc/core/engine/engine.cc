@@ -564,26 +564,32 @@ void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::
     if (step <= v) continue;
     const int child = (notice.from + v + step) % n;
     const PeerId peer = group.peers[child];
-    if (child == notice.gone || (peer >= 0 && lost_.count(peer) > 0)) {
+    if (child == notice.gone || (peer >= 0 && lost_.count(peer) > 0) ||
+        !sendNoticeTo(control, notice, bytes, child)) {
       relayBelow(control, notice, bytes, v + step);
-    } else {
-      sendNoticeTo(control, notice, bytes, child);
     }
   }
 }
 
-void Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes,
+bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes,
                           int to) {
   const Group& group = *control.group;
+  PeerId peer;
+  try {
+    peer = group.peer(to);
+  } catch (const Error&) {
+    return false;  // no endpoint can be made: a peer that is gone (its process, or its host)
+  }
   GroupControl::Sent& sent = control.sent.emplace_back();
   sent.bytes = bytes;
   sent.request = std::make_unique<Request>();
   sent.request->peer = to;
   sent.request->isSend = true;
   const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
-  transport_->send(group.peer(to),
+  transport_->send(peer,
                    tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
                    sent.bytes.data(), sent.bytes.size(), sent.request.get());
+  return true;
 }
 
 void Engine::buryOp(GroupControl& control, uint32_t sequence) {

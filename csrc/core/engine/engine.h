@@ -143,7 +143,8 @@ class Engine {
   void applyNotice(GroupControl& control, const Notice& notice);
   // Starts `notice` down its tree (from this rank, its root), or sends it to `to` alone.
   void sendNotice(GroupControl& control, const Notice& notice);
-  void sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes, int to);
+  // False when no endpoint to `to` can be made (nothing is sent).
+  bool sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes, int to);
   // Passes a notice of the tree on to this rank's children in it: the rank at distance v from
   // the root sends to the ranks at distance v + 2^k for every 2^k > v (below the group's size).
   // A notice reaches all P - 1 other ranks in P - 1 messages and log2(P) rounds, and whoever

@@ -158,7 +158,14 @@ Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const
                            size_t bytes) {
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(group_->rank));
-  group_->engine->transport().send(group_->peer(req->peer), t, data, bytes, req);
+  PeerId peer;
+  try {
+    peer = group_->peer(req->peer);
+  } catch (const Error& e) {  // no endpoint can be made: the send fails, as one to a lost peer
+    req->fail(std::string("peer unreachable: ") + e.what());
+    return req;
+  }
+  group_->engine->transport().send(peer, t, data, bytes, req);
   return req;
 }
 
