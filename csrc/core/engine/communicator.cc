@@ -449,14 +449,22 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
   // The ranks left out are told first, in the agreement's word of failure: one that is alive and
   // in an agreement of this call of its own (a view that differs, whoever leads it) ends it at
   // once naming this request, and its members tell theirs; a dead one, or one that keeps to the
-  // contract and does not call, never reads it. Two views can then both form a group only where
-  // each one's members heard their answer before the other's word, one message, reached them.
+  // contract and does not call, never reads it. This rank's card goes up only once its words
+  // have left (a connection they needed is made), within kTellWait: two views can then both
+  // form a group only where each one's members heard their answer, two messages deep, before
+  // the other's word, one message, reached them.
   if (!excluded.empty()) {
-    tellRanks(*agreement, sequence, excluded,
-              std::string("the ranks were asked for different groups: rank ") +
-                  std::to_string(rank()) + " was asked to " + request + " (" + what +
-                  "), which leaves this rank out",
-              std::min(timeout_, std::chrono::milliseconds(10000)), endpoints);
+    const auto works = tellRanks(*agreement, sequence, excluded,
+                                 std::string("the ranks were asked for different groups: rank ") +
+                                     std::to_string(rank()) + " was asked to " + request + " (" +
+                                     what + "), which leaves this rank out",
+                                 std::min(timeout_, std::chrono::milliseconds(10000)), endpoints);
+    const auto until = std::chrono::steady_clock::now() + std::min(timeout_, kTellWait);
+    for (const auto& work : works) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !work->wait(left)) break;  // a dead host's: not waited for longer
+    }
   }
   const DeriveResult result =
       runAgreement(agreement, sequence, members, std::move(card), what, timeout_);

@@ -211,7 +211,9 @@ class Communicator {
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
   // The members' agreement on `request` (engine/derive.h) under `sequence`: the new group's id.
-  // `excluded` (a shrink's): the ranks this rank's request leaves out, told so first.
+  // `excluded` (a shrink's): the ranks this rank's request leaves out, told so first; their
+  // words are waited for (to leave, not to arrive) for kTellWait at most.
+  static constexpr std::chrono::milliseconds kTellWait{200};
   uint32_t agree(const std::vector<int>& members, const std::string& request, const char* what,
                  uint32_t sequence, const std::vector<int>& excluded = {});
   // The agreement's sequence for the next call `what` of this group.

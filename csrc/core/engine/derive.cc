@@ -182,9 +182,11 @@ void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector
   tellRanks(agreement, sequence, to, std::move(text), timeout);
 }
 
-void tellRanks(const Group& agreement, uint32_t sequence, const std::vector<int>& ranks,
-               std::string text, std::chrono::milliseconds timeout,
-               const std::vector<PeerId>& endpoints) {
+std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t sequence,
+                                             const std::vector<int>& ranks, std::string text,
+                                             std::chrono::milliseconds timeout,
+                                             const std::vector<PeerId>& endpoints) {
+  std::vector<std::shared_ptr<Work>> works;
   if (text.size() > kAbortBytes) text.resize(kAbortBytes);
   for (int peer : ranks) {
     // A group of its own per message: a neighbour that is gone fails this op alone.
@@ -204,7 +206,9 @@ void tellRanks(const Group& agreement, uint32_t sequence, const std::vector<int>
     auto op = std::make_unique<Op>(group, sequence, "agreement failure notice", timeout, work);
     op->task = sendAbort(*op, peer, text);
     agreement.engine->submit(std::move(op));
+    works.push_back(std::move(work));
   }
+  return works;
 }
 
 }  // namespace ddl

@@ -64,9 +64,10 @@ void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector
                     int index, std::string text, std::chrono::milliseconds timeout);
 // Sends `text` as the agreement's word of failure to each of `ranks` (of the agreement's group),
 // each by an op of its own over `endpoints` (by rank; the agreement's when empty): one that is
-// gone fails its own alone, and nothing waits for them.
-void tellRanks(const Group& agreement, uint32_t sequence, const std::vector<int>& ranks,
-               std::string text, std::chrono::milliseconds timeout,
-               const std::vector<PeerId>& endpoints = {});
+// gone fails its own alone. Returns the ops' Works, for a caller that waits for them.
+std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t sequence,
+                                             const std::vector<int>& ranks, std::string text,
+                                             std::chrono::milliseconds timeout,
+                                             const std::vector<PeerId>& endpoints = {});
 
 }  // namespace ddl
