@@ -127,7 +127,10 @@ void SimCluster::createGroup() {
     options.locality = localities_[r];
     options.racks = rackMap_;
     options.links = groupLinks;
-    options.plan = spec_.plan;
+    // The simulated transport maps no shared-memory windows: host rings run over messages from
+    // the first op, where a real process that cannot map them would try once and go on so.
+    options.plan = spec_.plan ? *spec_.plan : Communicator::planRequest();
+    options.plan->hostSlots = false;
     pending[r] = Communicator::begin(*engines_[r], *store_, r, n, options);
   }
   size_t done = 0;  // ranks before it have finished the exchange

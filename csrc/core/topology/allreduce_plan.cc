@@ -200,11 +200,10 @@ class Loads {
     }
     return slowest;
   }
-  // Adds to `busy` each link's time in this load: its bytes over its bandwidth plus `extra`
-  // (the steps' latencies of the stage that loads it).
+  // Adds to `busy` each link's time in this load: its bytes over its bandwidth.
   using Busy = std::map<std::tuple<int, int, bool>, double>;
-  void occupy(const LinkCosts& links, double extra, Busy& busy) const {
-    for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth + extra;
+  void occupy(const LinkCosts& links, Busy& busy) const {
+    for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth;
   }
 
  private:
@@ -532,6 +531,7 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     size_t longest = 0;
     double message = 0;      // the largest a first-wave ring sends in one step
     double firstReduce = 0;  // a rank's reductions in this stage, over the first waves
+    int firstLanes = 0;      // first-wave lanes in this stage
     for (const Lane& lane : plan.lanes) {
       if (i >= lane.stages.size()) continue;
       Loads loads(t);
@@ -557,12 +557,15 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
       total.add(loads, 2);
       allReduce += laneReduce;
       if (lane.after < 0) {
+        ++firstLanes;
         first.add(loads, 1);
         firstReduce += laneReduce;
       }
     }
     // A step: its latency, then its message, reduced segment by segment as they arrive; or, where
-    // the rings of the stage share a link or a rank's reductions, their turns on those.
+    // the rings of the stage share a link or a rank's reductions, their turns on those: the
+    // segments of every lane through the rank pass the link, then the reduction, one after
+    // another (a flow shop: the busier of the two, plus the other's share of one segment).
     const double steps = static_cast<double>(longest - 1);
     const double latency = first.latency(links);
     const double send = first.messageSeconds(links, message);
@@ -572,12 +575,13 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     const double own = latency + part * (send + reduce) + (1 - part) * std::max(send, reduce);
     const double link = steps > 0 ? first.seconds(links) / steps : 0;
     const double ranks = steps > 0 ? firstReduce / steps : 0;
-    const double shared = std::max(link + part * ranks, ranks + part * link);
+    const double units = std::max(1, firstLanes) / part;  // a rank's segments in one step
+    const double shared = std::max(link, ranks) + std::min(link, ranks) / units;
     gather[i].seconds = std::max(steps * (latency + send), steps * link + latency);
     scatter[i].seconds = std::max(steps * own, steps * shared + latency);
-    // A stage whose rings crowd a link holds it through their steps' latencies as well: the
-    // rings of the waves that share it move in step and wait out their latencies together.
-    first.occupy(links, link > latency + send ? steps * latency : 0, gather[i].holds);
+    // While one ring waits out its latency the others use the link: a stage holds each link
+    // for its bytes' time.
+    first.occupy(links, gather[i].holds);
     scatter[i].holds = gather[i].holds;
     scatter[i].holds[rank] = firstReduce;
   }

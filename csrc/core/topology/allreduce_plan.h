@@ -145,12 +145,12 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
 // reduce bandwidth; a message of several segments is reduced as they arrive. Rings that share a
 // link or a rank's reductions take turns on them while each waits out its own latency: a stage
 // of a multi-dimensional plan costs the larger of its rings' steps so priced and its busiest
-// link's bytes (of every first-wave lane in that stage) plus one latency. One wave's pass is 2S
-// such stages (the reduce-scatter's, then the allgather's in reverse), and W waves go through
-// them as the engine orders them: a wave's stage after its previous stage and after the
-// previous wave's same stage, each holding the links it loads for their bytes' time (and
-// through its steps' latencies where its rings crowd a link, moving in step) and the ranks for
-// their reductions; never less than the busiest link's bytes, or a rank's reductions, over all
+// link's bytes (of every first-wave lane in that stage) plus one latency, a rank's segments
+// passing its link and its reductions as a flow shop. One wave's pass is 2S such stages (the
+// reduce-scatter's, then the allgather's in reverse), and W waves go through them as the engine
+// orders them: a wave's stage after its previous stage and after the previous wave's same
+// stage, each holding the links it loads for their bytes' time and the ranks for their
+// reductions; never less than the busiest link's bytes, or a rank's reductions, over all
 // stages and waves. A message across dimension k loads the links of dimensions 1..k of the
 // blocks it leaves and enters (a rack crossing also crosses the host's link). A flat ring's
 // ranks wait only for their predecessors: a segment's lap costs what the ring's edges cost it

@@ -10,17 +10,14 @@
 
 namespace ddl {
 
-struct SimNetwork::Message {
-  int from;
-  int to;
-  uint64_t tag;
-  size_t size;
-  std::vector<char> bytes;  // empty without payload
-};
-
 namespace {
 
 constexpr int64_t kNever = INT64_MAX;
+constexpr uint64_t kNoMessage = UINT64_MAX;
+
+uint64_t pairKey(int from, int to) {
+  return (static_cast<uint64_t>(from) << 32) | static_cast<uint32_t>(to);
+}
 
 int64_t transferNs(size_t bytes, double bandwidth) {
   if (bytes == 0 || !(bandwidth > 0)) return 0;
@@ -36,6 +33,44 @@ void mix(uint64_t* digest, uint64_t value) {
 
 }  // namespace
 
+struct SimNetwork::Message {
+  int from;
+  int to;
+  uint64_t tag;
+  size_t size;
+  std::vector<char> bytes;     // empty without payload
+  uint64_t sendIndex = 0;      // its request's slot
+  size_t booked = 0;           // bytes whose links are booked
+  int64_t end = 0;             // when the last packet booked so far leaves its slowest link
+  uint64_t next = kNoMessage;  // the pair's next message, booked once this one is
+};
+
+int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
+  while (!busy_.empty() && busy_.begin()->second <= now) busy_.erase(busy_.begin());
+  int64_t t = at;
+  auto next = busy_.upper_bound(at);  // the first booking that starts after `at`
+  if (next != busy_.begin()) t = std::max(t, std::prev(next)->second);
+  while (next != busy_.end() && next->first < t + length) {
+    t = std::max(t, next->second);
+    ++next;
+  }
+  if (length <= 0) return t;
+  int64_t end = t + length;
+  if (next != busy_.end() && next->first == end) {
+    end = next->second;
+    next = busy_.erase(next);
+  }
+  if (next != busy_.begin()) {
+    auto before = std::prev(next);
+    if (before->second == t) {
+      before->second = end;
+      return t;
+    }
+  }
+  busy_.emplace_hint(next, t, end);
+  return t;
+}
+
 SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
   const size_t n = spec_.hostOf.size();
   int hosts = 0, racks = 0;
@@ -49,12 +84,12 @@ SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
   turnAt_.assign(n, kNever);
   dead_.assign(n, false);
   endpointsOf_.resize(n);
-  shmOut_.assign(n, 0);
-  shmIn_.assign(n, 0);
-  nicOut_.assign(hosts, 0);
-  nicIn_.assign(hosts, 0);
-  upOut_.assign(racks, 0);
-  upIn_.assign(racks, 0);
+  shmOut_.assign(n, SimLink{});
+  shmIn_.assign(n, SimLink{});
+  nicOut_.assign(hosts, SimLink{});
+  nicIn_.assign(hosts, SimLink{});
+  upOut_.assign(racks, SimLink{});
+  upIn_.assign(racks, SimLink{});
 }
 
 SimNetwork::~SimNetwork() = default;
@@ -119,36 +154,6 @@ uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
 void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
                       Request* req) {
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
-  const int level = levelBetween(from, to);
-  const double hostBw = spec_.levels[0].bandwidth, nicBw = spec_.levels[1].bandwidth,
-               rackBw = spec_.levels[2].bandwidth;
-  const int hf = spec_.hostOf[from], ht = spec_.hostOf[to];
-  struct Hop {
-    int64_t* free;
-    double bandwidth;
-  };
-  Hop hops[4];
-  int count = 0;
-  if (level == 0) {
-    hops[count++] = {&shmOut_[from], hostBw};
-    hops[count++] = {&shmIn_[to], hostBw};
-  } else {
-    hops[count++] = {&nicOut_[hf], nicBw};
-    if (level == 2) {
-      hops[count++] = {&upOut_[spec_.rackOf[hf]], rackBw};
-      hops[count++] = {&upIn_[spec_.rackOf[ht]], rackBw};
-    }
-    hops[count++] = {&nicIn_[ht], nicBw};
-  }
-  int64_t start = t0, end = t0, left = t0;
-  for (int i = 0; i < count; ++i) {
-    const int64_t s = std::max(start, *hops[i].free);
-    const int64_t e = s + transferNs(bytes, hops[i].bandwidth);
-    *hops[i].free = e;
-    start = s;
-    end = std::max(end, e);
-    if (i == 0) left = e;
-  }
   auto message = std::make_unique<Message>(Message{from, to, tag, bytes, {}});
   // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
   // group's creation: the control phase) always carries its bytes.
@@ -156,6 +161,14 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
       (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
   if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
     message->bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  }
+  if (!freeSends_.empty()) {
+    message->sendIndex = freeSends_.back();
+    freeSends_.pop_back();
+    sends_[message->sendIndex] = req;
+  } else {
+    message->sendIndex = sends_.size();
+    sends_.push_back(req);
   }
   uint64_t index;
   if (!freeMessages_.empty()) {
@@ -166,20 +179,64 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     index = inFlight_.size();
     inFlight_.push_back(std::move(message));
   }
-  uint64_t sendIndex;
-  if (!freeSends_.empty()) {
-    sendIndex = freeSends_.back();
-    freeSends_.pop_back();
-    sends_[sendIndex] = req;
-  } else {
-    sendIndex = sends_.size();
-    sends_.push_back(req);
-  }
-  push(left, Kind::kSent, from, to, sendIndex);
-  push(end + latencyNs(level), Kind::kArrive, to, from, index);
   ++messages_;
   bytes_ += bytes;
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+  // A pair's messages leave in the order they were sent, one after another (one connection).
+  auto [tail, first] = pairTail_.try_emplace(pairKey(from, to), index);
+  if (!first) {
+    inFlight_[tail->second]->next = index;
+    tail->second = index;
+    return;
+  }
+  bookPacket(index, t0);
+}
+
+void SimNetwork::bookPacket(uint64_t index, int64_t at) {
+  Message& m = *inFlight_[index];
+  const int level = levelBetween(m.from, m.to);
+  const double hostBw = spec_.levels[0].bandwidth, nicBw = spec_.levels[1].bandwidth,
+               rackBw = spec_.levels[2].bandwidth;
+  const int hf = spec_.hostOf[m.from], ht = spec_.hostOf[m.to];
+  struct Hop {
+    SimLink* link;
+    double bandwidth;
+  };
+  Hop hops[4];
+  int count = 0;
+  if (level == 0) {
+    hops[count++] = {&shmOut_[m.from], hostBw};
+    hops[count++] = {&shmIn_[m.to], hostBw};
+  } else {
+    hops[count++] = {&nicOut_[hf], nicBw};
+    if (level == 2) {
+      hops[count++] = {&upOut_[spec_.rackOf[hf]], rackBw};
+      hops[count++] = {&upIn_[spec_.rackOf[ht]], rackBw};
+    }
+    hops[count++] = {&nicIn_[ht], nicBw};
+  }
+  const size_t size = std::min(spec_.packetBytes, m.size - m.booked);
+  int64_t start = at, left = at;
+  for (int i = 0; i < count; ++i) {
+    const int64_t length = transferNs(size, hops[i].bandwidth);
+    start = hops[i].link->book(ns(now_), start, length);
+    m.end = std::max(m.end, start + length);
+    if (i == 0) left = start + length;
+  }
+  m.booked += size;
+  if (m.booked < m.size) {  // the next packet once this one has left the sender
+    push(left, Kind::kPacket, m.from, m.to, index);
+    return;
+  }
+  push(left, Kind::kSent, m.from, m.to, m.sendIndex);
+  int64_t& last = lastArrival_[pairKey(m.from, m.to)];
+  last = std::max(m.end + latencyNs(level), last);
+  push(last, Kind::kArrive, m.to, m.from, index);
+  if (m.next != kNoMessage) {
+    push(left, Kind::kPacket, m.from, m.to, m.next);
+  } else {
+    pairTail_.erase(pairKey(m.from, m.to));
+  }
 }
 
 bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
@@ -205,6 +262,9 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         wake(m->to, now_);
         break;
       }
+      case Kind::kPacket:
+        bookPacket(e.index, e.at);
+        break;
       case Kind::kSent: {
         Request* req = sends_[e.index];
         freeSends_.push_back(e.index);

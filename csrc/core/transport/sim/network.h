@@ -4,13 +4,17 @@
 // Links. Every rank has a shared-memory port each way (level 0: messages between ranks of one
 // host), every host a NIC each way (level 1: messages that leave or enter the host), every rack
 // an uplink each way (level 2: messages that leave or enter the rack). A link serialises what
-// crosses it: a message holds it for bytes / bandwidth from when the link is free and the
-// message has reached it, so the ranks of a host share their NIC and the hosts of a rack their
-// uplink, and contention shows. A message flows through its links at once (cut-through): it
-// reaches each link when it has started on the one before, and arrives when it has left the
-// slowest, plus the latency of the outermost level it crosses. Messages between one pair thus
-// arrive in the order they were sent. The figures are the cost model's (LinkCosts,
-// TORCH_DDL_LINKS syntax): level k's latency and bandwidth per direction.
+// crosses it, in packets (SimNetworkSpec::packetBytes, 4 KiB: InfiniBand's usual MTU): a packet
+// holds each link for its bytes / bandwidth, in the first free time long enough from when it has
+// reached it, and a message's next packet leaves once the one before has left the sender. So
+// the ranks of a host share their NIC and the hosts of a rack their uplink, and contention shows;
+// messages that cross a link at once share it packet by packet (as a NIC's queues and a switch
+// port interleave flows), and a small message is not held behind the whole of a large one. A
+// packet flows through its links at once (cut-through): it reaches each link when it has started
+// on the one before. A message arrives when its last packet has left the slowest link, plus the
+// latency of the outermost level it crosses. A pair's messages leave one after another, in the
+// order they were sent (one connection), and arrive in that order. The figures are the cost
+// model's (LinkCosts, TORCH_DDL_LINKS syntax): level k's latency and bandwidth per direction.
 //
 // Time. One event loop in virtual time (nanoseconds) delivers messages and turns ranks (run()).
 // A rank that computes (a reduction, a copy: sim/memory.h) is busy until that work is done: its
@@ -30,6 +34,7 @@
 #include <queue>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../../engine/clock.h"
@@ -39,6 +44,17 @@
 namespace ddl {
 
 class SimTransport;
+
+// One link's bookings from now on: disjoint busy times in order, touching ones merged.
+class SimLink {
+ public:
+  // The earliest t >= at such that [t, t + length) is free, booked; what ended by `now` (no
+  // later than any `at` to come) is forgotten first.
+  int64_t book(int64_t now, int64_t at, int64_t length);
+
+ private:
+  std::map<int64_t, int64_t> busy_;  // start -> end (ns)
+};
 
 // One level's links: latency (seconds) and bandwidth (bytes per second, per direction).
 struct SimLevel {
@@ -51,6 +67,7 @@ struct SimNetworkSpec {
   std::vector<int> rackOf;       // by host
   std::vector<SimLevel> levels;  // 0: within a host, 1: between hosts of a rack, 2: between racks
   bool payload = true;  // messages carry their bytes (false: sizes only, but for control messages)
+  size_t packetBytes = 4096;  // links interleave messages in packets of this size
 };
 
 class SimNetwork {
@@ -100,14 +117,14 @@ class SimNetwork {
   int endpoints(int rank) const;
 
  private:
-  enum class Kind : uint8_t { kArrive, kSent, kTurn, kKill, kLost, kCut };
+  enum class Kind : uint8_t { kArrive, kSent, kTurn, kKill, kLost, kCut, kPacket };
   struct Event {
     int64_t at;  // ns
     uint64_t order;
     Kind kind;
     int rank;
     int other;
-    uint64_t index;  // kArrive: the message; kSent: the request's slot
+    uint64_t index;  // kArrive, kPacket: the message; kSent: the request's slot
     bool operator>(const Event& e) const { return at != e.at ? at > e.at : order > e.order; }
   };
   struct Message;
@@ -115,6 +132,8 @@ class SimNetwork {
   int levelBetween(int a, int b) const;
   int64_t latencyNs(int level) const;
   void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
+  // Books the links of message `index`'s next packet from `at` (no earlier than now).
+  void bookPacket(uint64_t index, int64_t at);
   static int64_t ns(TimePoint t) { return t.time_since_epoch().count(); }
   static TimePoint point(int64_t ns);
 
@@ -131,8 +150,10 @@ class SimNetwork {
   int deaths_ = 0;
   std::set<std::pair<int, int>> cuts_;
   std::vector<std::set<int>> endpointsOf_;  // by rank: the ranks it connected to
-  // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in: when free.
-  std::vector<int64_t> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
+  // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in.
+  std::vector<SimLink> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
+  std::unordered_map<uint64_t, int64_t> lastArrival_;  // by (from, to): keeps a pair's order
+  std::unordered_map<uint64_t, uint64_t> pairTail_;    // by (from, to): its last message booking
   std::vector<std::unique_ptr<Message>> inFlight_;
   std::vector<uint64_t> freeMessages_;
   std::vector<Request*> sends_;
