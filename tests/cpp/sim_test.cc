@@ -2,6 +2,7 @@
 // process, in virtual time, every rank's result checked against a reference computed here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -66,6 +67,49 @@ std::map<uint64_t, double> arrivalsBehindALargeMessage() {
   transports[0]->send(from0, 3, nullptr, 4096, &sends[2]);
   network.run([&] { return arrived.size() == 3; }, TimePoint(std::chrono::seconds(1)));
   return arrived;
+}
+
+TEST(Sim, TheCalendarGivesEventsInOrderOfTimeThenOfMaking) {
+  struct Event {
+    int64_t at;
+    uint64_t order;
+    bool operator>(const Event& e) const { return at != e.at ? at > e.at : order > e.order; }
+  };
+  SimCalendar<Event> calendar;
+  std::vector<Event> made;
+  uint64_t order = 0;
+  uint64_t x = 12345;
+  auto next = [&x] { return x = x * 6364136223846793005ull + 1442695040888963407ull; };
+  auto make = [&](int64_t at) {
+    made.push_back(Event{at, order++});
+    calendar.push(made.back());
+  };
+  // Times from now to 200 ms ahead (past the calendar's buckets), some equal, some pushed while
+  // taking them out; then one before the bucket a look ahead moved to.
+  for (int i = 0; i < 5000; ++i) make(static_cast<int64_t>(next() >> 30) % 200000000);
+  std::vector<Event> taken;
+  int64_t now = 0;
+  while (!calendar.empty()) {
+    const Event e = calendar.top();
+    calendar.pop();
+    ASSERT_GE(e.at, now);
+    now = e.at;
+    taken.push_back(e);
+    if (taken.size() % 7 == 0) make(now + static_cast<int64_t>(next() >> 30) % 40000000);
+    if (taken.size() % 11 == 0) make(now);
+  }
+  ASSERT_EQ(taken.size(), made.size());
+  std::vector<Event> sorted = made;
+  std::sort(sorted.begin(), sorted.end(), [](const Event& a, const Event& b) { return b > a; });
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    ASSERT_EQ(taken[i].order, sorted[i].order) << i;
+  }
+  make(now + 50000000);
+  EXPECT_EQ(calendar.top().at, now + 50000000);  // the look ahead moves the calendar on
+  make(now + 10);
+  EXPECT_EQ(calendar.top().at, now + 10);
+  calendar.pop();
+  EXPECT_EQ(calendar.top().at, now + 50000000);
 }
 
 TEST(Sim, LinksSharePacketByPacketAndAPairKeepsItsOrder) {

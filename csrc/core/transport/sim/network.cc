@@ -46,28 +46,35 @@ struct SimNetwork::Message {
 };
 
 int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
-  while (!busy_.empty() && busy_.begin()->second <= now) busy_.erase(busy_.begin());
+  while (first_ < busy_.size() && busy_[first_].second <= now) ++first_;
+  if (first_ > 64 && first_ * 2 > busy_.size()) {
+    busy_.erase(busy_.begin(), busy_.begin() + static_cast<std::ptrdiff_t>(first_));
+    first_ = 0;
+  }
+  const auto begin = busy_.begin() + static_cast<std::ptrdiff_t>(first_);
   int64_t t = at;
-  auto next = busy_.upper_bound(at);  // the first booking that starts after `at`
-  if (next != busy_.begin()) t = std::max(t, std::prev(next)->second);
+  // The first booking that starts after `at`; the one before may still run then.
+  auto next = std::upper_bound(begin, busy_.end(), at,
+                               [](int64_t value, const auto& b) { return value < b.first; });
+  if (next != begin) t = std::max(t, std::prev(next)->second);
   while (next != busy_.end() && next->first < t + length) {
     t = std::max(t, next->second);
     ++next;
   }
   if (length <= 0) return t;
-  int64_t end = t + length;
-  if (next != busy_.end() && next->first == end) {
-    end = next->second;
-    next = busy_.erase(next);
+  const int64_t end = t + length;
+  const bool joinsBefore = next != begin && std::prev(next)->second == t;
+  const bool joinsAfter = next != busy_.end() && next->first == end;
+  if (joinsBefore && joinsAfter) {
+    std::prev(next)->second = next->second;
+    busy_.erase(next);
+  } else if (joinsBefore) {
+    std::prev(next)->second = end;
+  } else if (joinsAfter) {
+    next->first = t;
+  } else {
+    busy_.insert(next, {t, end});
   }
-  if (next != busy_.begin()) {
-    auto before = std::prev(next);
-    if (before->second == t) {
-      before->second = end;
-      return t;
-    }
-  }
-  busy_.emplace_hint(next, t, end);
   return t;
 }
 
@@ -215,7 +222,8 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
     }
     hops[count++] = {&nicIn_[ht], nicBw};
   }
-  const size_t size = std::min(spec_.packetBytes, m.size - m.booked);
+  const size_t packet = level == 0 ? spec_.hostPacketBytes : spec_.packetBytes;
+  const size_t size = std::min(packet, m.size - m.booked);
   int64_t start = at, left = at;
   for (int i = 0; i < count; ++i) {
     const int64_t length = transferNs(size, hops[i].bandwidth);

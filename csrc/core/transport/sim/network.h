@@ -4,7 +4,7 @@
 // Links. Every rank has a shared-memory port each way (level 0: messages between ranks of one
 // host), every host a NIC each way (level 1: messages that leave or enter the host), every rack
 // an uplink each way (level 2: messages that leave or enter the rack). A link serialises what
-// crosses it, in packets (SimNetworkSpec::packetBytes, 4 KiB: InfiniBand's usual MTU): a packet
+// crosses it, in packets (SimNetworkSpec: 4 KiB across hosts, InfiniBand's usual MTU): a packet
 // holds each link for its bytes / bandwidth, in the first free time long enough from when it has
 // reached it, and a message's next packet leaves once the one before has left the sender. So
 // the ranks of a host share their NIC and the hosts of a rack their uplink, and contention shows;
@@ -27,11 +27,12 @@
 // between the two ranks are dropped from then on, and both learn it one latency later.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <queue>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -53,8 +54,84 @@ class SimLink {
   int64_t book(int64_t now, int64_t at, int64_t length);
 
  private:
-  std::map<int64_t, int64_t> busy_;  // start -> end (ns)
+  std::vector<std::pair<int64_t, int64_t>> busy_;  // (start, end) in ns, from busy_[first_]
+  size_t first_ = 0;
 };
+
+// Events in order of (time, then order made), as a calendar: a bucket per microsecond for the
+// next 16 ms (the current one a heap), later ones in a heap of their own.
+template <typename Event>
+class SimCalendar {
+ public:
+  bool empty() const { return size_ == 0; }
+  void push(const Event& e);
+  // The next event (the queue must not be empty), then taking it out.
+  const Event& top();
+  void pop();
+
+ private:
+  static constexpr int kShift = 10;  // 1 024 ns a bucket
+  static constexpr size_t kBuckets = 16384;
+  std::vector<std::vector<Event>> buckets_ = std::vector<std::vector<Event>>(kBuckets);
+  std::vector<Event> later_;  // a heap: beyond the buckets
+  int64_t current_ = 0;       // the bucket being taken, by time >> kShift
+  bool heaped_ = false;       // the current bucket is a heap
+  size_t inBuckets_ = 0, size_ = 0;
+};
+
+template <typename Event>
+inline void SimCalendar<Event>::push(const Event& e) {
+  ++size_;
+  const int64_t bucket = e.at >> kShift;
+  if (bucket <= current_) {  // the current bucket (or earlier than it: first of all)
+    std::vector<Event>& heap = buckets_[static_cast<size_t>(current_) % kBuckets];
+    heap.push_back(e);
+    if (heaped_) std::push_heap(heap.begin(), heap.end(), std::greater<Event>());
+    ++inBuckets_;
+  } else if (bucket < current_ + static_cast<int64_t>(kBuckets)) {
+    buckets_[static_cast<size_t>(bucket) % kBuckets].push_back(e);
+    ++inBuckets_;
+  } else {
+    later_.push_back(e);
+    std::push_heap(later_.begin(), later_.end(), std::greater<Event>());
+  }
+}
+
+template <typename Event>
+inline const Event& SimCalendar<Event>::top() {
+  while (true) {
+    std::vector<Event>& heap = buckets_[static_cast<size_t>(current_) % kBuckets];
+    if (!heap.empty()) {
+      if (!heaped_) {
+        std::make_heap(heap.begin(), heap.end(), std::greater<Event>());
+        heaped_ = true;
+      }
+      return heap.front();
+    }
+    // On to the next bucket (straight to the next later event when the buckets are empty),
+    // taking in the later events that now fall within the buckets.
+    heaped_ = false;
+    current_ = inBuckets_ == 0 ? later_.front().at >> kShift : current_ + 1;
+    while (!later_.empty() &&
+           (later_.front().at >> kShift) < current_ + static_cast<int64_t>(kBuckets)) {
+      const Event e = later_.front();
+      std::pop_heap(later_.begin(), later_.end(), std::greater<Event>());
+      later_.pop_back();
+      buckets_[static_cast<size_t>(std::max(e.at >> kShift, current_)) % kBuckets].push_back(e);
+      ++inBuckets_;
+    }
+  }
+}
+
+template <typename Event>
+inline void SimCalendar<Event>::pop() {
+  top();
+  std::vector<Event>& heap = buckets_[static_cast<size_t>(current_) % kBuckets];
+  std::pop_heap(heap.begin(), heap.end(), std::greater<Event>());
+  heap.pop_back();
+  --inBuckets_;
+  --size_;
+}
 
 // One level's links: latency (seconds) and bandwidth (bytes per second, per direction).
 struct SimLevel {
@@ -67,7 +144,10 @@ struct SimNetworkSpec {
   std::vector<int> rackOf;       // by host
   std::vector<SimLevel> levels;  // 0: within a host, 1: between hosts of a rack, 2: between racks
   bool payload = true;  // messages carry their bytes (false: sizes only, but for control messages)
-  size_t packetBytes = 4096;  // links interleave messages in packets of this size
+  // Links interleave messages in packets of this size: 4 KiB across hosts (InfiniBand's usual
+  // MTU); 64 KiB within a host, where only messages of the host's own rings meet.
+  size_t packetBytes = 4096;
+  size_t hostPacketBytes = 65536;
 };
 
 class SimNetwork {
@@ -140,7 +220,7 @@ class SimNetwork {
   SimNetworkSpec spec_;
   std::vector<SimTransport*> transports_;
   std::function<TimePoint(int)> turn_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+  SimCalendar<Event> queue_;
   uint64_t order_ = 0;
   TimePoint now_{};
   int turning_ = -1;
