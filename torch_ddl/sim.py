@@ -101,6 +101,9 @@ def main(argv=None):
     if args.verbose:
         print(f"creation: {r['creation_us']:.1f} us, {r['creation_messages']} messages, "
               f"{r['store_requests']} store requests; {r['events']} events in all")
+        port, nic, uplink = (f"{b * 100:.0f} %" for b in r["busiest"])
+        print(f"busiest links during the op: a rank's port {port}, a NIC {nic}, "
+              f"an uplink {uplink} of its time")
     if r["checked"]:
         print(f"CHECK payload={'ok' if not r['mismatch'] else 'WRONG ' + r['mismatch']}")
     print(f"TRACE digest={r['digest']:016x} events={r['events']}")

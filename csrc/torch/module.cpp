@@ -151,6 +151,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     out["creation_us"] = r.creationMicros;
     out["events"] = r.events;
     out["digest"] = r.digest;
+    out["busiest"] = py::make_tuple(r.busiest[0], r.busiest[1], r.busiest[2]);
     out["checked"] = r.checked;
     out["mismatch"] = r.mismatch;
     out["survivors"] = r.survivors;

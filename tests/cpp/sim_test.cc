@@ -115,9 +115,10 @@ TEST(Sim, TheCalendarGivesEventsInOrderOfTimeThenOfMaking) {
 TEST(Sim, LinksSharePacketByPacketAndAPairKeepsItsOrder) {
   std::map<uint64_t, double> arrived = arrivalsBehindALargeMessage();
   ASSERT_EQ(arrived.size(), 3u);
-  // Rank 1's 4 KiB shares the NIC with the mebibyte's packets: two packets and the latency,
-  // not the 1 049 us of the whole mebibyte first.
-  EXPECT_LT(arrived[2], 20);
+  // Rank 1's 4 KiB shares the NIC with the mebibyte's packets: behind the mebibyte's first
+  // burst (64 KiB, found the path free: 66 us), then a packet of each, and the latency; not the
+  // 1 049 us of the whole mebibyte first.
+  EXPECT_LT(arrived[2], 80);
   EXPECT_GT(arrived[1], 1048);
   // Rank 0's 4 KiB leaves after its mebibyte: one connection, in order.
   EXPECT_GT(arrived[3], arrived[1]);

@@ -190,6 +190,8 @@ SimReport simulate(const SimRequest& request) {
       report.algorithm = request.collective;
     }
     runner.fill();
+    double before[3];
+    for (int level = 0; level < 3; ++level) before[level] = cluster.network().busiestLink(level);
     SimCluster::Outcome outcome = runner.run(limit);
     if (!outcome.finished) throw Error("ddl: the simulated " + request.collective + " did not end");
     for (int r = 0; r < cluster.size(); ++r) {
@@ -197,6 +199,10 @@ SimReport simulate(const SimRequest& request) {
     }
     faultFree = spanMicros(outcome);
     report.simMicros = faultFree;
+    for (int level = 0; level < 3; ++level) {
+      const double busy = cluster.network().busiestLink(level) - before[level];
+      report.busiest[level] = faultFree > 0 ? busy * 1e6 / faultFree : 0;
+    }
     report.maxEndpoints = cluster.maxEndpoints();
     report.messages = cluster.network().messages();
     report.events = cluster.network().events();

@@ -62,6 +62,7 @@ int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
     ++next;
   }
   if (length <= 0) return t;
+  booked_ += length;
   const int64_t end = t + length;
   const bool joinsBefore = next != begin && std::prev(next)->second == t;
   const bool joinsAfter = next != busy_.end() && next->first == end;
@@ -153,6 +154,16 @@ void SimNetwork::connected(int from, int to) {
 
 int SimNetwork::endpoints(int rank) const { return static_cast<int>(endpointsOf_[rank].size()); }
 
+double SimNetwork::busiestLink(int level) const {
+  const std::vector<SimLink>* links[3][2] = {
+      {&shmOut_, &shmIn_}, {&nicOut_, &nicIn_}, {&upOut_, &upIn_}};
+  int64_t most = 0;
+  for (const std::vector<SimLink>* side : links[std::clamp(level, 0, 2)]) {
+    for (const SimLink& link : *side) most = std::max(most, link.bookedNs());
+  }
+  return static_cast<double>(most) * 1e-9;
+}
+
 uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
   auto it = bySlot_.find(slot);
   return it == bySlot_.end() ? 0 : it->second;
@@ -222,7 +233,10 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
     }
     hops[count++] = {&nicIn_[ht], nicBw};
   }
-  const size_t packet = level == 0 ? spec_.hostPacketBytes : spec_.packetBytes;
+  size_t packet = level == 0 ? spec_.hostPacketBytes : spec_.packetBytes;
+  bool free = true;
+  for (int i = 0; i < count && free; ++i) free = hops[i].link->freeFrom(at);
+  if (free) packet = std::max(packet, spec_.burstBytes);
   const size_t size = std::min(packet, m.size - m.booked);
   int64_t start = at, left = at;
   for (int i = 0; i < count; ++i) {

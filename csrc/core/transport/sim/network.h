@@ -6,7 +6,8 @@
 // an uplink each way (level 2: messages that leave or enter the rack). A link serialises what
 // crosses it, in packets (SimNetworkSpec: 4 KiB across hosts, InfiniBand's usual MTU): a packet
 // holds each link for its bytes / bandwidth, in the first free time long enough from when it has
-// reached it, and a message's next packet leaves once the one before has left the sender. So
+// reached it, and a message's next packet leaves once the one before has left the sender (up to
+// 64 KiB at once while nothing else is booked on its path). So
 // the ranks of a host share their NIC and the hosts of a rack their uplink, and contention shows;
 // messages that cross a link at once share it packet by packet (as a NIC's queues and a switch
 // port interleave flows), and a small message is not held behind the whole of a large one. A
@@ -52,8 +53,12 @@ class SimLink {
   // The earliest t >= at such that [t, t + length) is free, booked; what ended by `now` (no
   // later than any `at` to come) is forgotten first.
   int64_t book(int64_t now, int64_t at, int64_t length);
+  // Nothing is booked from `at` on.
+  bool freeFrom(int64_t at) const { return first_ == busy_.size() || busy_.back().second <= at; }
+  int64_t bookedNs() const { return booked_; }  // every booking's length so far
 
  private:
+  int64_t booked_ = 0;
   std::vector<std::pair<int64_t, int64_t>> busy_;  // (start, end) in ns, from busy_[first_]
   size_t first_ = 0;
 };
@@ -145,9 +150,12 @@ struct SimNetworkSpec {
   std::vector<SimLevel> levels;  // 0: within a host, 1: between hosts of a rack, 2: between racks
   bool payload = true;  // messages carry their bytes (false: sizes only, but for control messages)
   // Links interleave messages in packets of this size: 4 KiB across hosts (InfiniBand's usual
-  // MTU); 64 KiB within a host, where only messages of the host's own rings meet.
+  // MTU); 64 KiB within a host, where only messages of the host's own rings meet. A message that
+  // finds every link of its path free books up to `burstBytes` at once (a NIC's offloaded
+  // segment), so that what comes after waits for at most that much of it.
   size_t packetBytes = 4096;
   size_t hostPacketBytes = 65536;
+  size_t burstBytes = 65536;
 };
 
 class SimNetwork {
@@ -195,6 +203,9 @@ class SimNetwork {
   // A digest of every message delivered (time, sender, receiver, tag, size), in order.
   uint64_t digest() const { return digest_; }
   int endpoints(int rank) const;
+  // The most any one link of `level` (0: a rank's port, 1: a NIC, 2: an uplink) has been booked
+  // so far, in seconds, either way.
+  double busiestLink(int level) const;
 
  private:
   enum class Kind : uint8_t { kArrive, kSent, kTurn, kKill, kLost, kCut, kPacket };
