@@ -21,6 +21,8 @@
 //   post(s, k, at, bytes) hands a filled outbox to the next position
 //   release(a)            the pipeline is done with an arrival's bytes
 //   idle()                every post has left and every room it took has come back
+//   activity()            how many of its requests have completed so far (-1: not counted); a
+//                         pipeline that could not move waits for this to change
 #pragma once
 
 #include <cstddef>
@@ -63,6 +65,9 @@ class Link {
   virtual void post(int step, size_t segment, char* at, size_t bytes) = 0;
   virtual void release(const Arrival& arrival) = 0;
   virtual bool idle() = 0;
+  // Completions of the link's requests so far, where nothing else lets the pipeline move on
+  // (-1: the link does not count them, and the pipeline looks every time it is woken).
+  virtual int64_t activity() const { return -1; }
 };
 
 }  // namespace ddl

@@ -19,6 +19,7 @@ MessageLink::~MessageLink() {
   for (StepQueue& q : inFlight_) {
     for (size_t i = q.head; i < q.items.size(); ++i) q.items[i].request->consumer = nullptr;
   }
+  for (Request* r : sends_) r->consumer = nullptr;
 }
 
 void MessageLink::begin(const LinkGeometry& geometry) {
@@ -48,7 +49,11 @@ bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, boo
   if (r->done) {  // it matched a message that had arrived
     ++ready_;
   } else {
-    r->consumer = [](void* link) { ++static_cast<MessageLink*>(link)->ready_; };
+    r->consumer = [](void* context) {
+      auto* link = static_cast<MessageLink*>(context);
+      ++link->ready_;
+      ++link->activity_;
+    };
     r->consumerContext = this;
   }
   posted.items.push_back(Posted{r, segment, target, slot});
@@ -78,8 +83,13 @@ bool MessageLink::arrival(Arrival* out) {
 }
 
 void MessageLink::post(int step, size_t, char* at, size_t bytes) {
-  sends_.push_back(
-      op_.send(next_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), at, bytes));
+  Request* r =
+      op_.send(next_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), at, bytes);
+  if (!r->done) {
+    r->consumer = [](void* link) { ++static_cast<MessageLink*>(link)->activity_; };
+    r->consumerContext = this;
+  }
+  sends_.push_back(r);
   if (sends_.size() >= reapAt_) {
     reap();
     reapAt_ = std::max<size_t>(64, 2 * sends_.size());

@@ -18,7 +18,7 @@ namespace ddl {
 class MessageLink : public Link {
  public:
   MessageLink(Op& op, int prev, int next, uint32_t phase, uint32_t stepBase, size_t depth);
-  ~MessageLink() override;  // receives still posted (a failed op) stop telling it
+  ~MessageLink() override;  // requests still posted (a failed op) stop telling it
 
   void begin(const LinkGeometry& geometry) override;
   void poll() override {}
@@ -28,6 +28,7 @@ class MessageLink : public Link {
   void post(int step, size_t segment, char* at, size_t bytes) override;
   void release(const Arrival& arrival) override;
   bool idle() override;
+  int64_t activity() const override { return activity_; }
 
  private:
   struct Posted {
@@ -66,7 +67,8 @@ class MessageLink : public Link {
   std::vector<StepQueue> inFlight_;
   int lowest_ = 0;
   int highest_ = 0;
-  size_t ready_ = 0;  // posted receives completed and not yet handed over by arrival()
+  size_t ready_ = 0;      // posted receives completed and not yet handed over by arrival()
+  int64_t activity_ = 0;  // receives and sends completed after they were posted
   std::shared_ptr<char> scratch_;
   std::vector<int> freeSlots_;
   std::vector<Request*> sends_;

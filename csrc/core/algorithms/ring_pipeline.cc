@@ -110,6 +110,9 @@ bool RingPipeline::handle(const Arrival& a) {
 
 bool RingPipeline::advance() {
   if (done_) return true;
+  // Nothing has completed on the link since the pipeline last could not move: it still cannot
+  // (a multi-lane op wakes every lane's pipelines for each message of any of them).
+  if (stuckAt_ >= 0 && link_->activity() == stuckAt_) return false;
   const int n = schedule_.ring.length();
   bool moved = true;
   while (moved) {
@@ -163,6 +166,7 @@ bool RingPipeline::advance() {
   }
   const size_t total = static_cast<size_t>(schedule_.steps) * segments_;
   done_ = injected_ == segments_ && handled_ == total && link_->idle();
+  stuckAt_ = done_ ? -1 : link_->activity();
   return done_;
 }
 

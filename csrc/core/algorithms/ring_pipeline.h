@@ -83,6 +83,8 @@ class RingPipeline {
   size_t handled_ = 0;              // arrivals handled, all steps
   std::deque<Arrival> waiting_;     // arrivals whose forward waits for room in the outbox
   bool done_ = false;
+  // The link's activity() when the pipeline last could not move (-1: it must look again).
+  int64_t stuckAt_ = -1;
 };
 
 // Advances pipelines that run at once until every one is done; the coroutine sleeps until any of
