@@ -172,30 +172,30 @@ uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
 void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
                       Request* req) {
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
-  auto message = std::make_unique<Message>(Message{from, to, tag, bytes, {}});
+  uint64_t index;
+  if (!freeMessages_.empty()) {
+    index = freeMessages_.back();
+    freeMessages_.pop_back();
+    inFlight_[index] = Message{from, to, tag, bytes, {}};
+  } else {
+    index = inFlight_.size();
+    inFlight_.push_back(Message{from, to, tag, bytes, {}});
+  }
+  Message& message = inFlight_[index];
   // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
   // group's creation: the control phase) always carries its bytes.
   const uint64_t phase =
       (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
   if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
-    message->bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   }
   if (!freeSends_.empty()) {
-    message->sendIndex = freeSends_.back();
+    message.sendIndex = freeSends_.back();
     freeSends_.pop_back();
-    sends_[message->sendIndex] = req;
+    sends_[message.sendIndex] = req;
   } else {
-    message->sendIndex = sends_.size();
+    message.sendIndex = sends_.size();
     sends_.push_back(req);
-  }
-  uint64_t index;
-  if (!freeMessages_.empty()) {
-    index = freeMessages_.back();
-    freeMessages_.pop_back();
-    inFlight_[index] = std::move(message);
-  } else {
-    index = inFlight_.size();
-    inFlight_.push_back(std::move(message));
   }
   ++messages_;
   bytes_ += bytes;
@@ -203,7 +203,7 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
   // A pair's messages leave in the order they were sent, one after another (one connection).
   auto [tail, first] = pairTail_.try_emplace(pairKey(from, to), index);
   if (!first) {
-    inFlight_[tail->second]->next = index;
+    inFlight_[tail->second].next = index;
     tail->second = index;
     return;
   }
@@ -211,7 +211,7 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
 }
 
 void SimNetwork::bookPacket(uint64_t index, int64_t at) {
-  Message& m = *inFlight_[index];
+  Message& m = inFlight_[index];
   const int level = levelBetween(m.from, m.to);
   const double hostBw = spec_.levels[0].bandwidth, nicBw = spec_.levels[1].bandwidth,
                rackBw = spec_.levels[2].bandwidth;
@@ -271,17 +271,17 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
     ++events_;
     switch (e.kind) {
       case Kind::kArrive: {
-        std::unique_ptr<Message> m = std::move(inFlight_[e.index]);
+        Message m = std::move(inFlight_[e.index]);
         freeMessages_.push_back(e.index);
-        if (dead_[m->to] || cuts_.count({std::min(m->from, m->to), std::max(m->from, m->to)})) {
+        if (dead_[m.to] || cuts_.count({std::min(m.from, m.to), std::max(m.from, m.to)})) {
           break;
         }
         mix(&digest_, static_cast<uint64_t>(e.at));
-        mix(&digest_, (static_cast<uint64_t>(m->from) << 32) | static_cast<uint32_t>(m->to));
-        mix(&digest_, m->tag);
-        mix(&digest_, m->size);
-        transports_[m->to]->arrive(Delivered{m->tag, std::move(m->bytes), m->size});
-        wake(m->to, now_);
+        mix(&digest_, (static_cast<uint64_t>(m.from) << 32) | static_cast<uint32_t>(m.to));
+        mix(&digest_, m.tag);
+        mix(&digest_, m.size);
+        transports_[m.to]->arrive(Delivered{m.tag, std::move(m.bytes), m.size});
+        wake(m.to, now_);
         break;
       }
       case Kind::kPacket:

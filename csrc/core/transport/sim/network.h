@@ -245,7 +245,7 @@ class SimNetwork {
   std::vector<SimLink> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
   std::unordered_map<uint64_t, int64_t> lastArrival_;  // by (from, to): keeps a pair's order
   std::unordered_map<uint64_t, uint64_t> pairTail_;    // by (from, to): its last message booking
-  std::vector<std::unique_ptr<Message>> inFlight_;
+  std::vector<Message> inFlight_;
   std::vector<uint64_t> freeMessages_;
   std::vector<Request*> sends_;
   std::vector<uint64_t> freeSends_;
