@@ -20,6 +20,7 @@
 // A slow level carries only what survived the levels below it: with H hosts of L ranks, the
 // network stage moves 2N(H-1)/H bytes per host link and direction, where a flat ring moves
 // 2N(P-1)/P; colours keep the host and network levels busy at the same time.
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -88,6 +89,7 @@ class LaneRun {
           ReduceOp reduce, const PipelineSettings& settings, uint64_t fingerprint, Windows windows)
       : op_(op),
         lane_(lane),
+        stages_(static_cast<int>(lane.stages.size())),
         before_(before),
         data_(data),
         type_(type),
@@ -96,11 +98,11 @@ class LaneRun {
         fingerprint_(fingerprint),
         windows_(std::move(windows)) {}
 
-  bool done() const { return turn_ >= 2 * static_cast<int>(lane_.stages.size()); }
+  bool done() const { return turn_ >= 2 * stages_; }
 
   // True once both halves of every stage are done here.
   bool advance() {
-    const int stages = static_cast<int>(lane_.stages.size());
+    const int stages = stages_;
     while (turn_ < 2 * stages) {
       if (!started_) {
         if (before_ != nullptr && !before_->done() && before_->turn_ <= turn_) {
@@ -108,9 +110,15 @@ class LaneRun {
         }
         start(turn_ < stages ? turn_ : 2 * stages - 1 - turn_, turn_ < stages);
       }
+      // No link of this stage has seen a request complete since none of its pipelines could
+      // move: none can (found without touching them).
+      if (stuckAt_ >= 0 && completions() == stuckAt_) return false;
       bool done = true;
       for (auto& p : pipelines_) done = p->advance() && done;
-      if (!done) return false;
+      if (!done) {
+        stuckAt_ = counted_ ? completions() : -1;
+        return false;
+      }
       pipelines_.clear();
       started_ = false;
       ++turn_;
@@ -119,8 +127,15 @@ class LaneRun {
   }
 
  private:
+  int64_t completions() const {
+    int64_t sum = 0;
+    for (size_t i = 0; i < pipelines_.size(); ++i) sum += counts_[i];
+    return sum;
+  }
+
   void start(int stage, bool reducing) {
     started_ = true;
+    stuckAt_ = -1;
     const size_t es = elementSize(type_);
     const std::vector<StageRing>& rings = lane_.stages[stage].rings;
     for (int r = 0; r < static_cast<int>(rings.size()); ++r) {
@@ -154,10 +169,15 @@ class LaneRun {
                                                           reduce_, settings_.segmentBytes / es,
                                                           settings_.depth, std::move(link)));
     }
+    counted_ = pipelines_.size() <= counts_.size();
+    for (size_t i = 0; counted_ && i < pipelines_.size(); ++i) {
+      counted_ = pipelines_[i]->countInto(&counts_[i]);
+    }
   }
 
   Op& op_;
   const Lane& lane_;
+  int stages_;
   const LaneRun* before_;
   void* data_;
   DataType type_;
@@ -168,6 +188,12 @@ class LaneRun {
   int turn_ = 0;  // stages reduce-scattered so far, then plus those gathered
   bool started_ = false;
   std::vector<std::unique_ptr<RingPipeline>> pipelines_;
+  // The stage's links' completions, counted here side by side (where every link counts them);
+  // their sum when the stage last could not move (-1: look again). A LaneRun does not move once
+  // its pipelines count into it.
+  std::array<int64_t, 4> counts_{};
+  bool counted_ = false;
+  int64_t stuckAt_ = -1;
 };
 
 }  // namespace
@@ -201,21 +227,23 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
       }
     }
   }
-  std::vector<std::unique_ptr<LaneRun>> lanes;
+  // Side by side (every lane is looked at on every wake); reserved: a lane points at the one
+  // before it.
+  std::vector<LaneRun> lanes;
+  lanes.reserve(plan->lanes.size());
   for (int l = 0; l < static_cast<int>(plan->lanes.size()); ++l) {
     const Lane& lane = plan->lanes[l];
-    const LaneRun* before = lane.after >= 0 ? lanes[lane.after].get() : nullptr;
+    const LaneRun* before = lane.after >= 0 ? &lanes[lane.after] : nullptr;
     auto windows = [&ready, l](int stage, int ring, bool gathering) -> SlotWindows* {
       auto it = ready.find({l, stage * 65536 + ring, gathering});
       return it == ready.end() ? nullptr : it->second;
     };
-    lanes.push_back(std::make_unique<LaneRun>(op, lane, before, data, type, reduce, settings,
-                                              plan->count, windows));
+    lanes.emplace_back(op, lane, before, data, type, reduce, settings, plan->count, windows);
   }
   while (true) {
     bool done = true;
     // In lane order, so that a wave that frees the stage for the next one lets it start now.
-    for (auto& lane : lanes) done = lane->advance() && done;
+    for (LaneRun& lane : lanes) done = lane.advance() && done;
     if (done) break;
     co_await op.next();
   }

@@ -21,8 +21,8 @@
 //   post(s, k, at, bytes) hands a filled outbox to the next position
 //   release(a)            the pipeline is done with an arrival's bytes
 //   idle()                every post has left and every room it took has come back
-//   activity()            how many of its requests have completed so far (-1: not counted); a
-//                         pipeline that could not move waits for this to change
+//   activity()            its count of requests completed so far (null: not counted); a
+//                         pipeline that could not move waits for it to change
 #pragma once
 
 #include <cstddef>
@@ -65,9 +65,13 @@ class Link {
   virtual void post(int step, size_t segment, char* at, size_t bytes) = 0;
   virtual void release(const Arrival& arrival) = 0;
   virtual bool idle() = 0;
-  // Completions of the link's requests so far, where nothing else lets the pipeline move on
-  // (-1: the link does not count them, and the pipeline looks every time it is woken).
-  virtual int64_t activity() const { return -1; }
+  // The count of the link's requests completed so far, where nothing else lets the pipeline
+  // move on, valid while the link lives (null: the link does not count them, and the pipeline
+  // looks every time it is woken). A pointer: the pipeline reads it without a call.
+  virtual const int64_t* activity() const { return nullptr; }
+  // Counts from now on into *counter (set to the count so far), which outlives the link; false
+  // where the link does not count. Lets an op keep the counts of its links side by side.
+  virtual bool countInto(int64_t* /*counter*/) { return false; }
 };
 
 }  // namespace ddl

@@ -52,7 +52,7 @@ bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, boo
     r->consumer = [](void* context) {
       auto* link = static_cast<MessageLink*>(context);
       ++link->ready_;
-      ++link->activity_;
+      ++*link->activity_;
     };
     r->consumerContext = this;
   }
@@ -86,7 +86,7 @@ void MessageLink::post(int step, size_t, char* at, size_t bytes) {
   Request* r =
       op_.send(next_, tag::slot(phase_, stepBase_ + static_cast<uint32_t>(step)), at, bytes);
   if (!r->done) {
-    r->consumer = [](void* link) { ++static_cast<MessageLink*>(link)->activity_; };
+    r->consumer = [](void* link) { ++*static_cast<MessageLink*>(link)->activity_; };
     r->consumerContext = this;
   }
   sends_.push_back(r);

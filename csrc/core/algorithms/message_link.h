@@ -28,7 +28,12 @@ class MessageLink : public Link {
   void post(int step, size_t segment, char* at, size_t bytes) override;
   void release(const Arrival& arrival) override;
   bool idle() override;
-  int64_t activity() const override { return activity_; }
+  const int64_t* activity() const override { return activity_; }
+  bool countInto(int64_t* counter) override {
+    *counter = *activity_;
+    activity_ = counter;
+    return true;
+  }
 
  private:
   struct Posted {
@@ -67,8 +72,9 @@ class MessageLink : public Link {
   std::vector<StepQueue> inFlight_;
   int lowest_ = 0;
   int highest_ = 0;
-  size_t ready_ = 0;      // posted receives completed and not yet handed over by arrival()
-  int64_t activity_ = 0;  // receives and sends completed after they were posted
+  size_t ready_ = 0;         // posted receives completed and not yet handed over by arrival()
+  int64_t ownActivity_ = 0;  // receives and sends completed after they were posted
+  int64_t* activity_ = &ownActivity_;  // where they are counted
   std::shared_ptr<char> scratch_;
   std::vector<int> freeSlots_;
   std::vector<Request*> sends_;

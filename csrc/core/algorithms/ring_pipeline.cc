@@ -42,6 +42,7 @@ RingPipeline::RingPipeline(Op& op, RingSchedule schedule, void* buffer, DataType
                                           ring.order[(position_ + 1) % n], schedule_.phase,
                                           schedule_.stepBase, depth);
   }
+  activity_ = link_->activity();
   if (link_->maxSegmentBytes() > 0) {
     segmentElements = std::min(segmentElements, link_->maxSegmentBytes() / elementSize_);
   }
@@ -108,11 +109,7 @@ bool RingPipeline::handle(const Arrival& a) {
   return true;
 }
 
-bool RingPipeline::advance() {
-  if (done_) return true;
-  // Nothing has completed on the link since the pipeline last could not move: it still cannot
-  // (a multi-lane op wakes every lane's pipelines for each message of any of them).
-  if (stuckAt_ >= 0 && link_->activity() == stuckAt_) return false;
+bool RingPipeline::move() {
   const int n = schedule_.ring.length();
   bool moved = true;
   while (moved) {
@@ -166,7 +163,7 @@ bool RingPipeline::advance() {
   }
   const size_t total = static_cast<size_t>(schedule_.steps) * segments_;
   done_ = injected_ == segments_ && handled_ == total && link_->idle();
-  stuckAt_ = done_ ? -1 : link_->activity();
+  stuckAt_ = done_ || activity_ == nullptr ? -1 : *activity_;
   return done_;
 }
 

@@ -56,10 +56,30 @@ class RingPipeline {
                size_t segmentElements, size_t depth, std::unique_ptr<Link> link = nullptr);
 
   // Posts what can be posted and handles what has arrived. True once every segment of every
-  // step has been sent and received, and the link is idle.
-  bool advance();
+  // step has been sent and received, and the link is idle. Nothing completed on the link since
+  // the pipeline last could not move: it still cannot, and that is found without a call (a
+  // multi-lane op wakes every lane's pipelines for each message of any of them).
+  bool advance() {
+    if (done_) return true;
+    if (stuckAt_ >= 0 && *activity_ == stuckAt_) return false;
+    return move();
+  }
+  // The link counts its completions into *counter (which outlives the pipeline) from now on;
+  // false where it does not count them.
+  bool countInto(int64_t* counter) {
+    if (!link_->countInto(counter)) return false;
+    activity_ = counter;
+    return true;
+  }
 
  private:
+  // What advance() reads on every wake first, together.
+  bool done_ = false;
+  // The link's activity count when the pipeline last could not move (-1: it must look again).
+  int64_t stuckAt_ = -1;
+  const int64_t* activity_ = nullptr;  // the link's, or null
+
+  bool move();
   int chunkSentAt(int step) const;
   Range segmentOf(int chunk, size_t k) const;
   char* at(size_t element) const { return buffer_ + element * elementSize_; }
@@ -82,9 +102,6 @@ class RingPipeline {
   size_t injected_ = 0;             // segments of step 0 posted
   size_t handled_ = 0;              // arrivals handled, all steps
   std::deque<Arrival> waiting_;     // arrivals whose forward waits for room in the outbox
-  bool done_ = false;
-  // The link's activity() when the pipeline last could not move (-1: it must look again).
-  int64_t stuckAt_ = -1;
 };
 
 // Advances pipelines that run at once until every one is done; the coroutine sleeps until any of

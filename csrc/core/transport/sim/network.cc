@@ -15,10 +15,6 @@ namespace {
 constexpr int64_t kNever = INT64_MAX;
 constexpr uint64_t kNoMessage = UINT64_MAX;
 
-uint64_t pairKey(int from, int to) {
-  return (static_cast<uint64_t>(from) << 32) | static_cast<uint32_t>(to);
-}
-
 int64_t transferNs(size_t bytes, double bandwidth) {
   if (bytes == 0 || !(bandwidth > 0)) return 0;
   return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / bandwidth * 1e9));
@@ -91,6 +87,7 @@ SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
   busyUntil_.assign(n, 0);
   turnAt_.assign(n, kNever);
   dead_.assign(n, false);
+  pairs_.resize(n);
   endpointsOf_.resize(n);
   shmOut_.assign(n, SimLink{});
   shmIn_.assign(n, SimLink{});
@@ -201,12 +198,13 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
   bytes_ += bytes;
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
   // A pair's messages leave in the order they were sent, one after another (one connection).
-  auto [tail, first] = pairTail_.try_emplace(pairKey(from, to), index);
-  if (!first) {
-    inFlight_[tail->second].next = index;
-    tail->second = index;
+  Pair& p = pair(from, to);
+  if (p.tail != kNoMessage) {
+    inFlight_[p.tail].next = index;
+    p.tail = index;
     return;
   }
+  p.tail = index;
   bookPacket(index, t0);
 }
 
@@ -251,14 +249,22 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
     return;
   }
   push(left, Kind::kSent, m.from, m.to, m.sendIndex);
-  int64_t& last = lastArrival_[pairKey(m.from, m.to)];
-  last = std::max(m.end + latencyNs(level), last);
-  push(last, Kind::kArrive, m.to, m.from, index);
+  Pair& p = pair(m.from, m.to);
+  p.lastArrival = std::max(m.end + latencyNs(level), p.lastArrival);
+  push(p.lastArrival, Kind::kArrive, m.to, m.from, index);
   if (m.next != kNoMessage) {
     push(left, Kind::kPacket, m.from, m.to, m.next);
   } else {
-    pairTail_.erase(pairKey(m.from, m.to));
+    p.tail = kNoMessage;
   }
+}
+
+SimNetwork::Pair& SimNetwork::pair(int from, int to) {
+  std::vector<Pair>& pairs = pairs_[from];
+  auto it = std::lower_bound(pairs.begin(), pairs.end(), to,
+                             [](const Pair& p, int rank) { return p.to < rank; });
+  if (it == pairs.end() || it->to != to) it = pairs.insert(it, Pair{to, 0, kNoMessage});
+  return *it;
 }
 
 bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {

@@ -36,7 +36,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../../engine/clock.h"
@@ -243,8 +242,15 @@ class SimNetwork {
   std::vector<std::set<int>> endpointsOf_;  // by rank: the ranks it connected to
   // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in.
   std::vector<SimLink> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
-  std::unordered_map<uint64_t, int64_t> lastArrival_;  // by (from, to): keeps a pair's order
-  std::unordered_map<uint64_t, uint64_t> pairTail_;    // by (from, to): its last message booking
+  // A sender's receivers so far, by rank: when its last message to each arrives (keeps a pair's
+  // order) and that pair's last message waiting for its turn to be booked.
+  struct Pair {
+    int to;
+    int64_t lastArrival;
+    uint64_t tail;
+  };
+  Pair& pair(int from, int to);
+  std::vector<std::vector<Pair>> pairs_;  // by sender, sorted by receiver
   std::vector<Message> inFlight_;
   std::vector<uint64_t> freeMessages_;
   std::vector<Request*> sends_;
