@@ -150,17 +150,21 @@ demo-cluster: build $(CLUSTER_TOOLS)
 	  examples/train_digits.py --backend ddl --epochs 4
 
 # The simulator at scale (docs/sim.md): 1 024 ranks (4 per host, 8 hosts per rack), a 100 MB
-# allreduce with the auto plan, then with rank 517 killed halfway, and 4 096 ranks with the
-# multi-dimensional plan (auto picks a flat ring there: 33 M messages, hours to simulate here);
-# then the cost model against the simulator over shapes and sizes (about 25 minutes).
+# allreduce with the auto plan, then with rank 517 killed halfway, and 4 096 ranks at 100 MB, 1,
+# 4 and 16 MiB; then the cost model against the simulator over shapes and sizes, for auto's pick
+# and for every candidate plan of up to 2 colours (about an hour and a half).
 sim-scale: build
 	@mkdir -p benchmarks/results
-	set -o pipefail; for run in "--ranks 1024" "--ranks 1024 --kill 517@0.5" "--ranks 4096"; do \
-	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M"; \
+	set -o pipefail; for run in "--ranks 1024 --bytes 100M" "--ranks 1024 --bytes 100M --kill 517@0.5" \
+	    "--ranks 4096 --bytes 100M" "--ranks 4096 --bytes 1M" "--ranks 4096 --bytes 4M" \
+	    "--ranks 4096 --bytes 16M"; do \
+	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8"; \
 	  TORCH_DDL_TRACE_ENTRIES=0 $(PY) -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 \
-	    --bytes 100M --verbose || exit 1; \
+	    --verbose || exit 1; \
 	done | tee benchmarks/results/sim_scale.txt
 	set -o pipefail; $(PY) benchmarks/sim_vs_model.py | tee benchmarks/results/sim_vs_model.txt
+	set -o pipefail; $(PY) benchmarks/sim_vs_model.py --candidates --max-colors 2 \
+	  | tee benchmarks/results/sim_vs_model_candidates.txt
 
 # The scaling study (docs/scaling.md): DDP's weak-scaling efficiency for ResNet-50/101 from 4 to
 # 1 024 GPUs, from the simulator, beside three published results (about an hour; cached).
