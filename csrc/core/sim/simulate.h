@@ -37,7 +37,7 @@ struct SimReport {
   uint64_t events = 0;
   uint64_t digest = 0;  // of every message delivered: equal runs give equal digests
   // The fraction of the op's time the busiest link of each level (a rank's port, a NIC, an
-  // uplink) was busy (with the op, and creation's few bytes).
+  // uplink) was busy during it: how much the level's largest busy time grew over the op.
   double busiest[3] = {0, 0, 0};
   bool checked = false;  // results compared with the reference (payload on, no fault)
   std::string mismatch;  // the first wrong result, "" when every rank's is right
