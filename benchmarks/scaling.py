@@ -20,6 +20,10 @@ ddl picks), `ring` (a flat ring over every GPU: gloo's and Baidu's ring allreduc
 and `two-level` (a ring within each host, then rings across hosts: Horovod's hierarchical
 allreduce; multidim with one colour). The hardware figures and their sources are in
 docs/scaling.md; nothing here is fitted to a published result.
+
+Beside that prediction: each published efficiency as time lost per step, as a share of the step's
+whole simulated allreduce, and each point predicted from the mean share of the other two (leave
+one out: nothing taken from the point itself), with how far each assumed input moves it.
 """
 
 import argparse
@@ -195,6 +199,50 @@ def efficiency(point, machine, gpus, allreduce, plan=None, model=False, overlap=
     return step(point["baseline"]) / step(gpus)
 
 
+def losses(point, machine, allreduce):
+    """What the published efficiency says in time, beside the model: the extra time per step at
+    the point's GPUs over its baseline that the published efficiency implies
+    (step(B) / efficiency - step(B), step(B) as the model has it), the model's own extra time, and
+    the step's whole allreduce time at those GPUs (every bucket's, hidden or not), in seconds."""
+    layers = resnet_layers(point["depth"])
+    bl = buckets(layers)
+    compute = point["batch"] / images_per_s(point)
+
+    def step(p):
+        return step_seconds(compute, bl, lambda b: allreduce(machine, p, b, point["plan"]))
+
+    base = step(point["baseline"])
+    whole = sum(allreduce(machine, point["gpus"], b, point["plan"])[0] for b, _ in bl)
+    return base / point["published"] - base, step(point["gpus"]) - base, whole
+
+
+def varied(point, what=None, factor=1.0):
+    """The point and its machine with one assumed input scaled (as SENSITIVITY names them)."""
+    machine = MACHINES[point["machine"]]
+    if what == "images_per_s":
+        return dict(point, images_per_s=images_per_s(point) * factor), machine
+    if what:
+        return point, scaled_machine(machine, what, factor)
+    return point, machine
+
+
+def leave_one_out(i, allreduce, changed=(), what=None, factor=1.0):
+    """Point i's efficiency from the mean share of the step's allreduce that the other points'
+    published results leave unhidden; `changed`: the points whose input `what` is scaled.
+    Returns (efficiency, share)."""
+    shares = []
+    for j, point in enumerate(POINTS):
+        p, m = varied(point, what, factor) if j in changed else varied(point)
+        published, _, whole = losses(p, m, allreduce)
+        base = published / (1 / p["published"] - 1)
+        if j == i:
+            mine = (base, whole)
+        else:
+            shares.append(published / whole)
+    share = sum(shares) / len(shares)
+    return mine[0] / (mine[0] + share * mine[1]), share
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--points", action="store_true", help="the published points only")
@@ -242,6 +290,33 @@ def main():
     for point in results["points"]:
         print(f"  {point['name']}: " + ", ".join(f"{k} {v * 100:.1f}%"
                                                  for k, v in point["sensitivity"].items()))
+    print("\nThe published losses in time (per step, over the baseline), against the step's whole"
+          " allreduce time:")
+    print(f"{'':38} {'published':>9} {'model':>7} {'allreduce':>9} {'published/allreduce':>19}")
+    for point in results["points"]:
+        published, modelled, whole = losses(point, MACHINES[point["machine"]], allreduce)
+        point.update(published_loss_s=published, model_loss_s=modelled, allreduce_s=whole,
+                     base_s=published / (1 / point["published"] - 1))
+        print(f"{point['name']:38} {published * 1e3:7.1f}ms {modelled * 1e3:5.1f}ms"
+              f" {whole * 1e3:7.1f}ms {published / whole * 100:18.0f}%")
+    # Leave one out: each point predicted with the share of the allreduce left unhidden that the
+    # other two papers' results give (their mean), nothing taken from the point itself. Its
+    # sensitivity: each assumed input halved and doubled on the point's own machine, then on the
+    # other two's.
+    print("\nLeave one out: each point's efficiency from the unhidden share of the other two:")
+    print(f"{'':38} {'share':>6} {'published':>9} {'predicted':>9} {'diff':>6}"
+          "  sensitivity (predicted)")
+    for i, point in enumerate(POINTS):
+        e, share = leave_one_out(i, allreduce)
+        moves = []
+        for _, what, factor in SENSITIVITY:
+            for changed in ([i], [j for j in range(len(POINTS)) if j != i]):
+                moves.append(leave_one_out(i, allreduce, changed, what, factor)[0])
+        results["points"][i].update(loo_share=share, loo_predicted=e,
+                                    loo_range=[min(moves), max(moves)])
+        print(f"{point['name']:38} {share * 100:5.0f}% {point['published'] * 100:8.0f}%"
+              f" {e * 100:8.1f}% {(e - point['published']) * 100:+5.1f}"
+              f"  {min(moves) * 100:.1f} - {max(moves) * 100:.1f}%", flush=True)
 
     if not args.points:
         gpus = [int(g) for g in args.gpus.split(",")]
@@ -299,12 +374,17 @@ def plot(results, png):
     x = range(len(names))
     ax.plot(x, [p["published"] * 100 for p in results["points"]], "k*", markersize=12,
             label="published")
-    ax.plot(x, [p["predicted"] * 100 for p in results["points"]], "ro", label="predicted")
+    ax.plot(x, [p["predicted"] * 100 for p in results["points"]], "ro",
+            label="predicted (DDP's overlap)")
     ax.plot(x, [p["no_overlap"] * 100 for p in results["points"]], "bv",
             label="predicted, no overlap")
+    ax.plot([i + 0.06 for i in x], [p["loo_predicted"] * 100 for p in results["points"]], "gs",
+            label="unhidden share of the other two")
     for i, p in enumerate(results["points"]):
         low, high = min(p["sensitivity"].values()), max(p["sensitivity"].values())
         ax.plot([i, i], [low * 100, high * 100], "r-", linewidth=1)
+        low, high = p["loo_range"]
+        ax.plot([i + 0.06, i + 0.06], [low * 100, high * 100], "g-", linewidth=1)
     ax.set_xticks(list(x), names, fontsize=8)
     ax.set_title("the published points (their machines, their plans)", fontsize=9)
     ax.set_ylabel("efficiency (%)")
