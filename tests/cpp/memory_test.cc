@@ -94,7 +94,9 @@ TEST(Memory, DeviceOpsRouteEveryCopyReductionAndScratchThroughTheirKind) {
           for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], static_cast<float>(size));
         }
       });
-      if (size > 1 && n > 0) EXPECT_GT(gCounts.reductions.load(), before);
+      if (size > 1 && n > 0) {
+        EXPECT_GT(gCounts.reductions.load(), before);
+      }
     }
   }
   EXPECT_GT(gCounts.allocations.load(), 0);

@@ -17,12 +17,14 @@ std::unique_ptr<LoopbackTransport> LoopbackFabric::join() {
   return transport;
 }
 
-LoopbackTransport* LoopbackFabric::find(const std::string& address) {
+int LoopbackFabric::find(const std::string& address) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (LoopbackTransport* member : members_) {
-    if (member != nullptr && member->localAddress() == address) return member;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (members_[i] != nullptr && members_[i]->localAddress() == address) {
+      return static_cast<int>(i);
+    }
   }
-  return nullptr;
+  return -1;
 }
 
 LoopbackTransport::LoopbackTransport(LoopbackFabric* fabric, int index)
@@ -39,8 +41,8 @@ std::string LoopbackTransport::localAddress() { return "loopback:" + std::to_str
 PeerId LoopbackTransport::connect(const std::string& address) {
   auto it = peerIds_.find(address);
   if (it != peerIds_.end()) return it->second;
-  LoopbackTransport* peer = fabric_->find(address);
-  if (peer == nullptr) throw Error("ddl: no loopback transport at address " + address);
+  const int peer = fabric_->find(address);
+  if (peer < 0) throw Error("ddl: no loopback transport at address " + address);
   PeerId id = static_cast<PeerId>(peers_.size());
   peers_.push_back(peer);
   peerIds_.emplace(address, id);
@@ -81,7 +83,23 @@ void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t
                              Request* req) {
   Delivered message{tag, std::vector<char>(bytes), bytes};
   if (bytes > 0) std::memcpy(message.bytes.data(), data, bytes);
-  peers_.at(peer)->deliver(std::move(message));
+  const int to = peers_.at(peer);
+  bool delivered = false;
+  {
+    // Under the fabric's lock, which a transport's destructor takes: the receiver cannot go
+    // away during delivery.
+    std::lock_guard<std::mutex> lock(fabric_->mutex_);
+    LoopbackTransport* receiver = fabric_->members_.at(static_cast<size_t>(to));
+    if (receiver != nullptr) {
+      receiver->deliver(std::move(message));
+      delivered = true;
+    }
+  }
+  // A destroyed receiver fails the send, as UCX's to a process that is gone.
+  if (!delivered) {
+    req->fail("loopback:" + std::to_string(to) + " is gone");
+    return;
+  }
   req->complete();
 }
 

@@ -20,12 +20,13 @@ class LoopbackTransport;
 class LoopbackFabric {
  public:
   std::unique_ptr<LoopbackTransport> join();
-  LoopbackTransport* find(const std::string& address);
+  // The index of the transport at `address`, or -1.
+  int find(const std::string& address);
 
  private:
   friend class LoopbackTransport;
   std::mutex mutex_;
-  std::vector<LoopbackTransport*> members_;
+  std::vector<LoopbackTransport*> members_;  // null once a transport is destroyed
   // Shared windows by key: memory lives while its owner or a mapping holds it, as shared memory
   // does between processes.
   std::map<std::string, std::weak_ptr<char[]>> windows_;
@@ -72,7 +73,7 @@ class LoopbackTransport : public Transport {
   // Touched by the owning progress thread only.
   TagMatcher matcher_;
   std::map<std::string, PeerId> peerIds_;
-  std::vector<LoopbackTransport*> peers_;
+  std::vector<int> peers_;  // fabric indices: a peer may be destroyed while this one sends
   std::map<uint64_t, std::shared_ptr<char[]>> windows_;  // allocated or mapped here
   uint64_t nextWindow_ = 1;
   bool refuseWindows_ = false;
