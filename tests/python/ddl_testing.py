@@ -1,7 +1,9 @@
 """Helpers for the multi-process tests: launch ranks with a deadline, make inputs, compare."""
 
 import ctypes
+import multiprocessing
 import os
+import pickle
 import tempfile
 import time
 import traceback
@@ -26,7 +28,27 @@ OPS = {
 SIZES = [0, 1, 7, 1021, 70001]
 
 
-def _entry(rank, fn, world_size, init_method, args):
+# Ranks are forked from a server that imported torch once: a spawned process spends about 2.5 s
+# of CPU importing it, most of a short test's time on 2 cores. A rank is still a fresh process
+# for torch_ddl and the test's module (imported there, after it took the caller's environment).
+START_METHOD = "forkserver"
+multiprocessing.get_context(START_METHOD).set_forkserver_preload(["torch"])
+
+
+def _adopt(env, call):
+    """In a rank: the caller's environment as it was at the call, then (fn, args) unpickled."""
+    os.environ.clear()
+    os.environ.update(env)
+    # What a process reads from its environment as it starts, read again.
+    threshold = env.get("MALLOC_MMAP_THRESHOLD_")
+    if threshold is not None:
+        ctypes.CDLL(None).mallopt(-3, int(threshold))  # M_MMAP_THRESHOLD
+    dist.set_debug_level_from_env()
+    return pickle.loads(call)
+
+
+def _entry(rank, env, call, world_size, init_method):
+    fn, args = _adopt(env, call)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import torch_ddl  # noqa: F401
@@ -41,15 +63,21 @@ def _entry(rank, fn, world_size, init_method, args):
         raise
 
 
+def start_ranks(fn, world_size, init_method, args=()):
+    """fn(rank, world_size, *args) in world_size processes over a 'ddl' default group, started
+    and not joined (torch.multiprocessing's context)."""
+    return mp.start_processes(_entry, args=(dict(os.environ), pickle.dumps((fn, args)),
+                                            world_size, init_method),
+                              nprocs=world_size, join=False, start_method=START_METHOD)
+
+
 def run_ranks(fn, world_size, *args, timeout=240):
     """Runs fn(rank, world_size, *args) in world_size processes over a 'ddl' default group.
 
     Fails (with every rank killed) when a rank raises or the deadline passes.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        init_method = f"file://{os.path.join(tmp, 'store')}"
-        ctx = mp.start_processes(_entry, args=(fn, world_size, init_method, args),
-                                 nprocs=world_size, join=False, start_method="spawn")
+        ctx = start_ranks(fn, world_size, f"file://{os.path.join(tmp, 'store')}", args)
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
@@ -61,7 +89,8 @@ def run_ranks(fn, world_size, *args, timeout=240):
                     p.kill()
 
 
-def _spawned(rank, fn, args):
+def _spawned(rank, env, call):
+    fn, args = _adopt(env, call)
     try:
         fn(rank, *args)
     except Exception:
@@ -70,10 +99,10 @@ def _spawned(rank, fn, args):
 
 
 def spawn(fn, size, args):
-    """fn(rank, *args) in `size` spawned processes that start no group themselves (the caller
+    """fn(rank, *args) in `size` processes that start no group themselves (the caller
     joins them); an exception is printed before it ends the process."""
-    return mp.start_processes(_spawned, args=(fn, args), nprocs=size, join=False,
-                              start_method="spawn")
+    return mp.start_processes(_spawned, args=(dict(os.environ), pickle.dumps((fn, args))),
+                              nprocs=size, join=False, start_method=START_METHOD)
 
 
 def run_spawned(fn, size, args, want, timeout=120):

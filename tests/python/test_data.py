@@ -12,11 +12,10 @@ import zlib
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from ddl_testing import _entry, run_ranks
+from ddl_testing import run_ranks, start_ranks
 
 SIZES = [0, 1, 7, 4099, 65537, (1 << 20) + 3, 12289, 2, 131071]
 
@@ -214,8 +213,7 @@ def test_nothing_is_left_in_dev_shm_after_a_rank_was_killed(victim, tmp_path):
     before = shm_used()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
-        ctx = mp.start_processes(_entry, args=(_killed, 3, init, (paths, victim)), nprocs=3,
-                                 join=False, start_method="spawn")
+        ctx = start_ranks(_killed, 3, init, (paths, victim))
         deadline = time.monotonic() + 120
         try:
             while any(p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
