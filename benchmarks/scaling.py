@@ -187,33 +187,34 @@ def scaled_machine(machine, what, factor):
     return m
 
 
-def efficiency(point, machine, gpus, allreduce, plan=None, model=False, overlap=True):
-    layers = resnet_layers(point["depth"])
-    bl = buckets(layers)
+def stepper(point, machine, allreduce, plan=None, model=False, overlap=True):
+    """step(P): the seconds of one of the point's training steps at P GPUs of `machine`."""
+    bl = buckets(resnet_layers(point["depth"]))
     compute = point["batch"] / images_per_s(point)
+    return lambda p: step_seconds(
+        compute, bl, lambda b: allreduce(machine, p, b, plan or point["plan"]), model, overlap)
 
-    def step(p):
-        return step_seconds(compute, bl, lambda b: allreduce(machine, p, b, plan or point["plan"]),
-                            model, overlap)
 
+def whole_allreduce(point, machine, gpus, allreduce, plan=None):
+    """The seconds of every bucket's allreduce of one step at `gpus`, hidden or not."""
+    return sum(allreduce(machine, gpus, b, plan or point["plan"])[0]
+               for b, _ in buckets(resnet_layers(point["depth"])))
+
+
+def efficiency(point, machine, gpus, allreduce, plan=None, model=False, overlap=True):
+    step = stepper(point, machine, allreduce, plan, model, overlap)
     return step(point["baseline"]) / step(gpus)
 
 
 def losses(point, machine, allreduce):
-    """What the published efficiency says in time, beside the model: the extra time per step at
-    the point's GPUs over its baseline that the published efficiency implies
-    (step(B) / efficiency - step(B), step(B) as the model has it), the model's own extra time, and
-    the step's whole allreduce time at those GPUs (every bucket's, hidden or not), in seconds."""
-    layers = resnet_layers(point["depth"])
-    bl = buckets(layers)
-    compute = point["batch"] / images_per_s(point)
-
-    def step(p):
-        return step_seconds(compute, bl, lambda b: allreduce(machine, p, b, point["plan"]))
-
+    """What the published efficiency says in time, beside the model, in seconds: the step at the
+    baseline B as the model has it, the extra time per step at the point's GPUs that the
+    published efficiency implies (step(B) / efficiency - step(B)), the model's own extra time,
+    and the step's whole allreduce time at those GPUs."""
+    step = stepper(point, machine, allreduce)
     base = step(point["baseline"])
-    whole = sum(allreduce(machine, point["gpus"], b, point["plan"])[0] for b, _ in bl)
-    return base / point["published"] - base, step(point["gpus"]) - base, whole
+    return (base, base / point["published"] - base, step(point["gpus"]) - base,
+            whole_allreduce(point, machine, point["gpus"], allreduce))
 
 
 def varied(point, what=None, factor=1.0):
@@ -233,8 +234,7 @@ def leave_one_out(i, allreduce, changed=(), what=None, factor=1.0):
     shares = []
     for j, point in enumerate(POINTS):
         p, m = varied(point, what, factor) if j in changed else varied(point)
-        published, _, whole = losses(p, m, allreduce)
-        base = published / (1 / p["published"] - 1)
+        base, published, _, whole = losses(p, m, allreduce)
         if j == i:
             mine = (base, whole)
         else:
@@ -294,9 +294,9 @@ def main():
           " allreduce time:")
     print(f"{'':38} {'published':>9} {'model':>7} {'allreduce':>9} {'published/allreduce':>19}")
     for point in results["points"]:
-        published, modelled, whole = losses(point, MACHINES[point["machine"]], allreduce)
+        base, published, modelled, whole = losses(point, MACHINES[point["machine"]], allreduce)
         point.update(published_loss_s=published, model_loss_s=modelled, allreduce_s=whole,
-                     base_s=published / (1 / point["published"] - 1))
+                     base_s=base)
         print(f"{point['name']:38} {published * 1e3:7.1f}ms {modelled * 1e3:5.1f}ms"
               f" {whole * 1e3:7.1f}ms {published / whole * 100:18.0f}%")
     # Leave one out: each point predicted with the share of the allreduce left unhidden that the
@@ -346,11 +346,10 @@ def main():
             print(f"with {share * 100:.0f} % of each step's allreduce unhidden (the three papers'"
                   " mean share):")
             for row in rows:
-                row["unhidden"] = {}
-                for plan in Allreduce.PLANS:
-                    whole = sum(allreduce(machine, row["gpus"], b, plan)[0]
-                                for b, _ in buckets(resnet_layers(point["depth"])))
-                    row["unhidden"][plan] = compute / (compute + share * whole)
+                row["unhidden"] = {
+                    plan: compute / (compute + share * whole_allreduce(point, machine, row["gpus"],
+                                                                       allreduce, plan))
+                    for plan in Allreduce.PLANS}
                 print(f"{row['gpus']:6d} " + " ".join(f"{row['unhidden'][p] * 100:9.1f}%"
                                                       for p in Allreduce.PLANS))
             results["sweep"][point["name"]] = rows

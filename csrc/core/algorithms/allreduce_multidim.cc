@@ -102,13 +102,12 @@ class LaneRun {
 
   // True once both halves of every stage are done here.
   bool advance() {
-    const int stages = stages_;
-    while (turn_ < 2 * stages) {
+    while (turn_ < 2 * stages_) {
       if (!started_) {
         if (before_ != nullptr && !before_->done() && before_->turn_ <= turn_) {
           return false;  // the wave ahead first
         }
-        start(turn_ < stages ? turn_ : 2 * stages - 1 - turn_, turn_ < stages);
+        start(turn_ < stages_ ? turn_ : 2 * stages_ - 1 - turn_, turn_ < stages_);
       }
       // No link of this stage has seen a request complete since none of its pipelines could
       // move: none can (found without touching them).
