@@ -269,6 +269,7 @@ SimReport simulate(const SimRequest& request) {
       }
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
+    report.killDigest = cluster.network().digest();
   }
   report.wallSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wallStart).count();

@@ -48,6 +48,7 @@ struct SimReport {
   double namedByMicros = 0;
   uint64_t failureMessages = 0;
   double killedAtMicros = 0;
+  uint64_t killDigest = 0;   // the digest of the run with the kill
   std::string firstError;    // one survivor's error, for the record
   std::string unnamedError;  // a survivor that did not name the dead rank, and why ("": none)
   // Survivors whose op ended well (the dead rank's part had reached them): they are counted by

@@ -1,0 +1,129 @@
+// The simulator's trace digests of a fixed set of runs (shapes, algorithms, collectives, a kill):
+// every message delivered, its time, ends, tag and size. A change that is not meant to change
+// what the engine does leaves them as recorded here; one that is says so in its commit and
+// records the new ones (the failure prints them).
+#include <gtest/gtest.h>
+
+#include "../../csrc/core/sim/simulate.h"
+
+namespace ddl::test {
+namespace {
+
+constexpr const char* kLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+
+struct Scenario {
+  const char* name;
+  std::vector<int> hostSizes;  // empty: `ranks` in hosts of `perHost`
+  int ranks, perHost, hostsPerRack;
+  const char* collective;
+  PlanRequest::Algorithm algorithm;
+  size_t bytes;
+  int killRank;
+  uint64_t digest;  // of the fault-free run, or of the run with the kill
+};
+
+using A = PlanRequest::Algorithm;
+
+const Scenario kScenarios[] = {
+    {"auto 1 MiB, 64 ranks in racks",
+     {},
+     64,
+     4,
+     4,
+     "allreduce",
+     A::kAuto,
+     1 << 20,
+     -1,
+     0xe89359b99035895bull},
+    {"ring, 96 ranks of 8",
+     {},
+     96,
+     8,
+     0,
+     "allreduce",
+     A::kRing,
+     4 * 10007,
+     -1,
+     0x1d9ce4a77d9df1fcull},
+    {"multidim, uneven hosts",
+     {4, 3, 4, 1, 4, 4, 2, 4},
+     0,
+     1,
+     2,
+     "allreduce",
+     A::kMultiDim,
+     4 * 10007,
+     -1,
+     0x6189350a179ab35dull},
+    {"leaders", {}, 64, 4, 4, "allreduce", A::kLeaders, 4 * 1031, -1, 0x62583cf8a6b500a2ull},
+    {"recursive doubling, 40 ranks",
+     {},
+     40,
+     4,
+     0,
+     "allreduce",
+     A::kRecursiveDoubling,
+     4 * 131,
+     -1,
+     0x09adbe4caeed20efull},
+    {"broadcast", {}, 40, 4, 4, "broadcast", A::kAuto, 4 * 4099, -1, 0x933bf64bb2a62a12ull},
+    {"allgather", {}, 40, 4, 4, "allgather", A::kAuto, 4 * 131, -1, 0xd6038557e06f3b73ull},
+    {"reduce_scatter",
+     {},
+     40,
+     4,
+     4,
+     "reduce_scatter",
+     A::kAuto,
+     4 * 131,
+     -1,
+     0x0eac7d1adfce222cull},
+    {"reduce", {}, 40, 4, 4, "reduce", A::kAuto, 4 * 131, -1, 0xeb20ee6d725605f0ull},
+    {"gather", {}, 40, 4, 4, "gather", A::kAuto, 4 * 131, -1, 0x61eaed38a319e59full},
+    {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, 0xd62cca0595601de0ull},
+    {"alltoall", {}, 40, 4, 4, "alltoall", A::kAuto, 4 * 131, -1, 0x7990164bcef6910full},
+    {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, 0xea4e3b76255bacfaull},
+    {"rank 17 killed halfway",
+     {},
+     64,
+     4,
+     4,
+     "allreduce",
+     A::kAuto,
+     1 << 20,
+     17,
+     0x9a310cc2198e2756ull},
+    {"rank 5 killed in an allgather",
+     {},
+     48,
+     4,
+     0,
+     "allgather",
+     A::kAuto,
+     4 * 1031,
+     5,
+     0x5fd57e6e3398bcc3ull},
+};
+
+TEST(Digest, TheRecordedRunsDeliverTheSameMessagesAtTheSameTimes) {
+  for (const Scenario& s : kScenarios) {
+    SimRequest q;
+    q.cluster.hostSizes = s.hostSizes;
+    q.cluster.ranks = s.ranks;
+    q.cluster.ranksPerHost = s.perHost;
+    q.cluster.hostsPerRack = s.hostsPerRack;
+    q.cluster.links = kLinks;
+    q.cluster.plan = Communicator::planRequest();
+    q.cluster.plan->algorithm = s.algorithm;
+    q.collective = s.collective;
+    q.bytes = s.bytes;
+    q.killRank = s.killRank;
+    const SimReport r = simulate(q);
+    const uint64_t digest = s.killRank >= 0 ? r.killDigest : r.digest;
+    EXPECT_EQ(r.mismatch, "") << s.name;
+    EXPECT_EQ(digest, s.digest) << s.name << ": now 0x" << std::hex << digest;
+  }
+}
+
+}  // namespace
+}  // namespace ddl::test
