@@ -44,7 +44,7 @@ def _load_extension():
 _C = _load_extension()
 
 __version__ = "0.1.0"
-__all__ = ["ProcessGroupDDL", "empty_shared", "__version__"]
+__all__ = ["ProcessGroupDDL", "empty_shared", "failure", "__version__"]
 
 ProcessGroupDDL = _C.ProcessGroupDDL
 
@@ -61,6 +61,23 @@ def dump_trace(path=None):
         raise RuntimeError("ddl: the flight recorder could not be written "
                            f"({path or 'TORCH_DDL_TRACE_FILE is empty'})")
     return written
+
+
+def failure(group=None):
+    """How a ddl group first failed, as a dict: `kind` ("ok" while nothing failed, "timeout",
+    "peer lost", "partitioned", "mismatch", "invalid argument", "closed", "other"), `ranks` (the
+    group ranks it names: the peers that are gone, the ones a timeout still waited for, the ones
+    that called something else), `detail` (the words the exception carried) and `remote` (another
+    rank reported it). A job that shrinks after a failure excludes the ranks a "peer lost" names:
+
+        info = torch_ddl.failure()
+        if info["kind"] == "peer lost":
+            group = dist.shrink_group(info["ranks"])
+    """
+    import torch.distributed as dist
+
+    group = group or dist.group.WORLD
+    return group._get_backend(torch.device("cpu")).failure()
 
 
 def empty_shared(*size, dtype=torch.float32):

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "base/status.h"
 
 namespace ddl {
 
@@ -32,10 +35,20 @@ bool isFloatingPoint(DataType type);
 // Empty string when `op` is defined on `type`; otherwise the reason it is not.
 std::string checkReduceOp(DataType type, ReduceOp op);
 
-// Every error the core reports to a user: bad input, timeouts, transport failures.
+// Every error the core reports to a user: bad input, timeouts, transport failures. It carries
+// the Status it stands for (the kind says which; kOther where the thrower named none).
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, StatusKind kind = StatusKind::kOther)
+      : std::runtime_error(message), kind_(kind) {}
+  explicit Error(const Status& status)
+      : std::runtime_error(status.detail), kind_(status.kind), ranks_(status.ranks) {}
+  StatusKind kind() const { return kind_; }
+  Status status() const { return Status(kind_, what(), ranks_); }
+
+ private:
+  StatusKind kind_;
+  std::vector<int> ranks_;
 };
 
 }  // namespace ddl

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "compat.hpp"
+#include "errors.hpp"
 
 namespace ddl {
 namespace {
@@ -67,7 +68,7 @@ thread_local CallScope* CallScope::current_ = nullptr;
 
 [[noreturn]] void badInput(const char* where, const std::string& what) {
   CallScope::refuse(what);
-  C10_THROW_ERROR(ValueError, std::string("ddl: ") + where + ": " + what);
+  torch_errors::raiseBadInput(std::string("ddl: ") + where + ": " + what);
 }
 
 void premultiply(const c10d::ReduceOp& op, at::Tensor& buffer, const char* where) {

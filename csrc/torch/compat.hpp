@@ -47,15 +47,6 @@ namespace ddl::torch_compat {
 static_assert(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11,
               "torch_ddl needs torch 2.11 or newer");
 
-// The exception c10d raises for a failed collective (torch.distributed.DistBackendError).
-inline std::exception_ptr backendError(const std::string& message) {
-  try {
-    C10_THROW_ERROR(DistBackendError, message);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 // The root of a chain of PrefixStores: the store every group of the job shares.
 inline c10::intrusive_ptr<c10d::Store> rootStore(c10::intrusive_ptr<c10d::Store> store) {
   while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) {

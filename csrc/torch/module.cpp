@@ -65,6 +65,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       // c10d's getError (torch's Python Backend has no binding for it).
       .def("get_error", &ddl::ProcessGroupDDL::getError)
+      // The group's first failure as ddl's Status: kind, the ranks it names, the words, and
+      // whether another rank reported it (torch_ddl.failure).
+      .def("failure",
+           [](const ddl::ProcessGroupDDL& pg) {
+             const ddl::GroupState::Failure f = pg.communicator()->firstFailure();
+             py::dict out;
+             out["kind"] = std::string(ddl::statusKindName(f.status.kind));
+             out["ranks"] = f.status.ranks;
+             out["detail"] = f.status.detail;
+             out["remote"] = f.remote;
+             return out;
+           })
       // dist._time_estimator's calls (torch binds them for NCCL only).
       .def("_start_time_estimate", &ddl::ProcessGroupDDL::startTimeEstimate)
       .def("_end_time_estimate", &ddl::ProcessGroupDDL::endTimeEstimate)

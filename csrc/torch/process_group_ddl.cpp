@@ -12,6 +12,7 @@
 #include "../core/topology/allreduce_plan.h"
 #include "arguments.hpp"
 #include "compat.hpp"
+#include "errors.hpp"
 #include "reuse_tracker.hpp"
 #include "sparse.hpp"
 #include "store_adapter.hpp"
@@ -25,7 +26,7 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
   try {
     comm_ = Communicator::create(Engine::process(), adapter, rank, size, timeout);
   } catch (const ddl::Error& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
+    torch_errors::raise(e.status());
   }
   watchFailures();
 }
@@ -40,7 +41,7 @@ void ProcessGroupDDL::watchFailures() {
   std::lock_guard<std::mutex> lock(observers_->mutex);
   observers_->groupFailed = [weak] {
     auto comm = weak.lock();
-    return comm && comm->firstFailure().first != GroupState::Failure::kNone;
+    return comm && !comm->firstFailure().status.ok();
   };
   observers_->abortHooksRan.store(false);
 }
@@ -69,7 +70,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::Reconfig
   try {
     next = Communicator::reconfigure(comm_->engine(), handles, opts.uuid, timeout, &links);
   } catch (const ddl::Error& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
+    torch_errors::raise(e.status());
   }
   usedUuids_.push_back(opts.uuid);
   comm_->close("the group was reconfigured (uuid " + std::to_string(opts.uuid) + ")");
@@ -78,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::Reconfig
   size_ = comm_->size();
   watchFailures();
   auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{});
-  work->coreWork(where)->finish("");
+  work->coreWork(where)->succeed();
   return work;
 }
 #endif
@@ -117,7 +118,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
     return c10::make_intrusive<ProcessGroupDDL>(
         comm_->shrink(excluded, (shrinkFlags & kShrinkAbort) != 0));
   } catch (const ddl::Error& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
+    torch_errors::raise(e.status());
   }
 }
 
@@ -128,7 +129,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::split(const c10::intrusive_pt
   try {
     comm = comm_->split(ranks);
   } catch (const ddl::Error& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
+    torch_errors::raise(e.status());
   }
   if (!comm) return nullptr;
   if (opts && opts->timeout.count() > 0) comm->setTimeout(opts->timeout);
@@ -233,13 +234,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
       std::lock_guard<std::mutex> lock(estimateMutex_);
       estimatedSeconds_ += seconds;
     }
-    options.work->finish("");
+    options.work->succeed();
     return work;
   }
   try {
     placeOnDevice(*work, *tensors, options);
   } catch (...) {
-    options.work->finish("ddl: the op was refused");
+    options.work->finish(Status(StatusKind::kInvalidArgument, "ddl: the op was refused"));
     throw;
   }
   options.work->retain(tensors);
@@ -247,8 +248,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(c10::intrusive_ptr<WorkDD
   try {
     submit(options);
   } catch (const ddl::Error& e) {
-    options.work->finish(e.what());
-    C10_THROW_ERROR(ValueError, e.what());
+    options.work->finish(e.status());
+    torch_errors::raiseBadInput(e.what());
   }
   if (coalescing_.load()) {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
@@ -878,15 +879,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE_COALES
 }
 
 c10d::ErrorType ProcessGroupDDL::getError() {
-  switch (comm_->firstFailure().first) {
-    case GroupState::Failure::kNone:
-      return c10d::ErrorType::SUCCESS;
-    case GroupState::Failure::kTimeout:
-      return c10d::ErrorType::TIMEOUT;
-    case GroupState::Failure::kCommunication:
-      return c10d::ErrorType::COMM_ERROR;
-  }
-  return c10d::ErrorType::COMM_ERROR;
+  return torch_errors::errorTypeOf(comm_->firstFailure());
 }
 
 void ProcessGroupDDL::abort() {

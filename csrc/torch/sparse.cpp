@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "errors.hpp"
+
 namespace ddl {
 namespace {
 
@@ -49,8 +51,9 @@ at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) 
     const char* block = blocks.data.data() + blocks.offsets[r];
     const size_t length = blocks.offsets[r + 1] - blocks.offsets[r];
     auto shortBlock = [&] {
-      C10_THROW_ERROR(DistBackendError,
-                      "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block");
+      torch_errors::raise(
+          Status(StatusKind::kMismatch,
+                 "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block"));
     };
     int64_t fixed[4];  // sparse_dim, dense_dim, dtype, ndim
     if (length < sizeof(fixed)) shortBlock();
@@ -61,17 +64,19 @@ at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) 
     std::vector<int64_t> sizes(header.begin() + 4, header.end() - 1);
     if (fixed[0] != like.sparse_dim() || fixed[1] != like.dense_dim() ||
         c10::IntArrayRef(sizes) != like.sizes()) {
-      C10_THROW_ERROR(DistBackendError,
-                      "ddl: all_reduce: rank " + std::to_string(r) + "'s sparse tensor has sizes " +
-                          shapeText(sizes) + " with sparse_dim " + std::to_string(fixed[0]) +
-                          "; this rank's has sizes " + shapeText(like.sizes()) +
-                          " with sparse_dim " + std::to_string(like.sparse_dim()));
+      torch_errors::raise(Status(StatusKind::kMismatch,
+                                 "ddl: all_reduce: rank " + std::to_string(r) +
+                                     "'s sparse tensor has sizes " + shapeText(sizes) +
+                                     " with sparse_dim " + std::to_string(fixed[0]) +
+                                     "; this rank's has sizes " + shapeText(like.sizes()) +
+                                     " with sparse_dim " + std::to_string(like.sparse_dim())));
     }
     if (fixed[2] != static_cast<int64_t>(like.scalar_type())) {
-      C10_THROW_ERROR(DistBackendError,
-                      "ddl: all_reduce: rank " + std::to_string(r) + "'s sparse tensor has dtype " +
-                          c10::toString(static_cast<at::ScalarType>(fixed[2])) +
-                          "; this rank's has " + c10::toString(like.scalar_type()));
+      torch_errors::raise(Status(StatusKind::kMismatch,
+                                 "ddl: all_reduce: rank " + std::to_string(r) +
+                                     "'s sparse tensor has dtype " +
+                                     c10::toString(static_cast<at::ScalarType>(fixed[2])) +
+                                     "; this rank's has " + c10::toString(like.scalar_type())));
     }
     const int64_t nnz = header.back();
     if (nnz < 0) shortBlock();

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "compat.hpp"
+#include "errors.hpp"
 
 namespace ddl {
 namespace {
@@ -161,7 +162,7 @@ void WorkDDL::finalize() {
   std::exception_ptr error;
   auto finish = [&] {
     if (core_->failed()) {
-      error = torch_compat::backendError(core_->error());
+      error = torch_errors::exceptionFor(core_->status());
       return;
     }
     at::NoGradGuard noGrad;
@@ -204,7 +205,7 @@ bool WorkDDL::isCompleted() {
 bool WorkDDL::isSuccess() const { return core_->done() && !core_->failed(); }
 
 std::exception_ptr WorkDDL::exception() const {
-  if (core_->done() && core_->failed()) return torch_compat::backendError(core_->error());
+  if (core_->done() && core_->failed()) return torch_errors::exceptionFor(core_->status());
   return nullptr;
 }
 

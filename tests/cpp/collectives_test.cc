@@ -991,7 +991,7 @@ namespace {
 // abort() and shutdown() close a group: its ops in flight fail at once, and so do later ones.
 TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {
   runRanks(2, [](Communicator& comm) {
-    EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kNone);
+    EXPECT_TRUE(comm.firstFailure().status.ok());
     if (comm.rank() == 1) return;  // never joins: rank 0's allreduce waits
     std::vector<float> buf(1000, 1.0f);
     auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
@@ -1004,7 +1004,8 @@ TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {
     EXPECT_TRUE(work->failed());
     EXPECT_NE(work->error().find("aborted: the test closed it"), std::string::npos)
         << work->error();
-    EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kCommunication);
+    EXPECT_EQ(comm.firstFailure().status.kind, StatusKind::kClosed);
+    EXPECT_EQ(work->status().kind, StatusKind::kClosed);
     auto later = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
     ASSERT_TRUE(later->wait(std::chrono::milliseconds(500)));
     EXPECT_NE(later->error().find("aborted: the test closed it"), std::string::npos)
@@ -1053,9 +1054,10 @@ TEST(GroupState, ATimeoutIsRecordedAsTheGroupsFirstFailure) {
         auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
         ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
         EXPECT_TRUE(work->failed());
-        auto [kind, message] = comm.firstFailure();
-        EXPECT_EQ(kind, GroupState::Failure::kTimeout);
-        EXPECT_NE(message.find("Timed out"), std::string::npos) << message;
+        const Status first = comm.firstFailure().status;
+        EXPECT_EQ(first.kind, StatusKind::kTimeout);
+        EXPECT_EQ(first.ranks, std::vector<int>{1});  // whom it waited for
+        EXPECT_NE(first.detail.find("Timed out"), std::string::npos) << first.detail;
       },
       std::chrono::milliseconds(300));
 }
@@ -1077,7 +1079,7 @@ TEST(GroupState, ATimeoutFailsTheGroupOnEveryRank) {
           EXPECT_NE(work->error().find("reports: Timed out after 300 ms"), std::string::npos)
               << work->error();
         }
-        EXPECT_EQ(comm.firstFailure().first, GroupState::Failure::kTimeout);
+        EXPECT_EQ(comm.firstFailure().status.kind, StatusKind::kTimeout);
         auto later = comm.barrier();
         ASSERT_TRUE(later->wait(std::chrono::milliseconds(100)));
         EXPECT_NE(later->error().find("the group failed earlier"), std::string::npos)

@@ -131,7 +131,9 @@ TEST(Topology, BadRackMapsSayWhatIsWrong) {
   EXPECT_NE(message([] { parseRackMap("r0:"); }).find("names no host"), std::string::npos);
   EXPECT_NE(message([] { parseRackMap("@/nonexistent/topology"); }).find("cannot be read"),
             std::string::npos);
-  EXPECT_NE(message([] { simulated({0, 1}, {0}); }).find("does not name host h1 (rank 1)"),
+  EXPECT_NE(message([] {
+              simulated({0, 1}, {0});
+            }).find("does not name host h1 (rank 1)"),
             std::string::npos);
   Topology bad = simulated({0, 0, 1, 1});
   bad.levels.push_back(Level{"rack", {0, 1, 1, 1}, {"a", "b"}});

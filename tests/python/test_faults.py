@@ -19,7 +19,7 @@ BOUND_S = 2.0
 def _rank(rank, size, victim, how, op, store, stamp, before=5, pause_us=0):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    import torch_ddl  # noqa: F401
+    import torch_ddl
 
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=TIMEOUT)
@@ -42,8 +42,13 @@ def _rank(rank, size, victim, how, op, store, stamp, before=5, pause_us=0):
     except RuntimeError as error:
         failed = time.time()
         message = str(error)
+        kind = type(error)
     died = float(open(stamp).read())
     assert f"rank {victim} is gone" in message, message
+    # The kind and the rank, without reading the words.
+    assert issubclass(kind, dist.DistNetworkError), kind
+    info = torch_ddl.failure()
+    assert info["kind"] == "peer lost" and victim in info["ranks"], info
     assert failed - died < BOUND_S, f"noticed after {failed - died:.2f} s: {message}"
     # Later calls fail at once with the cause.
     start = time.time()
@@ -84,7 +89,7 @@ def test_random_rank_dies_at_a_random_point_of_a_random_collective(trial):
 
 def _stopped(rank, size, store):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch_ddl  # noqa: F401
+    import torch_ddl
 
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=3))
@@ -105,6 +110,8 @@ def _stopped(rank, size, store):
     assert (f"rank {stopped} has not started this op" in message
             or f"to rank {stopped}, which" in message), message
     print(f"rank {rank}: {message}", flush=True)
+    assert type(info.value) is dist.DistBackendError
+    assert torch_ddl.failure()["kind"] == "timeout", torch_ddl.failure()
     # Every survivor stays until all have timed out: one that exits is a lost peer to the rest.
     store = dist.distributed_c10d._get_default_store()
     store.add("timed out", 1)

@@ -43,7 +43,7 @@ bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards) {
 
 std::string encodeDirectory(const GroupDirectory& d) {
   Writer w;
-  w.text(d.error);
+  w.text(d.error.detail);
   w.number(d.addresses.size());
   for (size_t r = 0; r < d.addresses.size(); ++r) {
     w.text(d.addresses[r]);
@@ -61,7 +61,9 @@ std::string encodeDirectory(const GroupDirectory& d) {
 
 bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
   Reader r(bytes);
-  d->error = r.text();
+  if (std::string words = r.text(); !words.empty()) {
+    d->error = Status(StatusKind::kInvalidArgument, std::move(words));
+  }
   const uint64_t n = r.number();
   if (!r.ok() || n != static_cast<uint64_t>(size)) return false;
   d->addresses.resize(n);
@@ -99,8 +101,9 @@ GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& 
   std::string taken;
   for (const RankCard& c : cards) {
     if (c.rank < 0 || static_cast<size_t>(c.rank) >= n || seen[c.rank]) {
-      d.error = "ddl: creating the group: rank " + std::to_string(c.rank) +
-                " answered twice or is not a rank of a group of " + std::to_string(n);
+      d.error = Status(StatusKind::kInvalidArgument,
+                       "ddl: creating the group: rank " + std::to_string(c.rank) +
+                           " answered twice or is not a rank of a group of " + std::to_string(n));
       return d;
     }
     seen[c.rank] = true;
@@ -110,16 +113,17 @@ GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& 
     if (c.idTaken) taken += (taken.empty() ? "" : ", ") + std::to_string(c.rank);
   }
   if (!taken.empty()) {
-    d.error = "ddl: cannot create another group: its id " + std::to_string(groupId) +
-              " (group ids are taken modulo " + std::to_string(tag::kGroupIds) +
-              ") is still held by a live group on rank(s) " + taken +
-              " of the new group; destroy the groups the job no longer uses";
+    d.error = Status(StatusKind::kInvalidArgument,
+                     "ddl: cannot create another group: its id " + std::to_string(groupId) +
+                         " (group ids are taken modulo " + std::to_string(tag::kGroupIds) +
+                         ") is still held by a live group on rank(s) " + taken +
+                         " of the new group; destroy the groups the job no longer uses");
     return d;
   }
   try {
     d.topology = buildTopology(localities, racks);
   } catch (const Error& e) {
-    d.error = e.what();
+    d.error = Status(StatusKind::kInvalidArgument, e.what());
   }
   return d;
 }

@@ -39,7 +39,9 @@ struct GroupDirectory {
   std::vector<std::string> addresses;   // by rank
   std::vector<std::string> identities;  // by rank
   Topology topology;
-  std::string error;  // set instead when the group cannot be made (the same on every rank)
+  // Why the group cannot be made, the same on every rank (ok: it can). It travels as its words;
+  // every such reason is one of the job's making (ids, rack maps): kInvalidArgument.
+  Status error;
 };
 
 // Rank 0's part of step 3: the directory from every card (by rank), or its error.

@@ -222,7 +222,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   if (!pending.work->done()) throw Error("ddl: the group's creation has not finished");
   if (pending.work->failed()) throw Error(pending.work->error());
   GroupDirectory& directory = *pending.directory;
-  if (!directory.error.empty()) throw Error(directory.error);
+  if (!directory.error.ok()) throw Error(directory.error);
   std::shared_ptr<Group> group = pending.group;
   Engine& engine = *pending.engine;
   const GroupOptions& options = pending.options;
@@ -390,7 +390,7 @@ uint32_t Communicator::nextAgreement(const char* what) {
   // before. Not from the request itself: ranks asked different things must meet to find out.
   const std::string key =
       std::to_string(group_->id) + "/" + what + "/" + std::to_string(derivations_[what]++);
-  return static_cast<uint32_t>(std::hash<std::string>{}(key) & 0xffff);
+  return static_cast<uint32_t>(std::hash<std::string>{}(key)&0xffff);
 }
 
 std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks) {
@@ -468,7 +468,7 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
   }
   const DeriveResult result =
       runAgreement(agreement, sequence, members, std::move(card), what, timeout_);
-  if (!result.error.empty()) throw Error(result.error);
+  if (!result.error.ok()) throw Error(result.error);
   return result.id;
 }
 
@@ -603,7 +603,7 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
                 " given (a process reconfigures only a group it is a member of)");
   }
   GroupDirectory directory = directoryFrom(cards, parseRackMap(config().topology), 0);
-  if (!directory.error.empty()) throw Error(directory.error);
+  if (!directory.error.ok()) throw Error(directory.error);
   // The members agree on what they were given and on an id, as a derived group's do, under a
   // sequence every member computes from the uuid.
   auto agreement = std::make_shared<Group>();
@@ -636,7 +636,7 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
   engine.watch(agreement, identities);
   const DeriveResult result =
       runAgreement(agreement, sequence, members, std::move(card), what, timeout);
-  if (!result.error.empty()) throw Error(result.error);
+  if (!result.error.ok()) throw Error(result.error);
   if (!engine.claimGroupId(result.id)) {
     throw Error("ddl: reconfigure: the id " + std::to_string(result.id) +
                 " agreed was taken here meanwhile (another group's creation); try again");
@@ -663,7 +663,9 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
   return comm;
 }
 
-void Communicator::close(const std::string& reason) { group_->engine->closeGroup(group_, reason); }
+void Communicator::close(const std::string& reason) {
+  group_->engine->closeGroup(group_, Status(StatusKind::kClosed, reason));
+}
 
 bool Communicator::offersAdoption(size_t count, DataType type) {
   const Config& c = config();

@@ -126,10 +126,9 @@ class Communicator {
   // goes on. Takes the op's place in the sequence. The collectives below do this themselves
   // for the arguments they check.
   void reject(const char* name, const std::string& why) noexcept;
-  // The group's first failed op: its kind and message (kNone while every op succeeded).
-  std::pair<GroupState::Failure, std::string> firstFailure() const {
-    return group_->state->firstFailure();
-  }
+  // The group's first failed op: how it ended (ok while every op succeeded), and whether another
+  // rank's report ended it.
+  GroupState::Failure firstFailure() const { return group_->state->firstFailure(); }
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);

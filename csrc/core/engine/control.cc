@@ -61,7 +61,7 @@ struct NoticeHeader {
   int32_t from;
   uint8_t scope;
   uint8_t tree;
-  uint8_t reserved;
+  uint8_t kind;   // StatusKind
   uint16_t gone;  // rank + 1, 0 for none
 };
 constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
@@ -74,7 +74,7 @@ std::string Notice::encode() const {
                       from,
                       static_cast<uint8_t>(scope),
                       static_cast<uint8_t>(tree ? 1 : 0),
-                      0,
+                      static_cast<uint8_t>(kind),
                       static_cast<uint16_t>(gone + 1)};
   std::string bytes(sizeof(header), '\0');
   std::memcpy(bytes.data(), &header, sizeof(header));
@@ -95,6 +95,8 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   notice.from = header.from;
   notice.tree = header.tree != 0;
   notice.gone = static_cast<int>(header.gone) - 1;
+  notice.kind =
+      header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
   notice.text.assign(data + sizeof(header), bytes - sizeof(header));
   return notice;
 }

@@ -89,6 +89,7 @@ struct Notice {
   bool tree = true;
   // The rank it says is gone (-1: none): the tree passes around it (Engine::relayNotice).
   int gone = -1;
+  StatusKind kind = StatusKind::kOther;  // of the failure it reports
   std::string text;
 
   std::string encode() const;  // at most kMaxBytes (the text is cut to fit)

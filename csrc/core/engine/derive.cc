@@ -70,20 +70,25 @@ bool decodeCards(const std::string& bytes, std::vector<DeriveCard>* cards) {
 DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what) {
   DeriveResult result;
   if (cards.empty()) {
-    result.error = "ddl: " + what + ": no rank answered";
+    result.error = Status(StatusKind::kOther, "ddl: " + what + ": no rank answered");
     return result;
   }
   const DeriveCard& first = cards.front();
   std::string differ;
+  std::vector<int> differing;  // parent ranks
   for (const DeriveCard& c : cards) {
     if (c.request != first.request) {
       differ += "; rank " + std::to_string(c.parentRank) + " was asked to " + c.request;
+      differing.push_back(c.parentRank);
     }
   }
   if (!differ.empty()) {
-    result.error = "ddl: " + what + ": the ranks were asked for different groups: rank " +
+    result.error =
+        Status(StatusKind::kMismatch,
+               "ddl: " + what + ": the ranks were asked for different groups: rank " +
                    std::to_string(first.parentRank) + " was asked to " + first.request + differ +
-                   " (every rank of the new group must pass the same arguments)";
+                   " (every rank of the new group must pass the same arguments)",
+               differing);
     return result;
   }
   for (uint32_t id = tag::kGroupIds; id-- > 0;) {
@@ -94,9 +99,10 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
       return result;
     }
   }
-  result.error = "ddl: " + what +
-                 ": every group id is held by a live group on some rank of the "
-                 "new group; destroy the groups the job no longer uses";
+  result.error = Status(StatusKind::kInvalidArgument,
+                        "ddl: " + what +
+                            ": every group id is held by a live group on some rank of the new "
+                            "group; destroy the groups the job no longer uses");
   return result;
 }
 
@@ -129,21 +135,31 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   } else {
     std::sort(cards.begin(), cards.end(),
               [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
-    DeriveResult decided = cards.size() == static_cast<size_t>(n)
-                               ? decideDerived(cards, what)
-                               : DeriveResult{"ddl: " + what + ": " + std::to_string(cards.size()) +
-                                                  " of " + std::to_string(n) + " ranks answered",
-                                              0};
+    DeriveResult decided =
+        cards.size() == static_cast<size_t>(n)
+            ? decideDerived(cards, what)
+            : DeriveResult{
+                  Status(StatusKind::kOther, "ddl: " + what + ": " + std::to_string(cards.size()) +
+                                                 " of " + std::to_string(n) + " ranks answered"),
+                  0};
+    // The id's number carries the failure's kind above its 32 bits (ids are 12).
     Writer w;
-    w.text(decided.error);
-    w.number(decided.id);
+    w.text(decided.error.detail);
+    w.number(decided.id | uint64_t{static_cast<uint8_t>(decided.error.kind)} << 32);
     down = w.take();
   }
   cards = {};
   Reader r(down);
   DeriveResult result;
-  result.error = r.text();
-  result.id = static_cast<uint32_t>(r.number());
+  std::string words = r.text();
+  const uint64_t number = r.number();
+  result.id = static_cast<uint32_t>(number);
+  const auto kind = static_cast<uint8_t>(number >> 32);
+  if (!words.empty()) {
+    result.error =
+        Status(kind > 0 && kind < kStatusKinds ? static_cast<StatusKind>(kind) : StatusKind::kOther,
+               std::move(words));
+  }
   if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
   for (int child : children) co_await sendFramed(op, child, kSlot, down);
   *out = std::move(result);
@@ -162,9 +178,9 @@ DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequ
   agreement->engine->submit(std::move(op));
   work->wait();
   if (work->failed()) {
-    std::string error = work->error();
-    if (result->heardFrom >= 0) error += "; " + asked;
-    tellNeighbours(*agreement, sequence, members, index, error,
+    Status error = work->status();
+    if (result->heardFrom >= 0) error.detail += "; " + asked;
+    tellNeighbours(*agreement, sequence, members, index, error.detail,
                    std::min(timeout, std::chrono::milliseconds(10000)));
     throw Error(error);
   }

@@ -32,7 +32,7 @@ struct DeriveCard {
 };
 
 struct DeriveResult {
-  std::string error;  // the same on every rank
+  Status error;  // the same on every rank (ok: agreed)
   uint32_t id = 0;
   int heardFrom = -1;  // the agreement failed on the word of this (parent) rank
 };

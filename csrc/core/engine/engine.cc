@@ -87,7 +87,8 @@ void Engine::wake() {
 
 void Engine::submit(std::unique_ptr<Op> op) {
   if (stopping_.load()) {
-    op->work->finish("ddl: " + op->name() + " submitted after the engine was shut down");
+    op->work->finish(Status(StatusKind::kClosed,
+                            "ddl: " + op->name() + " submitted after the engine was shut down"));
     return;
   }
   {
@@ -100,7 +101,8 @@ void Engine::submit(std::unique_ptr<Op> op) {
 void Engine::submitIfAlive(Engine* engine, std::unique_ptr<Op> op) {
   std::lock_guard<std::mutex> live(gLiveMutex);
   if (gLive.count(engine) == 0) {
-    op->work->finish("ddl: " + op->name() + " started after the engine was shut down");
+    op->work->finish(Status(StatusKind::kClosed,
+                            "ddl: " + op->name() + " started after the engine was shut down"));
     return;
   }
   engine->submit(std::move(op));
@@ -185,18 +187,19 @@ void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id) {
   if (gLive.count(engine) > 0) engine->releaseGroupId(id);
 }
 
-std::string Engine::lostPeerOf(const Op& op) const {
-  if (lost_.empty()) return "";
+Status Engine::lostPeerOf(const Op& op) const {
+  if (lost_.empty()) return Status();
   const TimePoint now = clock_.now();
   const Group& g = op.group();
   for (int r = 0; r < g.size; ++r) {
     if (r == g.rank || g.peers[r] < 0) continue;
     auto it = lost_.find(g.peers[r]);
     if (it != lost_.end() && now - it->second.since >= kLostGrace) {
-      return "rank " + std::to_string(r) + " is gone: " + it->second.why;
+      return Status(StatusKind::kPeerLost,
+                    "rank " + std::to_string(r) + " is gone: " + it->second.why, {r});
     }
   }
-  return "";
+  return Status();
 }
 
 bool Engine::checkLiveness() {
@@ -212,8 +215,8 @@ bool Engine::checkLiveness() {
   if (lost_.empty()) return found;
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
-    std::string why = lostPeerOf(**current);
-    if (!why.empty()) finishOp(current, why, Cause::kLost);
+    Status why = lostPeerOf(**current);
+    if (!why.ok()) finishOp(current, std::move(why), Cause::kLost);
   }
   announceLost();
   return found;
@@ -231,13 +234,14 @@ void Engine::announceLost() {
       for (int r = 0; r < g.size; ++r) {
         if (r == g.rank || g.peers[r] != peer) continue;
         const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
-        g.state->fail(GroupState::Failure::kCommunication, g.name + ": " + why);
+        g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + why, {r}));
         refusalsPending_ = true;
         Notice notice;
         notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control->started, 0));
         notice.scope = Notice::Scope::kGroup;
         notice.from = g.rank;
         notice.gone = r;
+        notice.kind = StatusKind::kPeerLost;
         notice.text = why;
         sendNotice(*control, notice);
       }
@@ -262,14 +266,14 @@ bool Engine::drainSubmissions() {
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
-    std::string refused = (*it)->group().state->refusal();
-    if (!refused.empty()) {
-      finishOp(it, refused, Cause::kRefused);
+    Status refused = (*it)->group().state->refusal();
+    if (!refused.ok()) {
+      finishOp(it, std::move(refused), Cause::kRefused);
       continue;
     }
-    std::string lost = lostPeerOf(**it);
-    if (!lost.empty()) {
-      finishOp(it, lost, Cause::kLost);
+    Status lost = lostPeerOf(**it);
+    if (!lost.ok()) {
+      finishOp(it, std::move(lost), Cause::kLost);
       continue;
     }
     GroupControl* control = (*it)->group().control.get();
@@ -284,7 +288,7 @@ bool Engine::drainSubmissions() {
       }
     }
     resume(**it);
-    if ((*it)->task.done() || !(*it)->failure().empty()) finishOp(it, "");
+    if ((*it)->task.done() || !(*it)->failure().ok()) finishOp(it);
   }
   return true;
 }
@@ -303,8 +307,8 @@ bool Engine::stepOps() {
   for (auto it = active_.begin(); it != active_.end();) {
     Op& op = **it;
     auto current = it++;
-    if (!op.failure().empty()) {
-      finishOp(current, "");
+    if (!op.failure().ok()) {
+      finishOp(current);
       any = true;
       continue;
     }
@@ -313,7 +317,7 @@ bool Engine::stepOps() {
     if (!op.waiting_->predicate_()) continue;
     resume(op);
     any = true;
-    if (op.task.done() || !op.failure().empty()) finishOp(current, "");
+    if (op.task.done() || !op.failure().ok()) finishOp(current);
   }
   return any;
 }
@@ -326,7 +330,7 @@ bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
 
 }  // namespace
 
-void Engine::closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason) {
+void Engine::closeGroup(const std::shared_ptr<const Group>& group, const Status& reason) {
   group->state->close(reason);
   call([&] {
     for (auto it = active_.begin(); it != active_.end();) {
@@ -336,33 +340,36 @@ void Engine::closeGroup(const std::shared_ptr<const Group>& group, const std::st
   });
 }
 
-void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error, Cause cause) {
+void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, Status error, Cause cause) {
   std::unique_ptr<Op> op = std::move(*it);
   active_.erase(it);
   activeCount_.fetch_sub(1);
-  if (error.empty() && !op->failure().empty()) error = op->failure();
-  if (error.empty() && op->task.done()) {
+  if (error.ok() && !op->failure().ok()) error = op->failure();
+  if (error.ok() && op->task.done()) {
     try {
       op->task.rethrow();
+    } catch (const Error& e) {
+      error = e.status();
     } catch (const std::exception& e) {
-      error = e.what();
+      error = Status(StatusKind::kOther, e.what());
     }
   }
   std::string where;  // the words are built for a failed op only
-  if (!error.empty()) {
+  if (!error.ok()) {
     where = op->name() + " on " + op->group().name + " (rank " + std::to_string(op->rank()) +
             " of " + std::to_string(op->size()) + ", op #" + std::to_string(op->sequence()) + ")";
   }
   // An op that another rank refused to start cannot have finished anywhere: what it shares may
   // be given up without doubt (shm/shared_ring.h).
   op->endsCleanly_ = cause == Cause::kNoticeRefusal;
-  FlightRecorder::process().ended(op->traceRecord, error, error.empty() ? "" : op->pendingPeers());
-  if (!error.empty() && cause != Cause::kRefused) FlightRecorder::process().writeOnFailure();
+  FlightRecorder::process().ended(op->traceRecord, error.detail,
+                                  error.ok() ? "" : op->pendingPeers());
+  if (!error.ok() && cause != Cause::kRefused) FlightRecorder::process().writeOnFailure();
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
   std::shared_ptr<Work> work = op->work;
   std::shared_ptr<GroupState> group = op->group().state;
-  if (!error.empty() && op->checksCall() && op->group().control != nullptr) {
+  if (!error.ok() && op->checksCall() && op->group().control != nullptr) {
     GroupControl& control = *op->group().control;
     // The others learn what ended it here; the messages they sent it are discarded.
     // (A lost peer is told by announceLost, to every group that has it.)
@@ -373,13 +380,13 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
       notice.scope = cause == Cause::kTimeout ? Notice::Scope::kGroupTimeout
                      : cause == Cause::kLost  ? Notice::Scope::kGroup
                                               : Notice::Scope::kOp;
+      notice.kind = error.kind;
       notice.from = op->rank();
-      notice.text = error;
+      notice.text = error.detail;
       sendNotice(control, notice);
     }
     buryOp(control, op->sequence());
   }
-  const bool timedOut = cause == Cause::kTimeout || cause == Cause::kNoticeTimeout;
   // A collective that timed out or lost a peer fails its group: the ranks no longer agree on
   // what was done (monitored barriers and point-to-point ops, which have no call check, leave it
   // usable, as their callers expect).
@@ -390,17 +397,17 @@ void Engine::finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string e
     orphans_.push_back(Orphaned{std::move(pending), std::move(op)});
     orphanCount_.store(orphans_.size());
   }
-  if (!error.empty()) {
-    const auto kind =
-        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication;
+  if (!error.ok()) {
+    const bool remote =
+        cause == Cause::kNotice || cause == Cause::kNoticeTimeout || cause == Cause::kNoticeRefusal;
     if (groupFails) {
-      group->fail(kind, where + " " + error);
+      group->fail(error.withDetail(where + " " + error.detail));
       refusalsPending_ = true;
     }
-    error = "ddl: " + where + " " + error;
-    group->recordFailure(kind, error);
+    error.detail = "ddl: " + where + " " + error.detail;
+    group->recordFailure(error, remote);
   }
-  work->finish(error);
+  work->finish(std::move(error));
   // An op may wait on state another op releases (a group's shared windows): look again.
   for (auto& other : active_) other->checked_ = other->completions_ - 1;
 }
@@ -418,7 +425,11 @@ void Engine::checkDeadlines() {
                           ? op.describeTimeout()
                           : "Timed out after " + std::to_string(op.timeout().count()) +
                                 " ms: " + op.pendingPeers();
-    finishOp(current, why + op.waitChain(!op.describeTimeout), Cause::kTimeout);
+    const std::set<int> awaited = op.waits().peers;
+    finishOp(current,
+             Status(StatusKind::kTimeout, why + op.waitChain(!op.describeTimeout),
+                    std::vector<int>(awaited.begin(), awaited.end())),
+             Cause::kTimeout);
   }
   std::erase_if(orphans_, [](const Orphaned& o) { return allDone(o.requests); });
   orphanCount_.store(orphans_.size());
@@ -475,8 +486,8 @@ void Engine::failRefusedOps() {
   refusalsPending_ = false;
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
-    std::string refused = (*current)->group().state->refusal();
-    if (!refused.empty()) finishOp(current, refused, Cause::kRefused);
+    Status refused = (*current)->group().state->refusal();
+    if (!refused.ok()) finishOp(current, std::move(refused), Cause::kRefused);
   }
 }
 
@@ -513,6 +524,7 @@ void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32
     Notice notice;
     notice.sequence = sequence;
     notice.scope = Notice::Scope::kRefusal;
+    notice.kind = StatusKind::kInvalidArgument;
     notice.from = group->rank;
     notice.text = text;
     engine->sendNotice(control, notice);
@@ -538,7 +550,7 @@ bool Engine::takeNotice(GroupControl& control) {
 void Engine::onNotice(Request* req) {
   auto* control = static_cast<GroupControl*>(req->owner);
   control->received = true;
-  if (!req->failed) {
+  if (!req->failed()) {
     std::optional<Notice> notice = Notice::decode(control->buffer.data(), req->receivedBytes);
     if (notice) control->arrived.push_back(std::move(*notice));
   }
@@ -608,12 +620,15 @@ Engine::Cause Engine::causeOf(const Notice& notice) {
   }
 }
 
-std::string Engine::reportOf(const Notice& notice) {
-  return "rank " + std::to_string(notice.from) + " reports: " + notice.text;
+Status Engine::reportOf(const Notice& notice) {
+  std::vector<int> ranks;
+  if (notice.gone >= 0) ranks.push_back(notice.gone);
+  return Status(notice.kind, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
+                std::move(ranks));
 }
 
 void Engine::applyNotice(GroupControl& control, const Notice& notice) {
-  const std::string text = reportOf(notice);
+  Status report = reportOf(notice);
   const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
   auto op = std::find_if(active_.begin(), active_.end(), [&](const auto& o) {
     return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
@@ -630,14 +645,15 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
   }
   if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
     control.group->state->fail(
-        timedOut ? GroupState::Failure::kTimeout : GroupState::Failure::kCommunication,
-        control.group->name + ", op #" + std::to_string(notice.sequence) + ": " + text);
+        report.withDetail(control.group->name + ", op #" + std::to_string(notice.sequence) + ": " +
+                          report.detail),
+        true);
     refusalsPending_ = true;
   }
   if (inFlight) {
     // A rank that timed out here is alive and in the op; this rank, in it too, waits for its
     // own deadline (about as near) and names whom it still waits for itself.
-    if (!timedOut) finishOp(op, text, causeOf(notice));
+    if (!timedOut) finishOp(op, std::move(report), causeOf(notice));
     return;
   }
   if (static_cast<int64_t>(notice.sequence) > control.started) {
@@ -805,7 +821,8 @@ void Engine::run() {
 
 void Engine::drainAfterStop() {
   while (!active_.empty()) {
-    finishOp(active_.begin(), "aborted: the engine was shut down", Cause::kRefused);
+    finishOp(active_.begin(), Status(StatusKind::kClosed, "aborted: the engine was shut down"),
+             Cause::kRefused);
   }
   for (auto& control : controls_) {
     control->open = false;
@@ -814,7 +831,9 @@ void Engine::drainAfterStop() {
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lock(submitMutex_);
-    for (auto& op : submitted_) op->work->finish("ddl: the engine was shut down");
+    for (auto& op : submitted_) {
+      op->work->finish(Status(StatusKind::kClosed, "ddl: the engine was shut down"));
+    }
     submitted_.clear();
     calls.swap(calls_);
   }

@@ -98,7 +98,7 @@ class Engine {
   size_t endpoints();
   // Closes `group` (GroupState::close) and fails its ops in flight at once with `reason`; ops
   // submitted later fail as they start. Any thread; returns once done.
-  void closeGroup(const std::shared_ptr<const Group>& group, const std::string& reason);
+  void closeGroup(const std::shared_ptr<const Group>& group, const Status& reason);
   // Call checks and notices (control.h). openControl posts the group's notice receive (blocks
   // until done); closeControl takes it down (from a destructor: `engine` may be gone).
   void openControl(const std::shared_ptr<Group>& group);
@@ -123,15 +123,15 @@ class Engine {
   // Peers that exited: fails the ops that need them (after kLostGrace, in which data they sent
   // before exiting may still land). True when a peer was found gone.
   bool checkLiveness();
-  // Why `op` cannot go on ("rank 2 is gone: ..."), or "" while every peer of its group lives.
-  std::string lostPeerOf(const Op& op) const;
+  // Why `op` cannot go on ("rank 2 is gone: ..."), or ok while every peer of its group lives.
+  Status lostPeerOf(const Op& op) const;
   // Why an op ends: its own course (success, or a failure of its own making: a mismatch, an
   // error of its algorithm), its deadline, a lost peer, another rank's notice, or a closed or
   // failed group. Failures of the first three kinds are told to the other ranks.
   enum class Cause { kOwn, kTimeout, kLost, kNotice, kNoticeTimeout, kNoticeRefusal, kRefused };
   static Cause causeOf(const Notice& notice);
-  static std::string reportOf(const Notice& notice);  // "rank 2 reports: ..."
-  void finishOp(std::list<std::unique_ptr<Op>>::iterator it, std::string error,
+  static Status reportOf(const Notice& notice);  // "rank 2 reports: ..."
+  void finishOp(std::list<std::unique_ptr<Op>>::iterator it, Status error = Status(),
                 Cause cause = Cause::kOwn);
   // Notices: posts `control`'s receive; applies what arrived; cleans up sends; discards what
   // failed ops left behind. True when something happened.

@@ -13,33 +13,29 @@ constexpr uint64_t kPrintSlot = tag::slot(tag::kControlPhase, tag::kPrintStep);
 
 }  // namespace
 
-void GroupState::recordFailure(Failure kind, const std::string& message) {
+void GroupState::recordFailure(const Status& status, bool remote) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (first_ != Failure::kNone) return;
-  first_ = kind;
-  firstMessage_ = message;
+  if (!first_.status.ok()) return;
+  first_ = Failure{status, remote};
 }
 
-std::pair<GroupState::Failure, std::string> GroupState::firstFailure() const {
+GroupState::Failure GroupState::firstFailure() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {first_, firstMessage_};
+  return first_;
 }
 
-void GroupState::close(const std::string& reason) {
+void GroupState::close(const Status& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (refusal_.empty()) refusal_ = reason;
+  if (refusal_.ok()) refusal_ = reason;
 }
 
-void GroupState::fail(Failure kind, const std::string& message) {
+void GroupState::fail(const Status& status, bool remote) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (first_ == Failure::kNone) {
-    first_ = kind;
-    firstMessage_ = message;
-  }
-  if (refusal_.empty()) refusal_ = "the group failed earlier: " + message;
+  if (first_.status.ok()) first_ = Failure{status, remote};
+  if (refusal_.ok()) refusal_ = status.withDetail("the group failed earlier: " + status.detail);
 }
 
-std::string GroupState::refusal() const {
+Status GroupState::refusal() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return refusal_;
 }
@@ -82,8 +78,8 @@ Request* Op::newRequest(int peer, bool isSend) {
 bool Op::refuseAfterFailure(Request* req) {
   // Nothing more leaves a failed op (a receive may complete inside the call that posts it, and
   // the algorithm runs on until its next co_await): a peer must not get data built on it.
-  if (failure_.empty()) return false;
-  req->fail("not posted: the op had already failed");
+  if (failure_.ok()) return false;
+  req->fail(StatusKind::kCancelled, "not posted: the op had already failed");
   return true;
 }
 
@@ -92,46 +88,59 @@ void Op::observe(Request* req) {
   if (op == nullptr) return;
   ++op->completions_;
   if (req->consumer != nullptr) req->consumer(req->consumerContext);
-  if (!op->failure_.empty()) return;
-  if (req->isCallPrint && !req->isSend && !req->failed) {
+  if (!op->failure_.ok()) return;
+  // For failures only: the peer's words and the ranks the failure names.
+  auto rank = [req] { return "rank " + std::to_string(req->peer); };
+  auto peer = [req] { return std::vector<int>{req->peer}; };
+  if (req->isCallPrint && !req->isSend && !req->failed()) {
     const PrintIn* in = op->printIn(req->peer);
-    auto peer = [req] { return "rank " + std::to_string(req->peer); };  // for failures only
     CallPrint theirs;
     if (in != nullptr && req->receivedBytes >= sizeof(CallPrint)) {
       std::memcpy(&theirs, in->bytes, sizeof(theirs));
     }
     if (in == nullptr || req->receivedBytes < sizeof(CallPrint) ||
         theirs.magic != CallPrint::kMagic) {
-      op->failure_ = peer() + " sent a malformed call check";
+      op->failure_ = Status(StatusKind::kOther, rank() + " sent a malformed call check", peer());
     } else if (!(theirs == op->print_)) {
-      op->failure_ = "the ranks' calls differ: " + peer() + " called " + theirs.describe() +
-                     ", rank " + std::to_string(op->rank()) + " called " + op->print_.describe();
+      std::string words = "the ranks' calls differ: " + rank() + " called " + theirs.describe() +
+                          ", rank " + std::to_string(op->rank()) + " called " +
+                          op->print_.describe();
       if (theirs.sequence != op->print_.sequence) {
-        op->failure_ += " (as op #" + std::to_string(theirs.sequence) + ")";
+        words += " (as op #" + std::to_string(theirs.sequence) + ")";
       }
+      op->failure_ = Status(StatusKind::kMismatch, std::move(words), peer());
     } else if (op->inlined() && req->receivedBytes != sizeof(CallPrint) + op->inlineBytes_) {
-      op->failure_ = peer() + "'s call check carried " +
-                     std::to_string(req->receivedBytes - sizeof(CallPrint)) +
-                     " bytes of data where this rank expects " + std::to_string(op->inlineBytes_) +
-                     " (the ranks' settings differ)";
+      op->failure_ = Status(StatusKind::kMismatch,
+                            rank() + "'s call check carried " +
+                                std::to_string(req->receivedBytes - sizeof(CallPrint)) +
+                                " bytes of data where this rank expects " +
+                                std::to_string(op->inlineBytes_) + " (the ranks' settings differ)",
+                            peer());
     }
     return;
   }
   auto disagree = [op] {  // for failures only
     return ": the ranks called " + op->name_ + " with different sizes or dtypes";
   };
-  if (req->failed && !req->isSend && req->expectedBytes != Request::kAnySize &&
-      req->error.find("truncated") != std::string::npos) {
-    op->failure_ = "rank " + std::to_string(req->peer) + " sent more than the " +
-                   std::to_string(req->expectedBytes) + " bytes this rank expects" + disagree();
-  } else if (req->failed) {
-    op->failure_ = std::string(req->isSend ? "send to" : "receive from") + " rank " +
-                   std::to_string(req->peer) + " failed: " + req->error;
-  } else if (!req->isSend && req->expectedBytes != Request::kAnySize &&
-             req->receivedBytes != req->expectedBytes) {
-    op->failure_ = "rank " + std::to_string(req->peer) + " sent " +
-                   std::to_string(req->receivedBytes) + " bytes where this rank expects " +
-                   std::to_string(req->expectedBytes) + disagree();
+  const bool sized = !req->isSend && req->expectedBytes != Request::kAnySize;
+  if (req->failed() && sized && req->status.kind == StatusKind::kTruncated) {
+    op->failure_ = Status(StatusKind::kMismatch,
+                          rank() + " sent more than the " + std::to_string(req->expectedBytes) +
+                              " bytes this rank expects" + disagree(),
+                          peer());
+  } else if (req->failed()) {
+    const StatusKind kind =
+        req->status.kind == StatusKind::kTruncated ? StatusKind::kMismatch : req->status.kind;
+    op->failure_ = Status(kind,
+                          std::string(req->isSend ? "send to" : "receive from") + " rank " +
+                              std::to_string(req->peer) + " failed: " + req->status.detail,
+                          peer());
+  } else if (sized && req->receivedBytes != req->expectedBytes) {
+    op->failure_ = Status(StatusKind::kMismatch,
+                          rank() + " sent " + std::to_string(req->receivedBytes) +
+                              " bytes where this rank expects " +
+                              std::to_string(req->expectedBytes) + disagree(),
+                          peer());
   }
 }
 
@@ -162,7 +171,7 @@ Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const
   try {
     peer = group_->peer(req->peer);
   } catch (const Error& e) {  // no endpoint can be made: the send fails, as one to a lost peer
-    req->fail(std::string("peer unreachable: ") + e.what());
+    req->fail(StatusKind::kPeerLost, std::string("peer unreachable: ") + e.what());
     return req;
   }
   group_->engine->transport().send(peer, t, data, bytes, req);

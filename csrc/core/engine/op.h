@@ -31,19 +31,21 @@ struct SharedRing;
 // here or on another rank), after which every op fails at once.
 class GroupState {
  public:
-  enum class Failure { kNone, kTimeout, kCommunication };
-  void recordFailure(Failure kind, const std::string& message);
-  std::pair<Failure, std::string> firstFailure() const;
-  void close(const std::string& reason);
+  struct Failure {
+    Status status;        // ok while no op has failed
+    bool remote = false;  // another rank's report ended it
+  };
+  void recordFailure(const Status& status, bool remote = false);
+  Failure firstFailure() const;
+  void close(const Status& reason);
   // The group cannot go on: records the failure and refuses later ops, naming it.
-  void fail(Failure kind, const std::string& message);
-  std::string refusal() const;  // why ops fail at once, or "" while the group is usable
+  void fail(const Status& status, bool remote = false);
+  Status refusal() const;  // why ops fail at once (ok while the group is usable)
 
  private:
   mutable std::mutex mutex_;
-  Failure first_ = Failure::kNone;
-  std::string firstMessage_;
-  std::string refusal_;
+  Failure first_;
+  Status refusal_;
 };
 
 // A communicator's membership as the engine needs it: shared by the communicator and its ops, so
@@ -108,7 +110,7 @@ class Op {
     Until(Op* op, std::function<bool()> predicate) : op_(op), predicate_(std::move(predicate)) {}
     // A failed op suspends at its next co_await (the engine then ends it), even where what it
     // waits for is done: what arrived may be what made it fail.
-    bool await_ready() { return op_->failure_.empty() && predicate_(); }
+    bool await_ready() { return op_->failure_.ok() && predicate_(); }
     void await_suspend(std::coroutine_handle<> handle);
     void await_resume() { op_->seen_ = op_->completions_; }
 
@@ -139,8 +141,8 @@ class Op {
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The deadline counts from when the engine starts the op (a device op may wait for its stream).
   void startClock(TimePoint now) { deadline_ = now + timeout_; }
-  // A request failed: the first failure's description, empty while all is well.
-  const std::string& failure() const { return failure_; }
+  // A request failed: the first failure (ok while all is well).
+  const Status& failure() const { return failure_; }
   // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
   std::string pendingPeers() const;
   // Whom this op still waits for: peers it has posted requests to, and of them the previous
@@ -219,7 +221,7 @@ class Op {
   uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate
   Until* waiting_ = nullptr;
   std::coroutine_handle<> resumePoint_;
-  std::string failure_;
+  Status failure_;
   void sendPrint(int peer);
   void askPrint(int peer);
   bool isStartPrint(const Request& req) const;

@@ -26,11 +26,11 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   return done();
 }
 
-void Work::finish(std::string error) {
-  bool failed = !error.empty();
+void Work::finish(Status status) {
+  const bool failed = !status.ok();
   finished_.store(std::chrono::steady_clock::now().time_since_epoch().count());
   if (started_.load() == 0) started_.store(finished_.load());  // refused before it started
-  error_ = std::move(error);
+  status_ = std::move(status);
   state_.store(failed ? kFailed : kSucceeded);
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mutex_);

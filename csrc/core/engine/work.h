@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 
+#include "../base/status.h"
+
 namespace ddl {
 
 class Work {
@@ -19,8 +21,9 @@ class Work {
 
   bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
   bool failed() const { return state_.load(std::memory_order_acquire) == kFailed; }
-  // Valid once done().
-  const std::string& error() const { return error_; }
+  // Valid once done(): how it ended, and its words ("" when it succeeded).
+  const Status& status() const { return status_; }
+  const std::string& error() const { return status_.detail; }
   const std::string& description() const { return description_; }
   // Receives: the rank the data came from (-1 otherwise). Valid once done().
   int source() const { return source_; }
@@ -48,7 +51,8 @@ class Work {
   void markStarted() {
     started_.store(std::chrono::steady_clock::now().time_since_epoch().count());
   }
-  void finish(std::string error);
+  void finish(Status status);
+  void succeed() { finish(Status()); }
 
  private:
   enum : int { kPending = 0, kSucceeded = 1, kFailed = 2 };
@@ -56,7 +60,7 @@ class Work {
   std::atomic<int> state_{kPending};
   std::atomic<int64_t> started_{0}, finished_{0};
   std::atomic<int> sleepers_{0};
-  std::string error_;
+  Status status_;
   int source_ = -1;
   std::mutex mutex_;
   std::condition_variable cv_;

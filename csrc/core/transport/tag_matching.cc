@@ -10,8 +10,9 @@ void TagMatcher::complete(const Posted& recv, const Delivered& message) {
   recv.req->senderTag = message.tag;
   recv.req->receivedBytes = std::min(message.size, recv.capacity);
   if (message.size > recv.capacity) {
-    recv.req->fail("message truncated: " + std::to_string(message.size) + " bytes arrived for a " +
-                   std::to_string(recv.capacity) + "-byte receive");
+    recv.req->fail(StatusKind::kTruncated, "message truncated: " + std::to_string(message.size) +
+                                               " bytes arrived for a " +
+                                               std::to_string(recv.capacity) + "-byte receive");
     return;
   }
   if (!message.bytes.empty()) std::memcpy(recv.data, message.bytes.data(), message.size);
@@ -58,7 +59,7 @@ bool TagMatcher::withdraw(Request* req) {
 
 bool TagMatcher::cancel(Request* req) {
   if (!withdraw(req)) return false;
-  req->fail("cancelled");
+  req->fail(StatusKind::kCancelled, "cancelled");
   return true;
 }
 

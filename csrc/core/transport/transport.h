@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "../base/status.h"
+
 namespace ddl {
 
 struct Request;
@@ -20,8 +22,7 @@ using RequestObserver = void (*)(Request*);
 // One posted send or receive. Owned by the engine; the transport only fills in the result.
 struct Request {
   bool done = false;
-  bool failed = false;
-  std::string error;         // set when failed
+  Status status;             // once done: ok, or why it failed
   size_t receivedBytes = 0;  // receives: bytes that arrived
   // Receives: the exact size the receiver expects (kAnySize: up to the buffer). A message of
   // another size fails the op: the ranks disagree on what they called.
@@ -39,13 +40,13 @@ struct Request {
   void* consumerContext = nullptr;
   void* transportData = nullptr;
 
+  bool failed() const { return !status.ok(); }
   void complete() {
     done = true;
     if (observer != nullptr) observer(this);
   }
-  void fail(std::string message) {
-    failed = true;
-    error = std::move(message);
+  void fail(StatusKind kind, std::string message) {
+    status = Status(kind, std::move(message));
     complete();
   }
 };

@@ -9,14 +9,15 @@
 
 #include "../../core/types.h"
 #include "../device_streams.hpp"
+#include "../errors.hpp"
 
 namespace ddl {
 namespace {
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    C10_THROW_ERROR(DistBackendError,
-                    std::string("ddl: CUDA ") + what + " failed: " + cudaGetErrorString(status));
+    torch_errors::raise(Status(StatusKind::kOther, std::string("ddl: CUDA ") + what +
+                                                       " failed: " + cudaGetErrorString(status)));
   }
 }
 
@@ -47,10 +48,10 @@ class CudaStreams : public DeviceStreams {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
     if (capture != cudaStreamCaptureStatusNone) {
-      C10_THROW_ERROR(ValueError,
-                      std::string("ddl: ") + where +
-                          ": cannot be captured into a CUDA graph (ddl's collectives run on the "
-                          "host); run it outside torch.cuda.graph()");
+      torch_errors::raiseBadInput(
+          std::string("ddl: ") + where +
+          ": cannot be captured into a CUDA graph (ddl's collectives run on the host); run it "
+          "outside torch.cuda.graph()");
     }
     *deferStart = [stream](std::function<void()> start) {
       auto* pending = new std::function<void()>(std::move(start));

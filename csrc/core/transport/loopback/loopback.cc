@@ -97,7 +97,7 @@ void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t
   }
   // A destroyed receiver fails the send, as UCX's to a process that is gone.
   if (!delivered) {
-    req->fail("loopback:" + std::to_string(to) + " is gone");
+    req->fail(StatusKind::kPeerLost, "loopback:" + std::to_string(to) + " is gone");
     return;
   }
   req->complete();
@@ -142,7 +142,7 @@ bool LoopbackTransport::progress() {
   for (Delivered& message : arrived) matcher_.arrive(std::move(message));
   std::vector<Request*> cancelled = std::move(cancelled_);
   cancelled_.clear();
-  for (Request* req : cancelled) req->fail("cancelled");
+  for (Request* req : cancelled) req->fail(StatusKind::kCancelled, "cancelled");
   return !arrived.empty() || !cancelled.empty();
 }
 

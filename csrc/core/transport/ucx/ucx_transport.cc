@@ -20,6 +20,23 @@ void check(ucs_status_t status, const char* what) {
   }
 }
 
+// What a failed UCX request means for the op that posted it.
+StatusKind kindOf(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_CANCELED:
+      return StatusKind::kCancelled;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return StatusKind::kTruncated;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+      return StatusKind::kPeerLost;
+    default:
+      return StatusKind::kOther;
+  }
+}
+
 void onSend(void* ucxRequest, ucs_status_t status, void* user) {
   auto* req = static_cast<Request*>(user);
   req->transportData = nullptr;
@@ -27,7 +44,7 @@ void onSend(void* ucxRequest, ucs_status_t status, void* user) {
   if (status == UCS_OK) {
     req->complete();
   } else {
-    req->fail(ucs_status_string(status));
+    req->fail(kindOf(status), ucs_status_string(status));
   }
 }
 
@@ -39,9 +56,10 @@ void finishRecv(Request* req, ucs_status_t status, const ucp_tag_recv_info_t* in
   if (status == UCS_OK) {
     req->complete();
   } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-    req->fail("message truncated: more bytes arrived than the receive expected");
+    req->fail(StatusKind::kTruncated,
+              "message truncated: more bytes arrived than the receive expected");
   } else {
-    req->fail(ucs_status_string(status));
+    req->fail(kindOf(status), ucs_status_string(status));
   }
 }
 
@@ -185,7 +203,8 @@ PeerId UcxTransport::connect(const std::string& address) {
 void UcxTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) {
   Endpoint* e = endpoints_.at(peer);
   if (e->failure != UCS_OK) {
-    req->fail(std::string("peer unreachable: ") + ucs_status_string(e->failure));
+    req->fail(StatusKind::kPeerLost,
+              std::string("peer unreachable: ") + ucs_status_string(e->failure));
     return;
   }
   ucp_request_param_t p{};
@@ -198,7 +217,7 @@ void UcxTransport::send(PeerId peer, uint64_t tag, const void* data, size_t byte
   if (s == nullptr) {
     req->complete();
   } else if (UCS_PTR_IS_ERR(s)) {
-    req->fail(ucs_status_string(UCS_PTR_STATUS(s)));
+    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
   } else {
     req->transportData = s;
   }
