@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../core/types.h"
+#include "../core/base/types.h"
 
 namespace ddl::cuda {
 

@@ -10,7 +10,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <vector>
 
-#include "../core/engine/communicator.h"
+#include "../core/group/communicator.h"
 #include "work.hpp"
 
 namespace ddl {

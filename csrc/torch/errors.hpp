@@ -18,7 +18,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "../core/base/status.h"
-#include "../core/engine/op.h"
+#include "../core/runtime/op.h"
 
 namespace ddl::torch_errors {
 

@@ -2,9 +2,9 @@
 #include <pybind11/chrono.h>
 #include <torch/python.h>
 
-#include "../core/engine/config.h"
-#include "../core/engine/engine.h"
-#include "../core/engine/trace.h"
+#include "../core/base/config.h"
+#include "../core/runtime/engine.h"
+#include "../core/runtime/trace.h"
 #include "../core/sim/simulate.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"

@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "../core/engine/communicator.h"
+#include "../core/group/communicator.h"
 #include "compat.hpp"
 #include "work.hpp"
 

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "../core/engine/communicator.h"
+#include "../core/group/communicator.h"
 
 namespace ddl {
 

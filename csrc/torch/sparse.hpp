@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../core/engine/communicator.h"
+#include "../core/group/communicator.h"
 
 namespace ddl {
 

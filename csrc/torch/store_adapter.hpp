@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "../core/engine/store.h"
+#include "../core/group/store.h"
 #include "compat.hpp"
 
 namespace ddl {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "../core/engine/work.h"
+#include "../core/runtime/work.h"
 #include "device_streams.hpp"
 
 namespace ddl {

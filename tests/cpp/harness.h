@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/core/engine/communicator.h"
-#include "../../csrc/core/engine/config.h"
+#include "../../csrc/core/base/config.h"
+#include "../../csrc/core/group/communicator.h"
 #include "../../csrc/core/transport/loopback/loopback.h"
 
 namespace ddl::test {

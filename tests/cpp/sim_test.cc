@@ -6,9 +6,9 @@
 #include <cmath>
 #include <map>
 
-#include "../../csrc/core/engine/tag.h"
+#include "../../csrc/core/base/tag.h"
+#include "../../csrc/core/sim/network.h"
 #include "../../csrc/core/sim/simulate.h"
-#include "../../csrc/core/transport/sim/network.h"
 #include "harness.h"
 
 namespace ddl::test {

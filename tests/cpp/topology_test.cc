@@ -6,7 +6,7 @@
 
 #include <sstream>
 
-#include "../../csrc/core/engine/link_probe.h"
+#include "../../csrc/core/group/link_probe.h"
 #include "harness.h"
 #include "values.h"
 

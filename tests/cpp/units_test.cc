@@ -3,8 +3,8 @@
 
 #include <cstring>
 
-#include "../../csrc/core/engine/config.h"
-#include "../../csrc/core/engine/tag.h"
+#include "../../csrc/core/base/config.h"
+#include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/reduce/reduce.h"
 #include "../../csrc/core/topology/ring_plan.h"
 #include "harness.h"

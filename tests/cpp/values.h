@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../../csrc/core/types.h"
+#include "../../csrc/core/base/types.h"
 
 namespace ddl::test {
 

@@ -8,11 +8,11 @@
 #include <memory>
 #include <vector>
 
-#include "../engine/op.h"
-#include "../engine/task.h"
+#include "../base/task.h"
+#include "../base/types.h"
+#include "../runtime/op.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
-#include "../types.h"
 
 namespace ddl {
 

@@ -21,10 +21,10 @@
 #include <atomic>
 #include <cstring>
 
-#include "../engine/engine.h"
-#include "../engine/log.h"
-#include "../engine/tag.h"
+#include "../base/log.h"
+#include "../base/tag.h"
 #include "../reduce/reduce.h"
+#include "../runtime/engine.h"
 #include "../shm/shared_buffers.h"
 #include "../shm/shared_ring.h"
 #include "../topology/ring_plan.h"

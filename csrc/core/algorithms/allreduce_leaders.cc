@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

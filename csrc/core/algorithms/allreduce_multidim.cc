@@ -28,11 +28,11 @@
 #include <string>
 #include <tuple>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "../shm/shared_ring.h"
-#include "../shm/slot_link.h"
 #include "algorithms.h"
 #include "ring_pipeline.h"
+#include "slot_link.h"
 
 namespace ddl {
 namespace {

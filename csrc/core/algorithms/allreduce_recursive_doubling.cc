@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -19,15 +19,15 @@
 #include <algorithm>
 #include <memory>
 
-#include "../engine/engine.h"
-#include "../engine/log.h"
-#include "../engine/tag.h"
+#include "../base/log.h"
+#include "../base/tag.h"
+#include "../runtime/engine.h"
 #include "../shm/shared_buffers.h"
 #include "../shm/shared_ring.h"
-#include "../shm/slot_link.h"
 #include "../topology/ring_plan.h"
 #include "algorithms.h"
 #include "ring_pipeline.h"
+#include "slot_link.h"
 
 namespace ddl {
 namespace {

@@ -1,7 +1,7 @@
 // Dissemination barrier: in round k (distance d = 2^k) every rank sends an empty message to
 // rank + d and waits for one from rank - d. After ceil(log2 P) rounds every rank has heard,
 // directly or through others, from every rank, so all have arrived.
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -7,7 +7,7 @@
 // 3. Finish when every forward has completed.
 #include <vector>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 
 namespace ddl {
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "../engine/op.h"
+#include "../runtime/op.h"
 #include "link.h"
 
 namespace ddl {

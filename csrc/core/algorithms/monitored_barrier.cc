@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -8,7 +8,7 @@
 // caller's input is modified.
 #include <memory>
 
-#include "../engine/tag.h"
+#include "../base/tag.h"
 #include "algorithms.h"
 
 namespace ddl {

@@ -26,10 +26,10 @@
 #include <memory>
 #include <vector>
 
-#include "../engine/op.h"
-#include "../engine/task.h"
+#include "../base/task.h"
+#include "../base/types.h"
+#include "../runtime/op.h"
 #include "../topology/ring_plan.h"
-#include "../types.h"
 #include "link.h"
 
 namespace ddl {

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "../engine/engine.h"
-#include "../types.h"
+#include "../base/types.h"
+#include "../runtime/engine.h"
 
 namespace ddl {
 namespace {

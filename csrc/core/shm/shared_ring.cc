@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../engine/engine.h"
-#include "../engine/log.h"
-#include "../engine/tag.h"
+#include "../base/log.h"
+#include "../base/tag.h"
+#include "../runtime/engine.h"
 #include "../topology/ring_plan.h"
 #include "shared_buffers.h"
 

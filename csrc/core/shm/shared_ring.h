@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "../engine/op.h"
-#include "../engine/task.h"
+#include "../base/task.h"
+#include "../runtime/op.h"
 
 namespace ddl {
 

@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "../engine/communicator.h"
-#include "../transport/sim/network.h"
+#include "../group/communicator.h"
 #include "memory.h"
+#include "network.h"
 
 namespace ddl {
 

@@ -4,7 +4,7 @@
 
 #include <mutex>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 namespace {

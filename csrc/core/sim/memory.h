@@ -7,7 +7,7 @@
 #pragma once
 
 #include "../memory/memory.h"
-#include "../transport/sim/network.h"
+#include "network.h"
 
 namespace ddl {
 

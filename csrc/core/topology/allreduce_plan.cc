@@ -7,8 +7,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "../engine/tag.h"
-#include "../types.h"
+#include "../base/tag.h"
+#include "../base/types.h"
 
 namespace ddl {
 namespace {

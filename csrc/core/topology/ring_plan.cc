@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 

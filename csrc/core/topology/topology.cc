@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "../types.h"
+#include "../base/types.h"
 
 namespace ddl {
 namespace {
@@ -54,7 +54,7 @@ Locality Locality::self() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   l.hostName = host;
-  struct stat shm{};
+  struct stat shm {};
   std::string shmDevice = stat("/dev/shm", &shm) == 0 ? std::to_string(shm.st_dev) : "?";
   l.machineKey = readFirstLine("/proc/sys/kernel/random/boot_id") + "/" +
                  linkTarget("/proc/self/ns/net") + "/shm:" + shmDevice;

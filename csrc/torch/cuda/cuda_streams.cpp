@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "../../core/types.h"
+#include "../../core/base/types.h"
 #include "../device_streams.hpp"
 #include "../errors.hpp"
 

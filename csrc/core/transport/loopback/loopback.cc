@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../../types.h"
+#include "../../base/types.h"
 
 namespace ddl {
 

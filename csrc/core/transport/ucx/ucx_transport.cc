@@ -9,7 +9,7 @@
 #include <cstring>
 #include <set>
 
-#include "../../types.h"
+#include "../../base/types.h"
 
 namespace ddl {
 namespace {

@@ -9,9 +9,9 @@
 #include <future>
 #include <set>
 
-#include "../types.h"
-#include "config.h"
-#include "tag.h"
+#include "../base/config.h"
+#include "../base/tag.h"
+#include "../base/types.h"
 #include "trace.h"
 
 namespace ddl {

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "../types.h"
+#include "../base/tag.h"
+#include "../base/types.h"
+#include "../base/wire.h"
+#include "../runtime/engine.h"
 #include "bootstrap.h"
-#include "engine.h"
-#include "tag.h"
-#include "wire.h"
 
 namespace ddl {
 namespace {

@@ -4,14 +4,14 @@
 #include <bit>
 #include <limits>
 
+#include "../base/config.h"
+#include "../base/log.h"
+#include "../base/tag.h"
+#include "../base/wire.h"
+#include "../runtime/trace.h"
 #include "../shm/shared_ring.h"
-#include "config.h"
 #include "derive.h"
 #include "link_probe.h"
-#include "log.h"
-#include "tag.h"
-#include "trace.h"
-#include "wire.h"
 
 namespace ddl {
 namespace {

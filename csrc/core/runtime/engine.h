@@ -23,9 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "../base/clock.h"
 #include "../shm/shared_buffers.h"
 #include "../transport/transport.h"
-#include "clock.h"
 #include "liveness.h"
 #include "op.h"
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "../../engine/tag.h"
-#include "../../types.h"
+#include "../base/tag.h"
+#include "../base/types.h"
 
 namespace ddl {
 

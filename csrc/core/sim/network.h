@@ -38,9 +38,9 @@
 #include <string>
 #include <vector>
 
-#include "../../engine/clock.h"
-#include "../tag_matching.h"
-#include "../transport.h"
+#include "../base/clock.h"
+#include "../transport/tag_matching.h"
+#include "../transport/transport.h"
 
 namespace ddl {
 

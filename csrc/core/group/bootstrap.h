@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "../base/task.h"
+#include "../runtime/op.h"
 #include "../topology/topology.h"
-#include "op.h"
-#include "task.h"
 
 namespace ddl {
 

@@ -8,10 +8,10 @@
 #include <optional>
 #include <vector>
 
-#include "../types.h"
+#include "../base/config.h"
+#include "../base/types.h"
 #include "bootstrap.h"
 #include "communicator.h"
-#include "config.h"
 
 namespace ddl {
 namespace {

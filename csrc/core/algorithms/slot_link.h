@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "../algorithms/link.h"
-#include "../engine/op.h"
+#include "../runtime/op.h"
 
 namespace ddl {
 

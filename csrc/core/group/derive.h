@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "op.h"
-#include "task.h"
+#include "../base/task.h"
+#include "../runtime/op.h"
 
 namespace ddl {
 

@@ -4,9 +4,9 @@
 #include <climits>
 #include <cstring>
 
-#include "../types.h"
-#include "tag.h"
-#include "wire.h"
+#include "../base/tag.h"
+#include "../base/types.h"
+#include "../base/wire.h"
 
 namespace ddl {
 namespace {

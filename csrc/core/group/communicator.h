@@ -13,14 +13,14 @@
 #include <string>
 
 #include "../algorithms/algorithms.h"
+#include "../runtime/engine.h"
+#include "../runtime/work.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
 #include "../topology/plan_book.h"
 #include "../topology/topology.h"
 #include "bootstrap.h"
-#include "engine.h"
 #include "store.h"
-#include "work.h"
 
 namespace ddl {
 

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "../base/clock.h"
+#include "../base/task.h"
 #include "../memory/memory.h"
 #include "../transport/transport.h"
-#include "clock.h"
 #include "control.h"
-#include "task.h"
 #include "work.h"
 
 namespace ddl {

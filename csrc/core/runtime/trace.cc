@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "config.h"
+#include "../base/config.h"
 
 namespace ddl {
 namespace {

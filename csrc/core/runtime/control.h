@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
+#include "../base/clock.h"
+#include "../base/types.h"
 #include "../transport/transport.h"
-#include "../types.h"
-#include "clock.h"
 
 namespace ddl {
 

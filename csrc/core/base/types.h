@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "status.h"
 
 namespace ddl {
 

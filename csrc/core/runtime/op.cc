@@ -3,8 +3,8 @@
 #include <cstring>
 #include <set>
 
+#include "../base/tag.h"
 #include "engine.h"
-#include "tag.h"
 
 namespace ddl {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <atomic>
 
-#include "../engine/tag.h"
-#include "shared_ring.h"
+#include "../base/tag.h"
+#include "../shm/shared_ring.h"
 
 namespace ddl {
 namespace {

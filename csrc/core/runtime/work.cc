@@ -2,7 +2,7 @@
 
 #include <sched.h>
 
-#include "config.h"
+#include "../base/config.h"
 
 namespace ddl {
 

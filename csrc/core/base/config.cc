@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "../types.h"
 #include "tag.h"
+#include "types.h"
 
 namespace ddl {
 namespace {
