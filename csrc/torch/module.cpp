@@ -3,7 +3,7 @@
 #include <torch/python.h>
 
 #include "../core/base/config.h"
-#include "../core/runtime/engine.h"
+#include "../core/group/engine.h"
 #include "../core/runtime/trace.h"
 #include "../core/sim/simulate.h"
 #include "../core/topology/allreduce_plan.h"
@@ -212,9 +212,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "dump_trace",
-      [](const std::string& path) { return ddl::FlightRecorder::process().write(path); },
+      [](const std::string& path) {
+        return ddl::Engine::process().runtime().recorder().write(path);
+      },
       py::arg("path") = "");
-  m.def("trace_bytes", [] { return py::bytes(ddl::FlightRecorder::process().dump()); });
+  m.def("trace_bytes",
+        [] { return py::bytes(ddl::Engine::process().runtime().recorder().dump()); });
   m.def("cuda_built", [] { return ddl::cudaStreams() != nullptr; });
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },

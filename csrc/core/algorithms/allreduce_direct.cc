@@ -24,7 +24,7 @@
 #include "../base/log.h"
 #include "../base/tag.h"
 #include "../reduce/reduce.h"
-#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
 #include "../shm/shared_buffers.h"
 #include "../shm/shared_ring.h"
 #include "../topology/ring_plan.h"
@@ -71,8 +71,8 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
   const int n = op.size();
   const int rank = op.rank();
   const size_t es = elementSize(type);
-  Transport& transport = op.group().engine->transport();
-  SharedBuffers& buffers = *op.group().engine->sharedBuffers();
+  Transport& transport = op.group().runtime->transport();
+  SharedBuffers& buffers = *op.group().buffers;
 
   SharedBuffers::Found mine;
   const bool shared = buffers.find(data, count * es, &mine) && mine.key.size() <= kMaxKey;

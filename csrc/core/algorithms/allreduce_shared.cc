@@ -21,7 +21,7 @@
 
 #include "../base/log.h"
 #include "../base/tag.h"
-#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
 #include "../shm/shared_buffers.h"
 #include "../shm/shared_ring.h"
 #include "../topology/ring_plan.h"
@@ -75,8 +75,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   }
   if (adoptable.base != nullptr) {
     // Here, holding the turn, no earlier op of this group still writes the tensor.
-    if (!op.group().engine->sharedBuffers()->adopt(adoptable.base, adoptable.bytes) &&
-        logs(LogLevel::kWarn)) {
+    if (!op.group().buffers->adopt(adoptable.base, adoptable.bytes) && logs(LogLevel::kWarn)) {
       logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
                                    ": a tensor of " + std::to_string(adoptable.bytes) +
                                    " bytes was not adopted into shared memory (no room in "

@@ -41,8 +41,9 @@ inline constexpr uint32_t kPointToPointPhase = (1u << kPhaseBits) - kPointToPoin
 static_assert((uint64_t{kPointToPointPhases} << kStepBits) >= (uint64_t{1} << 16));
 // The shared-memory ring and the direct allreduce (one at a time per group).
 inline constexpr uint32_t kSharedPhase = kPointToPointPhase - 1;
-// Call checks and notices (engine/control.h): step kPrintStep carries an op's call print to the
-// next rank, step kNoticeStep a notice to every rank (received from any sequence and source).
+// Call checks (runtime/call_print.h) and notices (group/notices.h): step kPrintStep carries an op's
+// call print to the next rank, step kNoticeStep a notice to every rank (received from any sequence
+// and source).
 inline constexpr uint32_t kControlPhase = kSharedPhase - 1;
 inline constexpr uint32_t kPrintStep = 0;
 inline constexpr uint32_t kNoticeStep = 1;

@@ -134,13 +134,15 @@ Task batchTask(Op& op, std::vector<Communicator::Transfer> transfers) {
   co_await op.all(std::move(requests));
 }
 
-// A group's name, its entry in the flight recorder and its shared-memory ring, once its engine,
-// rank, size and id are set.
-void nameGroup(Group& group) {
+// A group's runtime and shared buffers (the engine's), its name, its entry in the flight recorder
+// and its shared-memory ring, once its rank, size and id are set.
+void nameGroup(Group& group, Engine& engine) {
+  group.runtime = &engine.runtime();
+  group.buffers = engine.sharedBuffers();
   group.name = "group " + std::to_string(group.id);
-  FlightRecorder::process().describeGroup(group.id, group.name, group.rank, group.size);
-  group.sharedRing = std::make_shared<SharedRing>(group.engine);
-  group.sharedRing->releasedSeen = group.engine->sharedBuffers()->releasedSoFar();
+  engine.runtime().recorder().describeGroup(group.id, group.name, group.rank, group.size);
+  group.sharedRing = std::make_shared<SharedRing>(group.runtime);
+  group.sharedRing->releasedSeen = group.buffers->releasedSoFar();
 }
 
 }  // namespace
@@ -176,7 +178,6 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   pending->options = options;
   auto group = std::make_shared<Group>();
   pending->group = group;
-  group->engine = &engine;
   group->rank = rank;
   group->size = size;
   group->addresses.resize(size);
@@ -193,8 +194,8 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   } else {
     group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
   }
-  nameGroup(*group);
-  FlightRecorder::process().noteRank(rank);
+  nameGroup(*group, engine);
+  engine.runtime().recorder().noteRank(rank);
   RankCard card;
   card.rank = rank;
   card.address = engine.localAddress();
@@ -245,7 +246,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   LinkCosts costs = parseLinks(links);
   costs.segmentBytes = static_cast<double>(config().segmentBytes);
   auto comm = std::shared_ptr<Communicator>(new Communicator(
-      group, options.timeout,
+      engine, group, options.timeout,
       PlanBook::forMachine(std::move(topology), std::move(costs), request, config().hierarchical)));
   comm->ownsId_ = pending.claimed;
   comm->identities_ = std::move(identities);
@@ -261,20 +262,20 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   return comm;
 }
 
-Communicator::Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
-                           std::shared_ptr<PlanBook> book)
-    : group_(std::move(group)), timeout_(timeout), book_(std::move(book)) {}
+Communicator::Communicator(Engine& engine, std::shared_ptr<Group> group,
+                           std::chrono::milliseconds timeout, std::shared_ptr<PlanBook> book)
+    : engine_(&engine), group_(std::move(group)), timeout_(timeout), book_(std::move(book)) {}
 
 Communicator::~Communicator() {
-  Engine::closeControl(group_->engine, group_->control);
-  if (ownsId_) Engine::releaseGroupIdIfAlive(group_->engine, group_->id);
+  Engine::closeControl(engine_, group_->control);
+  if (ownsId_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
 }
 
 void Communicator::reject(const char* name, const std::string& why) noexcept {
   const auto sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
   try {
     Engine::refuseOp(
-        group_->engine, group_, sequence,
+        engine_, group_, sequence,
         "rank " + std::to_string(rank()) + " refused its call to " + name + ": " + why);
   } catch (...) {  // out of memory: the others time out instead
   }
@@ -342,7 +343,7 @@ void Communicator::logCreation(const char* how) const {
 
 std::pair<int, int> Communicator::hostRings() {
   std::pair<int, int> counts{0, 0};
-  group_->engine->call([&] {
+  engine_->call([&] {
     for (const auto& [key, windows] : group_->sharedRing->levelRings) {
       (windows.ready ? counts.first : counts.second)++;
     }
@@ -418,9 +419,9 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks)
 uint32_t Communicator::agree(const std::vector<int>& members, const std::string& request,
                              const char* what, uint32_t sequence,
                              const std::vector<int>& excluded) {
-  Engine& engine = *group_->engine;
+  Engine& engine = *engine_;
   auto agreement = std::make_shared<Group>();
-  agreement->engine = &engine;
+  agreement->runtime = &engine.runtime();
   agreement->rank = rank();
   agreement->size = size();
   agreement->id = tag::kAgreementGroup;
@@ -473,13 +474,12 @@ uint32_t Communicator::agree(const std::vector<int>& members, const std::string&
 }
 
 std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& members, uint32_t id) {
-  Engine& engine = *group_->engine;
+  Engine& engine = *engine_;
   if (!engine.claimGroupId(id)) {
     throw Error("ddl: the id " + std::to_string(id) + " agreed for a group derived from " +
                 group_->name + " was taken here meanwhile (another group's creation); try again");
   }
   auto group = std::make_shared<Group>();
-  group->engine = &engine;
   group->size = static_cast<int>(members.size());
   group->id = id;
   std::vector<ProcessIdentity> identities(members.size());
@@ -490,12 +490,13 @@ std::shared_ptr<Communicator> Communicator::derive(const std::vector<int>& membe
     if (static_cast<size_t>(m) < identities_.size()) identities[i] = identities_[m];
   }
   group->peers.assign(members.size(), -1);
-  nameGroup(*group);
+  nameGroup(*group, engine);
   engine.openControl(group);
   engine.watch(group, identities);
   auto book = PlanBook::forMachine(restrictTopology(topology(), members), links(), book_->request(),
                                    book_->hierarchical());
-  auto comm = std::shared_ptr<Communicator>(new Communicator(group, timeout_, std::move(book)));
+  auto comm =
+      std::shared_ptr<Communicator>(new Communicator(engine, group, timeout_, std::move(book)));
   comm->ownsId_ = true;
   comm->identities_ = std::move(identities);
   comm->logCreation(("derived from " + group_->name).c_str());
@@ -607,7 +608,7 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
   // The members agree on what they were given and on an id, as a derived group's do, under a
   // sequence every member computes from the uuid.
   auto agreement = std::make_shared<Group>();
-  agreement->engine = &engine;
+  agreement->runtime = &engine.runtime();
   agreement->rank = me;
   agreement->size = n;
   agreement->id = tag::kAgreementGroup;
@@ -642,19 +643,18 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
                 " agreed was taken here meanwhile (another group's creation); try again");
   }
   auto group = std::make_shared<Group>();
-  group->engine = &engine;
   group->rank = me;
   group->size = n;
   group->id = result.id;
   group->addresses = directory.addresses;
   group->peers.assign(static_cast<size_t>(n), -1);
-  nameGroup(*group);
+  nameGroup(*group, engine);
   engine.openControl(group);
   engine.watch(group, identities);
   LinkCosts costs = links != nullptr ? *links : parseLinks(config().links);
   if (links == nullptr) costs.segmentBytes = static_cast<double>(config().segmentBytes);
   auto comm = std::shared_ptr<Communicator>(
-      new Communicator(group, timeout,
+      new Communicator(engine, group, timeout,
                        PlanBook::forMachine(std::move(directory.topology), std::move(costs),
                                             planRequest(), config().hierarchical)));
   comm->ownsId_ = true;
@@ -664,7 +664,7 @@ std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
 }
 
 void Communicator::close(const std::string& reason) {
-  group_->engine->closeGroup(group_, Status(StatusKind::kClosed, reason));
+  engine_->closeGroup(group_, Status(StatusKind::kClosed, reason));
 }
 
 bool Communicator::offersAdoption(size_t count, DataType type) {
@@ -703,11 +703,11 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
                                   (peer >= 0 ? " with rank " + std::to_string(peer) : ""));
   }
   auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
-  op->setMemory(options.memory == MemoryKind::kHost ? group_->engine->hostMemory()
+  op->setMemory(options.memory == MemoryKind::kHost ? engine_->hostMemory()
                                                     : memoryFor(options.memory, options.device));
-  op->traceRecord = FlightRecorder::process().created(group_->id, sequence, name,
-                                                      print != nullptr ? *print : CallPrint{},
-                                                      peer != kNotPointToPoint, peer, timeout);
+  op->traceRecord = engine_->runtime().recorder().created(group_->id, sequence, name,
+                                                          print != nullptr ? *print : CallPrint{},
+                                                          peer != kNotPointToPoint, peer, timeout);
   if (print != nullptr && size() > 1) {
     op->setPrint(*print);
     if (inlineBytes > 0) op->setInline(inlineData, inlineBytes);
@@ -716,12 +716,12 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
     op->task = body(*op);
   }
   if (!options.deferStart) {
-    group_->engine->submit(std::move(op));
+    engine_->submit(std::move(op));
     return work;
   }
-  Engine* engine = group_->engine;
+  Runtime* runtime = &engine_->runtime();
   auto held = std::make_shared<std::unique_ptr<Op>>(std::move(op));
-  options.deferStart([engine, held] { Engine::submitIfAlive(engine, std::move(*held)); });
+  options.deferStart([runtime, held] { Runtime::submitIfAlive(runtime, std::move(*held)); });
   return work;
 }
 
@@ -748,8 +748,7 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   const size_t bytes = count * elementSize(type);
   const bool carried = plan->algorithm == PlanAlgorithm::kRecursiveDoubling && size() == 2 &&
                        bytes > 0 && bytes <= Op::kInlineMax &&
-                       options.memory == MemoryKind::kHost &&
-                       group_->engine->hostMemory().holdsBytes();
+                       options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,
       [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); },

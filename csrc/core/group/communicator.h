@@ -13,13 +13,13 @@
 #include <string>
 
 #include "../algorithms/algorithms.h"
-#include "../runtime/engine.h"
 #include "../runtime/work.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
 #include "../topology/plan_book.h"
 #include "../topology/topology.h"
 #include "bootstrap.h"
+#include "engine.h"
 #include "store.h"
 
 namespace ddl {
@@ -80,7 +80,7 @@ class Communicator {
   int rank() const { return group_->rank; }
   int size() const { return group_->size; }
   uint32_t id() const { return group_->id; }
-  Engine& engine() const { return *group_->engine; }
+  Engine& engine() const { return *engine_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Operations started on this group so far.
@@ -188,9 +188,9 @@ class Communicator {
   std::shared_ptr<Work> pointToPoint(std::vector<Transfer> transfers, CallOptions options = {});
 
  private:
-  Communicator(std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
+  Communicator(Engine& engine, std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
                std::shared_ptr<PlanBook> book);
-  // A collective: numbered, checked against the other ranks' calls (control.h).
+  // A collective: numbered, checked against the other ranks' calls (runtime/call_print.h).
   // `inlineBytes` of `inlineData` ride in the call print (Op::setInline).
   std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
                               const std::function<Task(Op&)>& body,
@@ -223,6 +223,7 @@ class Communicator {
   // INFO log: the group's machine and links, once it exists (`how`: created, derived ...).
   void logCreation(const char* how) const;
 
+  Engine* engine_;
   std::shared_ptr<const Group> group_;
   std::atomic<uint64_t> loggedSizes_{0};     // allreduce size classes logged (bit k: 2^(k-1) bytes)
   std::vector<ProcessIdentity> identities_;  // by rank (none for this rank, or simulated)

@@ -5,7 +5,7 @@
 #include "../base/tag.h"
 #include "../base/types.h"
 #include "../base/wire.h"
-#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
 #include "bootstrap.h"
 
 namespace ddl {
@@ -175,7 +175,7 @@ DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequ
   auto result = std::make_shared<DeriveResult>();
   auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
   op->task = agreeOnDerived(*op, members, std::move(mine), what, result);
-  agreement->engine->submit(std::move(op));
+  agreement->runtime->submit(std::move(op));
   work->wait();
   if (work->failed()) {
     Status error = work->status();
@@ -207,7 +207,7 @@ std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t se
   for (int peer : ranks) {
     // A group of its own per message: a neighbour that is gone fails this op alone.
     auto group = std::make_shared<Group>();
-    group->engine = agreement.engine;
+    group->runtime = agreement.runtime;
     group->rank = agreement.rank;
     group->size = agreement.size;
     group->id = agreement.id;
@@ -221,7 +221,7 @@ std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t se
     auto work = std::make_shared<Work>("agreement failure notice");
     auto op = std::make_unique<Op>(group, sequence, "agreement failure notice", timeout, work);
     op->task = sendAbort(*op, peer, text);
-    agreement.engine->submit(std::move(op));
+    agreement.runtime->submit(std::move(op));
     works.push_back(std::move(work));
   }
   return works;

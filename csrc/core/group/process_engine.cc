@@ -1,8 +1,8 @@
 // The process-wide engine over UCX, shared by every process group of the process.
 #include <mutex>
 
-#include "../runtime/engine.h"
 #include "../transport/ucx/ucx_transport.h"
+#include "engine.h"
 
 namespace ddl {
 namespace {

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "../base/tag.h"
-#include "engine.h"
+#include "runtime.h"
 
 namespace ddl {
 namespace {
@@ -42,7 +42,7 @@ Status GroupState::refusal() const {
 
 PeerId Group::peer(int r) const {
   PeerId& id = peers.at(static_cast<size_t>(r));
-  if (id < 0) id = engine->transport().connect(addresses.at(static_cast<size_t>(r)));
+  if (id < 0) id = runtime->transport().connect(addresses.at(static_cast<size_t>(r)));
   return id;
 }
 
@@ -174,7 +174,7 @@ Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const
     req->fail(StatusKind::kPeerLost, std::string("peer unreachable: ") + e.what());
     return req;
   }
-  group_->engine->transport().send(peer, t, data, bytes, req);
+  group_->runtime->transport().send(peer, t, data, bytes, req);
   return req;
 }
 
@@ -201,7 +201,7 @@ Request* Op::postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, vo
                               size_t bytes) {
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(req->peer));
-  group_->engine->transport().recv(t, tag::kMatchAll, data, bytes, req);
+  group_->runtime->transport().recv(t, tag::kMatchAll, data, bytes, req);
   return req;
 }
 
@@ -296,7 +296,7 @@ void Op::askPrint(int peer) {
 Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {
   Request* req = newRequest(-1, false);
   uint64_t t = tag::make(group_->id, sequence_, slot, 0);
-  group_->engine->transport().recv(t, tag::kAnySource, data, bytes, req);
+  group_->runtime->transport().recv(t, tag::kAnySource, data, bytes, req);
   return req;
 }
 

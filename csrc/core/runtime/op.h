@@ -18,12 +18,14 @@
 #include "../base/task.h"
 #include "../memory/memory.h"
 #include "../transport/transport.h"
-#include "control.h"
+#include "call_print.h"
 #include "work.h"
 
 namespace ddl {
 
-class Engine;
+class Runtime;
+struct GroupControl;
+class SharedBuffers;
 struct SharedRing;
 
 // What became of a group (any thread; the engine records, the torch glue asks): its first
@@ -48,10 +50,11 @@ class GroupState {
   Status refusal_;
 };
 
-// A communicator's membership as the engine needs it: shared by the communicator and its ops, so
-// an op outlives a group destroyed while it is in flight.
+// A communicator's membership as the runtime needs it: shared by the communicator and its ops, so
+// an op outlives a group destroyed while it is in flight. What the group code hands its ops
+// (shared memory, notices) travels with it; the runtime does not look inside.
 struct Group {
-  Engine* engine = nullptr;
+  Runtime* runtime = nullptr;
   int rank = 0;
   int size = 1;
   uint32_t id = 0;
@@ -67,8 +70,10 @@ struct Group {
   // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
+  // The host's shared buffers (shm/shared_buffers.h) the direct allreduce looks tensors up in.
+  std::shared_ptr<SharedBuffers> buffers;
   std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
-  // Its notices (control.h), set up with the group; null for groups made by hand in tests.
+  // Its notices (group/notices.h), set up with the group; null for groups made by hand in tests.
   std::shared_ptr<GroupControl> control;
 };
 
@@ -115,7 +120,7 @@ class Op {
     void await_resume() { op_->seen_ = op_->completions_; }
 
    private:
-    friend class Engine;
+    friend class Runtime;
     struct SharedRing;
     Op* op_;
     std::function<bool()> predicate_;
@@ -168,7 +173,7 @@ class Op {
   // Hands requests that are still posted to the caller (the engine orphans and cancels them).
   std::vector<std::unique_ptr<Request>> takePending();
 
-  // Call checks (control.h). A collective carries a print of its call; its ranks check it
+  // Call checks (call_print.h). A collective carries a print of its call; its ranks check it
   // around the ring and tell each other when it fails. Point-to-point ops carry none.
   void setPrint(const CallPrint& print);
   bool checksCall() const { return print_.collective != Collective::kNone; }
@@ -193,7 +198,7 @@ class Op {
   const char* inlinePayload(int peer) const;
 
  private:
-  friend class Engine;
+  friend class Runtime;
   struct SharedRing;
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);

@@ -6,8 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../base/config.h"
-
 namespace ddl {
 namespace {
 
@@ -107,11 +105,6 @@ const char* stateName(TraceEntry::State s) {
 
 }  // namespace
 
-FlightRecorder& FlightRecorder::process() {
-  static auto* recorder = new FlightRecorder();  // never destroyed: ops may end at exit
-  return *recorder;
-}
-
 void FlightRecorder::describeGroup(uint32_t groupId, const std::string& name, int rank, int size) {
   std::lock_guard<std::mutex> lock(mutex_);
   groups_[groupId] = GroupInfo{name, rank, size};
@@ -125,7 +118,7 @@ void FlightRecorder::noteRank(int rank) {
 uint64_t FlightRecorder::created(uint32_t groupId, uint32_t sequence, const char* name,
                                  const CallPrint& print, bool pointToPoint, int peer,
                                  std::chrono::milliseconds timeout) {
-  const size_t capacity = config().traceEntries;
+  const size_t capacity = capacity_;
   if (capacity == 0) return 0;
   TraceEntry e;
   e.groupId = groupId;
@@ -300,7 +293,7 @@ std::string FlightRecorder::dump() const {
 }
 
 std::string FlightRecorder::defaultPath() const {
-  const std::string prefix = config().traceFile;
+  const std::string& prefix = file_;
   if (prefix.empty()) return "";
   int rank;
   {
@@ -327,7 +320,7 @@ std::string FlightRecorder::write(const std::string& path) const {
 }
 
 void FlightRecorder::writeOnFailure() {
-  if (config().traceEntries == 0) return;
+  if (capacity_ == 0) return;
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,4 +1,5 @@
-// Flight recorder: the last TORCH_DDL_TRACE_ENTRIES operations of every group of the process
+// Flight recorder: the last TORCH_DDL_TRACE_ENTRIES operations of every group of a runtime (the
+// process's, or a simulated rank's)
 // (collective, sequence number, count, dtype, reduce op, root, state, when it was created,
 // started and ended, and, for one that failed, its error and the peers it still waited for).
 // Recording costs a lock and a few stores per op. The trace is written when an op fails (to
@@ -17,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "control.h"
+#include "call_print.h"
 
 namespace ddl {
 
@@ -39,7 +40,8 @@ struct TraceEntry {
 
 class FlightRecorder {
  public:
-  static FlightRecorder& process();
+  // Keeps the last `capacity` ops (0: records nothing); dumps go to `file` + rank on failure.
+  FlightRecorder(size_t capacity, std::string file) : capacity_(capacity), file_(std::move(file)) {}
 
   // A group as the dump describes it (rank within it, size, the global ranks where known).
   void describeGroup(uint32_t groupId, const std::string& name, int rank, int size);
@@ -65,6 +67,8 @@ class FlightRecorder {
   TraceEntry* find(uint64_t record);
   std::string defaultPath() const;
 
+  const size_t capacity_;
+  const std::string file_;
   mutable std::mutex mutex_;
   std::deque<TraceEntry> entries_;
   uint64_t next_ = 1;

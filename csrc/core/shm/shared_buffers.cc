@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "../base/types.h"
-#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
 
 namespace ddl {
 namespace {
@@ -119,19 +119,19 @@ void forgetBlock(uintptr_t base) {
 
 void* SharedBuffers::allocate(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);
-  Engine* engine = nullptr;
+  Runtime* runtime = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    engine = engine_;
+    runtime = runtime_;
   }
-  if (engine == nullptr) throw Error("ddl: shared buffer requested after the engine shut down");
+  if (runtime == nullptr) throw Error("ddl: shared buffer requested after the engine shut down");
   void* base = nullptr;
   std::string key;
   uint64_t window = 0;
-  engine->call([&] { window = engine->transport().allocateWindow(bytes, &base, &key); });
+  runtime->call([&] { window = runtime->transport().allocateWindow(bytes, &base, &key); });
   if (window == 0) {
     throw Error("ddl: cannot allocate a shared buffer of " + std::to_string(bytes) + " bytes (" +
-                engine->transportName() + " offers no shared memory: see UCX_TLS)");
+                runtime->transportName() + " offers no shared memory: see UCX_TLS)");
   }
   std::lock_guard<std::mutex> lock(mutex_);
   buffers_.emplace(reinterpret_cast<uintptr_t>(base),
@@ -146,8 +146,8 @@ void SharedBuffers::release(void* base) {
   uint64_t window = it->second.window;
   released_.push_back(it->second.serial);
   buffers_.erase(it);
-  Engine* e = engine_;
-  if (e != nullptr) Engine::postIfAlive(e, [e, window] { e->transport().releaseWindow(window); });
+  Runtime* r = runtime_;
+  if (r != nullptr) Runtime::postIfAlive(r, [r, window] { r->transport().releaseWindow(window); });
 }
 
 bool SharedBuffers::find(const void* data, size_t bytes, Found* found) {
@@ -340,7 +340,7 @@ size_t SharedBuffers::adopted() const {
 
 void SharedBuffers::detach() {
   std::lock_guard<std::mutex> lock(mutex_);
-  engine_ = nullptr;
+  runtime_ = nullptr;
 }
 
 }  // namespace ddl

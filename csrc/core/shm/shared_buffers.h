@@ -31,11 +31,11 @@
 
 namespace ddl {
 
-class Engine;
+class Runtime;
 
 class SharedBuffers {
  public:
-  explicit SharedBuffers(Engine* engine) : engine_(engine) {}
+  explicit SharedBuffers(Runtime* runtime) : runtime_(runtime) {}
   SharedBuffers(const SharedBuffers&) = delete;
   SharedBuffers& operator=(const SharedBuffers&) = delete;
 
@@ -74,7 +74,7 @@ class SharedBuffers {
   size_t live() const;
   size_t adopted() const;
 
-  // Engine side: the engine is going away; later releases only forget the buffer.
+  // The runtime is going away; later releases only forget the buffer.
   void detach();
 
  private:
@@ -90,7 +90,7 @@ class SharedBuffers {
   // Whether an adopted buffer is still mapped at `base`; when not, it is dropped. Under mutex_.
   bool stillMapped(std::map<uintptr_t, Buffer>::iterator it);
   mutable std::mutex mutex_;
-  Engine* engine_;
+  Runtime* runtime_;
   std::map<uintptr_t, Buffer> buffers_;  // by base address
   std::vector<uint64_t> released_;
   uint64_t nextSerial_ = 1;

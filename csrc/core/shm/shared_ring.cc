@@ -5,7 +5,7 @@
 
 #include "../base/log.h"
 #include "../base/tag.h"
-#include "../runtime/engine.h"
+#include "../runtime/runtime.h"
 #include "../topology/ring_plan.h"
 #include "shared_buffers.h"
 
@@ -47,9 +47,9 @@ SharedRing::~SharedRing() {
   collect(this->windows, &windows);
   for (const auto& [key, ring] : levelRings) collect(ring, &windows);
   if (windows.empty()) return;
-  Engine* e = engine;
-  Engine::postIfAlive(e, [e, windows] {
-    for (uint64_t w : windows) e->transport().releaseWindow(w);
+  Runtime* r = runtime;
+  Runtime::postIfAlive(r, [r, windows] {
+    for (uint64_t w : windows) r->transport().releaseWindow(w);
   });
 }
 
@@ -120,7 +120,7 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
   const uint64_t keySlot = tag::slot(kPhase, firstStep + kKeyStep);
   const uint64_t voteSlot = tag::slot(kPhase, firstStep + kVoteStep);
   const uint64_t verdictSlot = tag::slot(kPhase, firstStep + kVerdictStep);
-  Transport& transport = op.group().engine->transport();
+  Transport& transport = op.group().runtime->transport();
   Geometry geometry{slotBytes, slots};
   std::string key;
   void* base = nullptr;

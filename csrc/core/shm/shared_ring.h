@@ -26,7 +26,7 @@
 
 namespace ddl {
 
-class Engine;
+class Runtime;
 
 struct SlotWindows {
   bool ready = false;  // set up, every member mapped its next one's inbox
@@ -44,7 +44,7 @@ struct SlotWindows {
 struct SharedRing {
   enum class Status { kUnknown, kReady, kUnavailable, kBroken };
 
-  explicit SharedRing(Engine* e) : engine(e) {}
+  explicit SharedRing(Runtime* r) : runtime(r) {}
   SharedRing(const SharedRing&) = delete;
   SharedRing& operator=(const SharedRing&) = delete;
   ~SharedRing();
@@ -52,7 +52,7 @@ struct SharedRing {
   // The turn after `serving`, skipping tickets whose ops were abandoned.
   void advance();
 
-  Engine* engine;
+  Runtime* runtime;
   Status status = Status::kUnknown;
   std::string broken;   // why, when kBroken
   SlotWindows windows;  // over every rank, in rank order

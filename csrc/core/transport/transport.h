@@ -31,7 +31,7 @@ struct Request {
   uint64_t senderTag = 0;  // receives: the full tag of the message matched
   int peer = -1;           // group rank of the other side (for error messages)
   bool isSend = false;
-  bool isCallPrint = false;  // the engine's call check (engine/control.h), not the op's data
+  bool isCallPrint = false;  // the op's call check (runtime/call_print.h), not the op's data
   void* owner = nullptr;     // the engine's operation waiting on it (nullptr once orphaned)
   RequestObserver observer = nullptr;
   // Whoever holds the request for the engine's operation (an algorithm's link) may ask to be

@@ -1,4 +1,4 @@
-#include "control.h"
+#include "call_print.h"
 
 #include <cstring>
 
@@ -51,54 +51,6 @@ CallPrint callPrint(Collective collective, size_t count, std::optional<DataType>
   if (reduce) print.reduce = static_cast<uint8_t>(*reduce);
   print.root = root;
   return print;
-}
-
-namespace {
-
-struct NoticeHeader {
-  uint32_t magic;
-  uint32_t sequence;
-  int32_t from;
-  uint8_t scope;
-  uint8_t tree;
-  uint8_t kind;   // StatusKind
-  uint16_t gone;  // rank + 1, 0 for none
-};
-constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
-
-}  // namespace
-
-std::string Notice::encode() const {
-  NoticeHeader header{kNoticeMagic,
-                      sequence,
-                      from,
-                      static_cast<uint8_t>(scope),
-                      static_cast<uint8_t>(tree ? 1 : 0),
-                      static_cast<uint8_t>(kind),
-                      static_cast<uint16_t>(gone + 1)};
-  std::string bytes(sizeof(header), '\0');
-  std::memcpy(bytes.data(), &header, sizeof(header));
-  bytes += text.substr(0, kMaxBytes - sizeof(header));
-  return bytes;
-}
-
-std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
-  NoticeHeader header;
-  if (bytes < sizeof(header)) return std::nullopt;
-  std::memcpy(&header, data, sizeof(header));
-  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting)) {
-    return std::nullopt;
-  }
-  Notice notice;
-  notice.sequence = header.sequence;
-  notice.scope = static_cast<Scope>(header.scope);
-  notice.from = header.from;
-  notice.tree = header.tree != 0;
-  notice.gone = static_cast<int>(header.gone) - 1;
-  notice.kind =
-      header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
-  notice.text.assign(data + sizeof(header), bytes - sizeof(header));
-  return notice;
 }
 
 }  // namespace ddl

@@ -1,0 +1,225 @@
+#include "engine.h"
+
+#include <algorithm>
+
+#include "../base/tag.h"
+#include "../base/types.h"
+
+namespace ddl {
+
+namespace {
+std::mutex gEnginesMutex;
+std::set<Engine*> gEngines;  // engines constructed and not yet destroyed
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Transport> transport, Drive drive, const Clock& clock,
+               Memory* hostMemory, const Config* settings)
+    : runtime_(std::move(transport), clock, hostMemory, settings ? *settings : ddl::config()),
+      sharedBuffers_(std::make_shared<SharedBuffers>(&runtime_)) {
+  runtime_.setSupervisor(this);
+  if (drive == Drive::kThread) driver_ = std::make_unique<ThreadDriver>(runtime_);
+  std::lock_guard<std::mutex> lock(gEnginesMutex);
+  gEngines.insert(this);
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(gEnginesMutex);
+    gEngines.erase(this);
+  }
+  sharedBuffers_->detach();
+  driver_.reset();  // the thread stops the runtime on its way out
+  runtime_.stop();
+}
+
+size_t Engine::endpoints() {
+  size_t count = 0;
+  call([&] { count = runtime_.transport().endpoints(); });
+  return count;
+}
+
+std::vector<std::string> Engine::transportDevices() {
+  std::vector<std::string> devices;
+  call([&] { devices = runtime_.transport().devices(); });
+  return devices;
+}
+
+void Engine::watch(const std::shared_ptr<const Group>& group,
+                   const std::vector<ProcessIdentity>& identities) {
+  const ProcessIdentity me = ProcessIdentity::self();
+  call([&] {
+    for (int r = 0; r < group->size && r < static_cast<int>(identities.size()); ++r) {
+      if (r != group->rank && me.sameMachineAndNamespace(identities[r]) &&
+          identities[r].pid != me.pid) {
+        runtime_.watch(group->peer(r), identities[r]);
+      }
+    }
+  });
+}
+
+bool Engine::claimGroupId(uint32_t id) {
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  return groupIds_.insert(id).second;
+}
+
+std::vector<bool> Engine::heldGroupIds() {
+  std::vector<bool> held(tag::kMaxGroups, false);
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  for (uint32_t id : groupIds_) held[id % tag::kMaxGroups] = true;
+  return held;
+}
+
+void Engine::releaseGroupId(uint32_t id) {
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  groupIds_.erase(id);
+}
+
+void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id) {
+  std::lock_guard<std::mutex> live(gEnginesMutex);
+  if (gEngines.count(engine) > 0) engine->releaseGroupId(id);
+}
+
+std::optional<LinkCost> Engine::recallLink(const std::string& what) {
+  std::lock_guard<std::mutex> lock(linksMutex_);
+  auto found = links_.find(what);
+  if (found == links_.end()) return std::nullopt;
+  return found->second;
+}
+
+void Engine::rememberLink(const std::string& what, const LinkCost& cost) {
+  std::lock_guard<std::mutex> lock(linksMutex_);
+  links_[what] = cost;
+}
+
+void Engine::closeGroup(const std::shared_ptr<const Group>& group, const Status& reason) {
+  group->state->close(reason);
+  call([&] {
+    runtime_.endOps([&](const Op& op) { return &op.group() == group.get() ? reason : Status(); },
+                    Ending::kRefused);
+  });
+}
+
+// --- What an op's end means to its group (Runtime::Supervisor) ---------------------------------
+
+Status Engine::admit(Op& op, Ending* ending) {
+  Status refused = op.group().state->refusal();
+  if (!refused.ok()) {
+    *ending = Ending::kRefused;
+    return refused;
+  }
+  Status lost = runtime_.lostPeerOf(op);
+  if (!lost.ok()) {
+    *ending = Ending::kLost;
+    return lost;
+  }
+  GroupControl* control = op.group().control.get();
+  if (op.checksCall() && control != nullptr) {
+    control->started = std::max<int64_t>(control->started, op.sequence());
+    auto early = control->early.find(op.sequence());
+    if (early != control->early.end()) {
+      Notice notice = std::move(early->second);
+      control->early.erase(early);
+      *ending = endingOf(notice);
+      return reportOf(notice);
+    }
+  }
+  return Status();
+}
+
+void Engine::ended(Op& op, const Status& error, Ending ending, const std::string& where) {
+  if (error.ok()) return;
+  if (op.checksCall() && op.group().control != nullptr) {
+    GroupControl& control = *op.group().control;
+    // The others learn what ended it here; the messages they sent it are discarded.
+    // (A lost peer is told by announceLost, to every group that has it.)
+    const bool told = ending == Ending::kOwn || ending == Ending::kTimeout;
+    if (told && control.open && op.size() > 1) {
+      Notice notice;
+      notice.sequence = op.sequence();
+      notice.scope = ending == Ending::kTimeout ? Notice::Scope::kGroupTimeout : Notice::Scope::kOp;
+      notice.kind = error.kind;
+      notice.from = op.rank();
+      notice.text = error.detail;
+      sendNotice(control, notice);
+    }
+    buryOp(control, op.sequence());
+  }
+  // A collective that timed out or lost a peer fails its group: the ranks no longer agree on
+  // what was done (monitored barriers and point-to-point ops, which have no call check, leave it
+  // usable, as their callers expect).
+  const std::shared_ptr<GroupState>& group = op.group().state;
+  if (op.checksCall() && (ending == Ending::kTimeout || ending == Ending::kLost)) {
+    group->fail(error.withDetail(where + " " + error.detail));
+    refusalsPending_ = true;
+  }
+  const bool remote = ending == Ending::kRemote || ending == Ending::kRemoteRefusal;
+  group->recordFailure(error.withDetail("ddl: " + where + " " + error.detail), remote);
+}
+
+void Engine::halfway(Op& op) { reportWaits(op); }
+
+bool Engine::afterSteps() {
+  bool busy = false;
+  if (noticesArrived_) busy |= serviceControls();
+  if (refusalsPending_) failRefusedOps();
+  return busy;
+}
+
+bool Engine::idle() { return !controls_.empty() && serviceControls(); }
+
+void Engine::housekeep() {
+  if (!controls_.empty()) serviceControls();
+}
+
+void Engine::afterLiveness() { announceLost(); }
+
+TimePoint Engine::nextHousekeeping() const {
+  TimePoint next = TimePoint::max();
+  for (const auto& control : controls_) {
+    if (!control->graves.empty()) next = std::min(next, control->graves.front().until);
+  }
+  return next;
+}
+
+void Engine::stopped() {
+  for (auto& control : controls_) {
+    control->open = false;
+    if (control->receive && !control->receive->done) {
+      runtime_.transport().cancel(control->receive.get());
+    }
+  }
+}
+
+void Engine::failRefusedOps() {
+  refusalsPending_ = false;
+  runtime_.endOps([](const Op& op) { return op.group().state->refusal(); }, Ending::kRefused);
+}
+
+void Engine::announceLost() {
+  const TimePoint now = runtime_.clock().now();
+  for (auto& [peer, lost] : runtime_.lost()) {
+    if (lost.announced || now - lost.since < Runtime::kLostGrace) continue;
+    lost.announced = true;
+    for (const auto& control : controls_) {
+      std::shared_ptr<const Group> alive = control->owner.lock();
+      if (!control->open || !alive) continue;
+      const Group& g = *alive;
+      for (int r = 0; r < g.size; ++r) {
+        if (r == g.rank || g.peers[r] != peer) continue;
+        const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
+        g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + why, {r}));
+        refusalsPending_ = true;
+        Notice notice;
+        notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control->started, 0));
+        notice.scope = Notice::Scope::kGroup;
+        notice.from = g.rank;
+        notice.gone = r;
+        notice.kind = StatusKind::kPeerLost;
+        notice.text = why;
+        sendNotice(*control, notice);
+      }
+    }
+  }
+}
+
+}  // namespace ddl

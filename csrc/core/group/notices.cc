@@ -1,0 +1,320 @@
+#include "notices.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "../base/tag.h"
+#include "engine.h"
+
+namespace ddl {
+
+namespace {
+
+struct NoticeHeader {
+  uint32_t magic;
+  uint32_t sequence;
+  int32_t from;
+  uint8_t scope;
+  uint8_t tree;
+  uint8_t kind;   // StatusKind
+  uint16_t gone;  // rank + 1, 0 for none
+};
+constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
+
+}  // namespace
+
+std::string Notice::encode() const {
+  NoticeHeader header{kNoticeMagic,
+                      sequence,
+                      from,
+                      static_cast<uint8_t>(scope),
+                      static_cast<uint8_t>(tree ? 1 : 0),
+                      static_cast<uint8_t>(kind),
+                      static_cast<uint16_t>(gone + 1)};
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), &header, sizeof(header));
+  bytes += text.substr(0, kMaxBytes - sizeof(header));
+  return bytes;
+}
+
+std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
+  NoticeHeader header;
+  if (bytes < sizeof(header)) return std::nullopt;
+  std::memcpy(&header, data, sizeof(header));
+  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting)) {
+    return std::nullopt;
+  }
+  Notice notice;
+  notice.sequence = header.sequence;
+  notice.scope = static_cast<Scope>(header.scope);
+  notice.from = header.from;
+  notice.tree = header.tree != 0;
+  notice.gone = static_cast<int>(header.gone) - 1;
+  notice.kind =
+      header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
+  notice.text.assign(data + sizeof(header), bytes - sizeof(header));
+  return notice;
+}
+
+// --- The notice protocol (Engine) --------------------------------------------------------------
+
+namespace {
+
+std::string joinRanks(const std::set<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+std::set<int> splitRanks(const std::string& text) {
+  std::set<int> ranks;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    try {
+      ranks.insert(std::stoi(text.substr(at, end - at)));
+    } catch (const std::exception&) {
+    }
+    at = end + 1;
+  }
+  return ranks;
+}
+
+}  // namespace
+
+void Engine::reportWaits(Op& op) {
+  // With two ranks the one waited for is the other: nothing to follow.
+  if (!op.checksCall() || op.size() <= 2 || op.group().control == nullptr) return;
+  GroupControl& control = *op.group().control;
+  if (!control.open) return;
+  const Op::Waits waits = op.waits();
+  Notice notice;
+  notice.sequence = op.sequence();
+  notice.scope = Notice::Scope::kWaiting;
+  notice.from = op.rank();
+  notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
+  if (op.size() <= kWaitReportsToAll) {
+    sendNotice(control, notice);
+    return;
+  }
+  // A large group: only to the ranks this op sent to, the ones that may be waiting for it.
+  notice.tree = false;
+  const std::string bytes = notice.encode();
+  for (int peer : op.sentTo()) sendNoticeTo(control, notice, bytes, peer);
+}
+
+void Engine::openControl(const std::shared_ptr<Group>& group) {
+  auto control = std::make_shared<GroupControl>();
+  control->engine = this;
+  control->group = group.get();
+  control->owner = group;
+  control->groupId = group->id;
+  control->open = true;
+  group->control = control;
+  if (group->size < 2) return;
+  call([&] { controls_.push_back(control); });
+}
+
+void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control) {
+  if (!control) return;
+  Runtime::postIfAlive(&engine->runtime_, [engine, control] {
+    control->open = false;
+    control->early.clear();
+    if (control->receive && !control->receive->done) {
+      engine->runtime_.transport().cancel(control->receive.get());
+    }
+  });
+}
+
+void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
+                      std::string text) {
+  if (group->size < 2 || !group->control) return;
+  Runtime::postIfAlive(&engine->runtime_, [engine, group, sequence, text = std::move(text)] {
+    GroupControl& control = *group->control;
+    if (!control.open) return;
+    control.started = std::max<int64_t>(control.started, sequence);
+    Notice notice;
+    notice.sequence = sequence;
+    notice.scope = Notice::Scope::kRefusal;
+    notice.kind = StatusKind::kInvalidArgument;
+    notice.from = group->rank;
+    notice.text = text;
+    engine->sendNotice(control, notice);
+    engine->buryOp(control, sequence);
+  });
+}
+
+bool Engine::takeNotice(GroupControl& control) {
+  if (control.receive && !control.receive->done) return false;  // one at a time
+  auto receive = std::make_unique<Request>();
+  receive->owner = &control;
+  receive->observer = &Engine::onNotice;
+  const uint64_t t =
+      tag::make(control.groupId, 0, tag::slot(tag::kControlPhase, tag::kNoticeStep), 0);
+  if (!runtime_.transport().receiveArrived(t, tag::kGroupAndSlot, control.buffer.data(),
+                                           control.buffer.size(), receive.get())) {
+    return false;
+  }
+  control.receive = std::move(receive);
+  return true;
+}
+
+void Engine::onNotice(Request* req) {
+  auto* control = static_cast<GroupControl*>(req->owner);
+  control->received = true;
+  if (!req->failed()) {
+    std::optional<Notice> notice = Notice::decode(control->buffer.data(), req->receivedBytes);
+    if (notice) control->arrived.push_back(std::move(*notice));
+  }
+  control->engine->noticesArrived_ = true;
+}
+
+void Engine::sendNotice(GroupControl& control, const Notice& notice) {
+  relayNotice(control, notice, notice.encode());
+}
+
+void Engine::relayNotice(GroupControl& control, const Notice& notice, const std::string& bytes) {
+  const Group& group = *control.group;
+  const int n = group.size;
+  if (notice.from < 0 || notice.from >= n) return;
+  relayBelow(control, notice, bytes, (group.rank - notice.from + n) % n);
+}
+
+void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::string& bytes,
+                        int v) {
+  const Group& group = *control.group;
+  const int n = group.size;
+  for (int step = 1; v + step < n; step <<= 1) {
+    if (step <= v) continue;
+    const int child = (notice.from + v + step) % n;
+    const PeerId peer = group.peers[child];
+    if (child == notice.gone || runtime_.isLost(peer) ||
+        !sendNoticeTo(control, notice, bytes, child)) {
+      relayBelow(control, notice, bytes, v + step);
+    }
+  }
+}
+
+bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes,
+                          int to) {
+  const Group& group = *control.group;
+  PeerId peer;
+  try {
+    peer = group.peer(to);
+  } catch (const Error&) {
+    return false;  // no endpoint can be made: a peer that is gone (its process, or its host)
+  }
+  GroupControl::Sent& sent = control.sent.emplace_back();
+  sent.bytes = bytes;
+  sent.request = std::make_unique<Request>();
+  sent.request->peer = to;
+  sent.request->isSend = true;
+  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
+  runtime_.transport().send(
+      peer, tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
+      sent.bytes.data(), sent.bytes.size(), sent.request.get());
+  return true;
+}
+
+void Engine::buryOp(GroupControl& control, uint32_t sequence) {
+  if (control.graves.size() >= GroupControl::kMaxGraves) control.graves.pop_front();
+  control.graves.push_back({sequence, runtime_.clock().now() + std::chrono::seconds(10)});
+}
+
+Ending Engine::endingOf(const Notice& notice) {
+  return notice.scope == Notice::Scope::kRefusal ? Ending::kRemoteRefusal : Ending::kRemote;
+}
+
+Status Engine::reportOf(const Notice& notice) {
+  std::vector<int> ranks;
+  if (notice.gone >= 0) ranks.push_back(notice.gone);
+  return Status(notice.kind, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
+                std::move(ranks));
+}
+
+void Engine::applyNotice(GroupControl& control, const Notice& notice) {
+  Status report = reportOf(notice);
+  const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
+  Runtime::OpList& active = runtime_.ops();
+  auto op = std::find_if(active.begin(), active.end(), [&](const auto& o) {
+    return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
+  });
+  const bool inFlight = op != active.end();
+  if (notice.scope == Notice::Scope::kWaiting) {  // only for ops in flight here
+    if (inFlight) {
+      const size_t split = notice.text.find(';');
+      Op::Waits& waits = (*op)->reportedWaits[notice.from];
+      waits.peers = splitRanks(notice.text.substr(0, split));
+      if (split != std::string::npos) waits.notStarted = splitRanks(notice.text.substr(split + 1));
+    }
+    return;
+  }
+  if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
+    control.group->state->fail(
+        report.withDetail(control.group->name + ", op #" + std::to_string(notice.sequence) + ": " +
+                          report.detail),
+        true);
+    refusalsPending_ = true;
+  }
+  if (inFlight) {
+    // A rank that timed out here is alive and in the op; this rank, in it too, waits for its
+    // own deadline (about as near) and names whom it still waits for itself.
+    if (!timedOut) runtime_.finishOp(op, std::move(report), endingOf(notice));
+    return;
+  }
+  if (static_cast<int64_t>(notice.sequence) > control.started) {
+    control.early[notice.sequence] = notice;
+    if (control.early.size() > GroupControl::kMaxEarly) control.early.erase(control.early.begin());
+  }
+}
+
+bool Engine::serviceControls() {
+  noticesArrived_ = false;
+  bool any = false;
+  const TimePoint now = runtime_.clock().now();
+  for (size_t i = 0; i < controls_.size();) {
+    std::shared_ptr<GroupControl> control = controls_[i];
+    // Held while its notices are applied and passed on; gone: closed.
+    std::shared_ptr<const Group> alive = control->owner.lock();
+    if (!alive) control->open = false;
+    // Notices wait in the transport until taken here (every millisecond, and when one that was
+    // being received completes): taken before the graves below are swept.
+    while (true) {
+      if (control->received) {
+        std::vector<Notice> arrived;
+        arrived.swap(control->arrived);
+        control->received = false;
+        if (control->open) {
+          for (const Notice& notice : arrived) {
+            if (notice.tree) relayNotice(*control, notice, notice.encode());
+            applyNotice(*control, notice);
+          }
+        }
+        any = true;
+      }
+      if (!control->open || !takeNotice(*control)) break;
+    }
+    control->sent.remove_if([](const GroupControl::Sent& s) { return s.request->done; });
+    // What failed ops left behind, while a later op could not yet take it for its own (the tag's
+    // sequence field wraps).
+    while (!control->graves.empty() &&
+           (now > control->graves.front().until ||
+            control->started - control->graves.front().sequence >= (int64_t{1} << 15))) {
+      control->graves.pop_front();
+    }
+    for (const GroupControl::Grave& grave : control->graves) {
+      runtime_.transport().discard(tag::make(control->groupId, grave.sequence, 0, 0),
+                                   tag::kGroupAndSequence);
+    }
+    if (!control->open && (!control->receive || control->receive->done) && control->sent.empty()) {
+      controls_.erase(controls_.begin() + static_cast<long>(i));
+      continue;
+    }
+    ++i;
+  }
+  return any;
+}
+
+}  // namespace ddl

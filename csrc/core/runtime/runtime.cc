@@ -1,0 +1,366 @@
+#include "runtime.h"
+
+#include <algorithm>
+#include <future>
+#include <set>
+
+#include "../base/types.h"
+
+namespace ddl {
+
+namespace {
+
+std::mutex gLiveMutex;
+std::set<Runtime*> gLive;  // runtimes constructed and not yet stopped
+
+bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
+  return std::all_of(requests.begin(), requests.end(), [](auto& r) { return r->done; });
+}
+
+}  // namespace
+
+Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memory* hostMemory,
+                 const Config& config)
+    : transport_(std::move(transport)),
+      address_(transport_->localAddress()),
+      transportName_(transport_->name()),
+      clock_(clock),
+      hostMemory_(hostMemory != nullptr ? hostMemory : &memoryFor(MemoryKind::kHost)),
+      config_(config),
+      recorder_(config.traceEntries, config.traceFile),
+      lastHousekeeping_(clock.now()) {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  gLive.insert(this);
+}
+
+Runtime::~Runtime() {
+  stop();
+  transport_.reset();  // before orphans_: a transport may still report on them while closing
+}
+
+void Runtime::wake() {
+  if (wakeHook_) wakeHook_();
+}
+
+void Runtime::submit(std::unique_ptr<Op> op) {
+  if (stopping_.load()) {
+    op->work->finish(Status(StatusKind::kClosed,
+                            "ddl: " + op->name() + " submitted after the engine was shut down"));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    submitted_.push_back(std::move(op));
+  }
+  wake();
+}
+
+void Runtime::submitIfAlive(Runtime* runtime, std::unique_ptr<Op> op) {
+  std::lock_guard<std::mutex> live(gLiveMutex);
+  if (gLive.count(runtime) == 0) {
+    op->work->finish(Status(StatusKind::kClosed,
+                            "ddl: " + op->name() + " started after the engine was shut down"));
+    return;
+  }
+  runtime->submit(std::move(op));
+}
+
+void Runtime::call(const std::function<void()>& fn) {
+  // Without a driver thread, the caller is the one that turns the runtime.
+  if (driverThread_ == std::thread::id() || std::this_thread::get_id() == driverThread_) {
+    return fn();
+  }
+  std::promise<void> done;
+  auto wrapped = [&] {
+    try {
+      fn();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    if (stopping_.load()) throw Error("ddl: the engine was shut down", StatusKind::kClosed);
+    calls_.push_back(wrapped);
+  }
+  wake();
+  done.get_future().get();
+}
+
+void Runtime::postIfAlive(Runtime* runtime, std::function<void()> fn) {
+  std::lock_guard<std::mutex> live(gLiveMutex);
+  if (gLive.count(runtime) == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(runtime->submitMutex_);
+    if (runtime->stopping_.load()) return;
+    runtime->calls_.push_back(std::move(fn));
+  }
+  runtime->wake();
+}
+
+bool Runtime::hasSubmissions() {
+  std::lock_guard<std::mutex> lock(submitMutex_);
+  return !submitted_.empty() || !calls_.empty() || stopping_.load();
+}
+
+Status Runtime::lostPeerOf(const Op& op) const {
+  if (lost_.empty()) return Status();
+  const TimePoint now = clock_.now();
+  const Group& g = op.group();
+  for (int r = 0; r < g.size; ++r) {
+    if (r == g.rank || g.peers[r] < 0) continue;
+    auto it = lost_.find(g.peers[r]);
+    if (it != lost_.end() && now - it->second.since >= kLostGrace) {
+      return Status(StatusKind::kPeerLost,
+                    "rank " + std::to_string(r) + " is gone: " + it->second.why, {r});
+    }
+  }
+  return Status();
+}
+
+bool Runtime::checkLiveness() {
+  bool found = false;
+  for (auto& [peer, why] : watch_.poll()) {
+    lost_.emplace(peer, Lost{why, clock_.now()});
+    found = true;
+  }
+  for (auto& [peer, why] : transport_->lostPeers()) {
+    lost_.emplace(peer, Lost{why, clock_.now()});
+    found = true;
+  }
+  if (lost_.empty()) return found;
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    Status why = lostPeerOf(**current);
+    if (!why.ok()) finishOp(current, std::move(why), Ending::kLost);
+  }
+  supervisor_->afterLiveness();
+  return found;
+}
+
+bool Runtime::drainSubmissions() {
+  std::vector<std::unique_ptr<Op>> ops;
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    if (submitted_.empty() && calls_.empty()) return false;
+    ops.swap(submitted_);
+    calls.swap(calls_);
+  }
+  for (auto& fn : calls) fn();
+  for (auto& op : ops) {
+    op->startClock(clock_.now());
+    if (op->work) op->work->markStarted();
+    recorder_.started(op->traceRecord);
+    active_.push_back(std::move(op));
+    activeCount_.fetch_add(1);
+    auto it = std::prev(active_.end());
+    Ending ending = Ending::kRefused;
+    Status refused = supervisor_->admit(**it, &ending);
+    if (!refused.ok()) {
+      finishOp(it, std::move(refused), ending);
+      continue;
+    }
+    resume(**it);
+    if ((*it)->task.done() || !(*it)->failure().ok()) finishOp(it);
+  }
+  return true;
+}
+
+void Runtime::resume(Op& op) {
+  op.memory().activate();
+  op.seen_ = op.completions_;
+  std::coroutine_handle<> point = op.resumePoint_ ? op.resumePoint_ : op.task.handle();
+  op.resumePoint_ = {};
+  op.waiting_ = nullptr;
+  point.resume();
+}
+
+bool Runtime::stepOps() {
+  bool any = false;
+  for (auto it = active_.begin(); it != active_.end();) {
+    Op& op = **it;
+    auto current = it++;
+    if (!op.failure().ok()) {
+      finishOp(current);
+      any = true;
+      continue;
+    }
+    if (op.completions_ == op.checked_ || op.waiting_ == nullptr) continue;
+    op.checked_ = op.completions_;
+    if (!op.waiting_->predicate_()) continue;
+    resume(op);
+    any = true;
+    if (op.task.done() || !op.failure().ok()) finishOp(current);
+  }
+  return any;
+}
+
+void Runtime::endOps(const std::function<Status(const Op&)>& why, Ending ending) {
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    Status failure = why(**current);
+    if (!failure.ok()) finishOp(current, std::move(failure), ending);
+  }
+}
+
+void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
+  std::unique_ptr<Op> op = std::move(*it);
+  active_.erase(it);
+  activeCount_.fetch_sub(1);
+  if (error.ok() && !op->failure().ok()) error = op->failure();
+  if (error.ok() && op->task.done()) {
+    try {
+      op->task.rethrow();
+    } catch (const Error& e) {
+      error = e.status();
+    } catch (const std::exception& e) {
+      error = Status(StatusKind::kOther, e.what());
+    }
+  }
+  std::string where;  // the words are built for a failed op only
+  if (!error.ok()) {
+    where = op->name() + " on " + op->group().name + " (rank " + std::to_string(op->rank()) +
+            " of " + std::to_string(op->size()) + ", op #" + std::to_string(op->sequence()) + ")";
+  }
+  // An op that another rank refused to start cannot have finished anywhere: what it shares may
+  // be given up without doubt (shm/shared_ring.h).
+  op->endsCleanly_ = ending == Ending::kRemoteRefusal;
+  recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : op->pendingPeers());
+  if (!error.ok() && ending != Ending::kRefused) recorder_.writeOnFailure();
+  std::vector<std::unique_ptr<Request>> pending = op->takePending();
+  for (auto& req : pending) transport_->cancel(req.get());
+  std::shared_ptr<Work> work = op->work;
+  supervisor_->ended(*op, error, ending, where);
+  if (allDone(pending)) {
+    op.reset();  // destroys the coroutine frame (and scratch buffers) before anyone is told
+  } else {
+    orphans_.push_back(Orphaned{std::move(pending), std::move(op)});
+    orphanCount_.store(orphans_.size());
+  }
+  if (!error.ok()) error.detail = "ddl: " + where + " " + error.detail;
+  work->finish(std::move(error));
+  // An op may wait on state another op releases (a group's shared windows): look again.
+  for (auto& other : active_) other->checked_ = other->completions_ - 1;
+}
+
+void Runtime::checkDeadlines() {
+  const TimePoint now = clock_.now();
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto current = it++;
+    Op& op = **current;
+    if (now < op.deadline()) {
+      if (!op.waitsReported && now >= op.halfway()) {
+        op.waitsReported = true;
+        supervisor_->halfway(op);
+      }
+      continue;
+    }
+    std::string why = op.describeTimeout
+                          ? op.describeTimeout()
+                          : "Timed out after " + std::to_string(op.timeout().count()) +
+                                " ms: " + op.pendingPeers();
+    const std::set<int> awaited = op.waits().peers;
+    finishOp(current,
+             Status(StatusKind::kTimeout, why + op.waitChain(!op.describeTimeout),
+                    std::vector<int>(awaited.begin(), awaited.end())),
+             Ending::kTimeout);
+  }
+  std::erase_if(orphans_, [](const Orphaned& o) { return allDone(o.requests); });
+  orphanCount_.store(orphans_.size());
+}
+
+TimePoint Runtime::nextTimer() const {
+  TimePoint next = TimePoint::max();
+  for (const auto& op : active_) {
+    next = std::min(next, op->waitsReported ? op->deadline() : op->halfway());
+  }
+  if (!lost_.empty() && !active_.empty()) {
+    next = std::min(next, clock_.now() + std::chrono::milliseconds(10));
+  }
+  for (const auto& [peer, lost] : lost_) {
+    if (!lost.announced) next = std::min(next, lost.since + kLostGrace);
+  }
+  // What happened since the last housekeeping (a peer the transport found gone, among others)
+  // is looked at one period later, as a running loop would.
+  if (activeSinceHousekeeping_) next = std::min(next, lastHousekeeping_ + kHousekeeping);
+  if (!orphans_.empty()) next = std::min(next, clock_.now() + std::chrono::seconds(1));
+  next = std::min(next, supervisor_->nextHousekeeping());
+  // Deadlines are checked once a housekeeping period has passed since the last check.
+  if (next != TimePoint::max()) {
+    next = std::max(next, lastHousekeeping_ + kHousekeeping + std::chrono::nanoseconds(1));
+  }
+  return next;
+}
+
+bool Runtime::housekeep() {
+  supervisor_->housekeep();
+  const bool found = checkLiveness();
+  checkDeadlines();
+  return found;
+}
+
+bool Runtime::turn() {
+  bool busy = transport_->progress();
+  busy |= drainSubmissions();
+  busy |= stepOps();
+  busy |= supervisor_->afterSteps();
+  const TimePoint now = clock_.now();
+  if (now - lastHousekeeping_ > kHousekeeping) {
+    busy |= housekeep();
+    lastHousekeeping_ = now;
+    activeSinceHousekeeping_ = false;
+  } else if (busy) {
+    activeSinceHousekeeping_ = true;
+  }
+  return busy;
+}
+
+int Runtime::settle() {
+  int turns = 0;
+  constexpr int kMaxTurns = 1 << 16;
+  while (turns < kMaxTurns && !stopping_.load()) {
+    ++turns;
+    if (turn()) continue;
+    if (supervisor_->idle()) continue;  // no notice is left untaken
+    break;
+  }
+  return turns;
+}
+
+void Runtime::requestStop() {
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    gLive.erase(this);
+  }
+  stopping_.store(true);
+  wake();
+}
+
+void Runtime::stop() {
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    gLive.erase(this);
+  }
+  stopping_.store(true);
+  if (drained_) return;
+  drained_ = true;
+  while (!active_.empty()) {
+    finishOp(active_.begin(), Status(StatusKind::kClosed, "aborted: the engine was shut down"),
+             Ending::kRefused);
+  }
+  if (supervisor_ != nullptr) supervisor_->stopped();
+  std::vector<std::function<void()>> calls;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    for (auto& op : submitted_) {
+      op->work->finish(Status(StatusKind::kClosed, "ddl: the engine was shut down"));
+    }
+    submitted_.clear();
+    calls.swap(calls_);
+  }
+  for (auto& fn : calls) fn();
+}
+
+}  // namespace ddl

@@ -1,0 +1,207 @@
+// Runtime: the run loop of one process (or of one simulated rank), and nothing else. It owns the
+// transport and the ops in flight; callers submit ops from any thread and get a Work at once;
+// each turn() moves the transport, starts what was submitted, resumes coroutines whose messages
+// completed, and, once a housekeeping period of its clock has passed, ends ops past their
+// deadline and ops whose peers are gone. It owns no thread: a driver turns it (runtime/driver.h,
+// the progress thread of a real process; the simulator's event loop for a simulated rank), and
+// every time it reads comes from the clock it is handed, so the same code runs in real and in
+// virtual time.
+//
+// What an op's end means to the rest of its group (telling the other ranks, failing the group,
+// notices that arrive) is not the runtime's business: a Supervisor does it (group/engine.h), told
+// when an op starts and ends and given a share of every turn.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../base/clock.h"
+#include "../base/config.h"
+#include "../memory/memory.h"
+#include "../transport/transport.h"
+#include "liveness.h"
+#include "op.h"
+#include "trace.h"
+
+namespace ddl {
+
+// Who ended an op (its Status says how).
+enum class Ending : uint8_t {
+  kOwn,            // its own course: success, or a failure it found (a mismatch, an error)
+  kTimeout,        // its deadline passed here
+  kLost,           // a peer of its group is gone (found here)
+  kRemote,         // another rank's report
+  kRemoteRefusal,  // another rank refused its arguments: no rank can have finished the op
+  kRefused,        // its group was closed or had failed (here, or on another rank's word)
+};
+
+class Runtime {
+ public:
+  class Supervisor {
+   public:
+    virtual ~Supervisor() = default;
+    // A submitted op is about to start: a failure to end it with at once (ok: run it).
+    virtual Status admit(Op& op, Ending* ending) = 0;
+    // `op` ends with `status` (ok or not): its requests are cancelled, its Work not yet
+    // finished. `where` names it ("allreduce on group 3 (rank 0 of 4, op #7)"; failures only).
+    virtual void ended(Op& op, const Status& status, Ending ending, const std::string& where) = 0;
+    // Halfway to the deadline of an op still running.
+    virtual void halfway(Op& op) = 0;
+    // After the ops were stepped in a turn (cheap unless something arrived); true when it did
+    // something.
+    virtual bool afterSteps() = 0;
+    // The runtime has nothing to do at once (before it sleeps, or settles): true when something
+    // happened after all.
+    virtual bool idle() = 0;
+    // Every housekeeping period, before the deadlines and liveness are looked at.
+    virtual void housekeep() = 0;
+    // After liveness was looked at (peers that have been lost for the grace period).
+    virtual void afterLiveness() = 0;
+    // When the supervisor must be given a housekeeping turn although nothing arrives.
+    virtual TimePoint nextHousekeeping() const = 0;
+    // The loop has stopped (ops in flight were failed): let go of what is posted.
+    virtual void stopped() = 0;
+  };
+
+  // `hostMemory`: what host-memory operations use for scratch, copies and reductions (null:
+  // memoryFor(kHost); a simulator's memory that charges virtual time).
+  Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memory* hostMemory,
+          const Config& config);
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime();  // stop() must have been called
+
+  void setSupervisor(Supervisor* supervisor) { supervisor_ = supervisor; }
+  // Called when something was submitted or posted for the next turn (the driver's wake-up).
+  void setWakeHook(std::function<void()> hook) { wakeHook_ = std::move(hook); }
+  // A driver that turns the runtime on a thread of its own; call() from another thread then
+  // hands its function to that thread. Without one the caller turns it, and call() runs inline.
+  void setDriverThread(std::thread::id id) { driverThread_ = id; }
+
+  // Any thread. The op's task must be set; its Work finishes when the op ends.
+  void submit(std::unique_ptr<Op> op);
+  // submit(), if `runtime` still exists; otherwise the op's Work fails.
+  static void submitIfAlive(Runtime* runtime, std::unique_ptr<Op> op);
+  // Runs fn on the turning thread and waits for it; rethrows what it throws.
+  void call(const std::function<void()>& fn);
+  // Runs fn on the turning thread later, if `runtime` still exists and runs (fn is dropped
+  // otherwise). For cleanup from destructors that may outlive the runtime.
+  static void postIfAlive(Runtime* runtime, std::function<void()> fn);
+  bool stopping() const { return stopping_.load(); }
+  // Something is waiting to be taken in by the next turn (submissions, calls, a stop).
+  bool hasSubmissions();
+
+  // The turning thread only.
+  // One turn (transport progress, submissions, ops resumed, and every housekeeping period of the
+  // clock deadlines and liveness); true when something happened (turn again).
+  bool turn();
+  // Turns until nothing more happens at this time (bounded); the number of turns.
+  int settle();
+  // Nothing happened in a turn: the supervisor's look before a driver sleeps (notices that
+  // arrived and wait in the transport); true when something happened after all.
+  bool idle() { return supervisor_->idle(); }
+  // When the runtime must be turned although nothing arrives (an op's deadline or halfway point,
+  // housekeeping while a peer is lost, the supervisor's timers); TimePoint::max() when never.
+  TimePoint nextTimer() const;
+  // Stops: fails the ops in flight and what was submitted, runs what was posted. Idempotent.
+  void stop();
+  // Any thread: asks the driver to stop turning (it then calls stop() on its thread).
+  void requestStop();
+
+  Transport& transport() { return *transport_; }
+  const std::string& transportName() const { return transportName_; }
+  const std::string& localAddress() const { return address_; }
+  const Clock& clock() const { return clock_; }
+  Memory& hostMemory() const { return *hostMemory_; }
+  // The settings this runtime (and what runs on it) uses: the process's, read once, or a
+  // simulated rank's own.
+  const Config& config() const { return config_; }
+  FlightRecorder& recorder() { return recorder_; }
+  // File descriptors a sleeping driver waits on besides its own (watched peers that exit).
+  std::vector<int> watchedFds() const { return watch_.fds(); }
+
+  // Ops in flight (turning thread).
+  using OpList = std::list<std::unique_ptr<Op>>;
+  OpList& ops() { return active_; }
+  // Ends `it` with `status` (ok: its own course) and finishes its Work.
+  void finishOp(OpList::iterator it, Status status = Status(), Ending ending = Ending::kOwn);
+  // Ends every op in flight for which `why` gives a failure.
+  void endOps(const std::function<Status(const Op&)>& why, Ending ending);
+
+  // Peers found gone (turning thread): by endpoint, what was seen, since when, and whether the
+  // supervisor has told the groups that have it.
+  struct Lost {
+    std::string why;
+    TimePoint since;
+    bool announced = false;
+  };
+  std::map<PeerId, Lost>& lost() { return lost_; }
+  bool isLost(PeerId peer) const { return peer >= 0 && lost_.count(peer) > 0; }
+  // Why `op` cannot go on ("rank 2 is gone: ..."): a peer of its group lost for the grace
+  // period; ok while every peer lives.
+  Status lostPeerOf(const Op& op) const;
+  // Whether a peer lost at `since` has been lost long enough for its ops to fail (data it sent
+  // before exiting may still land within the grace period).
+  static constexpr std::chrono::milliseconds kLostGrace{50};
+  // Watches `identity` (a process on this host) as `peer`: its exit counts as lost at once.
+  void watch(PeerId peer, const ProcessIdentity& identity) { watch_.watch(peer, identity); }
+
+  // Diagnostics: ops in flight; failed ops kept until the transport lets go of their requests.
+  size_t activeOps() const { return activeCount_.load(); }
+  size_t orphanedOps() const { return orphanCount_.load(); }
+
+ private:
+  bool drainSubmissions();
+  bool stepOps();
+  void checkDeadlines();
+  bool checkLiveness();
+  void resume(Op& op);
+  bool housekeep();
+  void wake();
+
+  std::unique_ptr<Transport> transport_;
+  std::string address_;
+  std::string transportName_;
+  Supervisor* supervisor_ = nullptr;
+  const Clock& clock_;
+  Memory* const hostMemory_;
+  const Config config_;
+  FlightRecorder recorder_;
+
+  std::mutex submitMutex_;
+  std::vector<std::unique_ptr<Op>> submitted_;
+  std::vector<std::function<void()>> calls_;
+  std::atomic<bool> stopping_{false};
+  bool drained_ = false;  // stop() has run
+  std::atomic<size_t> activeCount_{0};
+  std::atomic<size_t> orphanCount_{0};
+  std::function<void()> wakeHook_;
+  std::atomic<std::thread::id> driverThread_{};  // default: none, calls run inline
+
+  // Turning thread only.
+  OpList active_;
+  // An op that failed while the transport still held some of its requests (a receive it had
+  // matched cannot always be cancelled). Its coroutine frame, with the scratch those requests may
+  // write into, lives until every one of them completes; its Work has already failed.
+  // The op is destroyed first (members go in reverse order, and a list never moves one): its
+  // frame's links still point at these requests when it is destroyed.
+  struct Orphaned {
+    std::vector<std::unique_ptr<Request>> requests;
+    std::unique_ptr<Op> op;
+  };
+  std::list<Orphaned> orphans_;
+  PeerWatch watch_;
+  std::map<PeerId, Lost> lost_;
+  static constexpr std::chrono::milliseconds kHousekeeping{1};
+  TimePoint lastHousekeeping_{};
+  bool activeSinceHousekeeping_ = false;  // a turn did something after the last housekeeping
+};
+
+}  // namespace ddl
