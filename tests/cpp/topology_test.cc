@@ -414,7 +414,7 @@ TEST(LinkProbe, EveryRankPlansWithTheFiguresOneRingMeasured) {
         std::vector<LinkCosts> got(t.size);
         runRanksOn(t, [&](Communicator& comm) {
           LinkCosts links = parseLinks(given);
-          probeLinks(comm, t, &links);
+          check(comm.probe(t, &links));
           got[comm.rank()] = links;
         });
         for (int d = 0; d < levels; ++d) {

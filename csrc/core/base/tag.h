@@ -47,7 +47,7 @@ inline constexpr uint32_t kSharedPhase = kPointToPointPhase - 1;
 inline constexpr uint32_t kControlPhase = kSharedPhase - 1;
 inline constexpr uint32_t kPrintStep = 0;
 inline constexpr uint32_t kNoticeStep = 1;
-// Group creation's messages up and down its tree (engine/bootstrap.h), under sequence 0.
+// Group creation's messages up and down its tree (group/bootstrap.h), under sequence 0.
 inline constexpr uint32_t kBootstrapStep = 2;
 // Phases a plan may hand out to rings and colours in flight at once.
 inline constexpr uint32_t kPlanPhases = kControlPhase;
@@ -89,5 +89,9 @@ inline constexpr uint32_t kAgreementGroup = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementStep = 3;
 // A member whose agreement failed tells its neighbours in the agreement's tree (derive.h).
 inline constexpr uint32_t kAgreementAbortStep = 4;
+// The link probe at a group's creation (group/link_probe.h), under sequence 0: pings, data,
+// acknowledgements, the host ring's token and steps, the figures up and down the tree.
+inline constexpr uint32_t kProbeStep = 5;
+inline constexpr uint32_t kProbeSteps = 6;
 
 }  // namespace ddl::tag

@@ -13,11 +13,14 @@
 #include <string>
 
 #include "../algorithms/algorithms.h"
+#include "../algorithms/dispatch.h"
+#include "../base/config.h"
 #include "../runtime/work.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
 #include "../topology/plan_book.h"
 #include "../topology/topology.h"
+#include "agreement.h"
 #include "bootstrap.h"
 #include "engine.h"
 #include "store.h"
@@ -62,7 +65,7 @@ class Communicator {
  public:
   // Collective over `size` processes: finds the group's id and its tree parent through `store`
   // and learns every rank's address and locality over the group's own messages
-  // (engine/bootstrap.h); connects to peers as its operations first need them.
+  // (group/bootstrap.h); connects to peers as its operations first need them.
   static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
                                               int size, std::chrono::milliseconds timeout,
                                               const Topology* simulated = nullptr);
@@ -71,6 +74,7 @@ class Communicator {
   // ranks, and starts the exchange; once pending->work is done, finish() makes the
   // communicator, or throws why it could not.
   struct Pending;
+  struct Created;
   static std::unique_ptr<Pending> begin(Engine& engine, KeyValueStore& store, int rank, int size,
                                         const GroupOptions& options);
   static std::shared_ptr<Communicator> finish(Pending& pending);
@@ -92,8 +96,12 @@ class Communicator {
   // through shared-memory slots, and how many over messages (their ranks could not map each
   // other's windows). Asks the progress thread.
   std::pair<int, int> hostRings();
+  // Measures the figures of `links` that need it (group/link_probe.h) as if the group ran on
+  // `topology`, in an op of this group; `links` is written once the Work is done. Creation does
+  // this for the machine it found; tests probe machines they make up.
+  std::shared_ptr<Work> probe(const Topology& topology, LinkCosts* links);
   // A group of this group's ranks but `excluded` (ranks of this group), made by the others
-  // alone (engine/derive.h): this one's machine, links and plans' settings, its endpoints, no
+  // alone (group/agreement.h): this one's machine, links and plans' settings, its endpoints, no
   // store. Every remaining rank calls it with the same set (else each gets an error naming who
   // was asked what); the excluded ranks do not call it and are not waited for: this group may
   // have failed because they died. `abortFirst` (torch's SHRINK_ABORT) first fails this
@@ -115,6 +123,21 @@ class Communicator {
                                                    const std::vector<std::string>& handles,
                                                    int64_t uuid, std::chrono::milliseconds timeout,
                                                    const LinkCosts* links = nullptr);
+  // shrink, split and reconfigure in two halves, as create() is, for a driver that must not
+  // block: begin*() checks the arguments (throwing before any message leaves) and starts the
+  // agreement; once derivation->work is done, finishDerivation() makes the group (nullptr for a
+  // rank a split leaves out), or throws why it could not. The calls above are the two halves
+  // with a wait between.
+  struct Derivation;
+  std::unique_ptr<Derivation> beginShrink(const std::vector<int>& excluded,
+                                          bool abortFirst = false);
+  std::unique_ptr<Derivation> beginSplit(const std::vector<int>& ranks);
+  static std::unique_ptr<Derivation> beginReconfigure(Engine& engine,
+                                                      const std::vector<std::string>& handles,
+                                                      int64_t uuid,
+                                                      std::chrono::milliseconds timeout,
+                                                      const LinkCosts* links = nullptr);
+  static std::shared_ptr<Communicator> finishDerivation(Derivation& derivation);
   // Handles in an order every process computes alike: by host, then by handle (a set of
   // handles, whose order torch leaves to the backend). Throws on a handle that is not ddl's.
   static std::vector<std::string> orderHandles(std::vector<std::string> handles);
@@ -132,7 +155,7 @@ class Communicator {
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);
-  static PlanRequest planRequest();
+  static PlanRequest planRequest(const Config& settings = config());
   // Whether an allreduce of this size may take a buffer to adopt (CallOptions::adoptable): only
   // where its plan is the shared-memory one and the configuration allows it.
   bool offersAdoption(size_t count, DataType type);
@@ -173,14 +196,8 @@ class Communicator {
                              CallOptions options = {});
   std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t userTag,
                              CallOptions options = {});
-  // One transfer of a point-to-point batch.
-  struct Transfer {
-    bool isSend = true;
-    void* data = nullptr;  // read by a send, written by a receive
-    size_t bytes = 0;      // a receive takes at most this many
-    int peer = 0;          // a rank of this group; a batch receives from named ranks only
-    uint32_t userTag = 0;
-  };
+  // One transfer of a point-to-point batch (algorithms/dispatch.h).
+  using Transfer = ddl::Transfer;
   // Several sends and receives as one op (torch's batch_isend_irecv, a coalesced batch): all
   // posted at once in the order given, each matched as the lone send or recv of its tag would
   // be; done when all are, failing with the first that fails (naming the peers still awaited).
@@ -209,16 +226,21 @@ class Communicator {
   // count * elementSize(type); refuses when `times` such blocks overflow size_t.
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
-  // The members' agreement on `request` (engine/derive.h) under `sequence`: the new group's id.
-  // `excluded` (a shrink's): the ranks this rank's request leaves out, told so first; their
-  // words are waited for (to leave, not to arrive) for kTellWait at most.
+  // A shrink's members tell the ranks they leave out first; their words are waited for (to
+  // leave, not to arrive) for kTellWait at most.
   static constexpr std::chrono::milliseconds kTellWait{200};
-  uint32_t agree(const std::vector<int>& members, const std::string& request, const char* what,
-                 uint32_t sequence, const std::vector<int>& excluded = {});
   // The agreement's sequence for the next call `what` of this group.
   uint32_t nextAgreement(const char* what);
-  // The group of `members` (ranks of this one, ascending) under `id`, agreed by them.
-  std::shared_ptr<Communicator> derive(const std::vector<int>& members, uint32_t id);
+  // Starts the members' agreement on `request` (group/agreement.h) under `sequence`, to derive
+  // a group of `members` (ranks of this one, ascending). `excluded` (a shrink's): the ranks this
+  // rank's request leaves out, told so first.
+  std::unique_ptr<Derivation> startDerivation(const std::vector<int>& members,
+                                              const std::string& request, const char* what,
+                                              uint32_t sequence,
+                                              const std::vector<int>& excluded = {});
+  // A group's runtime and shared buffers (the engine's), its name, its entry in the flight
+  // recorder and its shared-memory ring, once its rank, size and id are set.
+  static void nameGroup(Group& group, Engine& engine);
 
   // INFO log: the group's machine and links, once it exists (`how`: created, derived ...).
   void logCreation(const char* how) const;
@@ -245,8 +267,34 @@ struct Communicator::Pending {
   std::string key;  // the store keys' prefix of this creation
   std::shared_ptr<Work> work;
   std::shared_ptr<GroupDirectory> directory;
+  std::shared_ptr<Created> created;
   bool claimed = false;  // the group's id is claimed on the engine
   ~Pending();            // gives the id back unless finish() handed it on
+};
+
+// What the creation op found: the machine and the link figures to plan with.
+struct Communicator::Created {
+  Topology topology;
+  LinkCosts links;
+};
+
+struct Communicator::Derivation {
+  Engine* engine = nullptr;
+  std::string what;                      // "shrink_group", "split_group", "reconfigure"
+  std::shared_ptr<Work> work;            // the agreement's
+  std::shared_ptr<DeriveResult> result;  // its decision
+  bool member = true;                    // false: a rank a split leaves out (nothing to make)
+  // The group this rank makes once the agreement is done (its rank, every rank's address and
+  // process identity, the machine and the planner's settings).
+  int rank = 0;
+  std::vector<std::string> addresses;
+  std::vector<ProcessIdentity> identities;
+  Topology topology;
+  LinkCosts links;
+  PlanRequest request;
+  bool hierarchical = true;
+  std::chrono::milliseconds timeout{0};
+  std::string how;  // for the log: "derived from group 3"
 };
 
 }  // namespace ddl

@@ -2,16 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "../base/config.h"
+#include "../base/tag.h"
 #include "../base/types.h"
+#include "../runtime/runtime.h"
 #include "bootstrap.h"
-#include "communicator.h"
+#include "engine.h"
 
 namespace ddl {
 namespace {
@@ -20,56 +20,53 @@ constexpr int kPings = 8;
 constexpr size_t kSmallBytes = 256 << 10;
 constexpr size_t kLargeBytes = 4 << 20;
 constexpr double kFastEnough = 0.010;  // seconds for kSmallBytes: then kLargeBytes is cheap too
-// Point-to-point tags no user operation has used yet when a group is created.
-constexpr uint32_t kPingTag = 0xfffffff0u, kDataTag = 0xfffffff1u, kAckTag = 0xfffffff2u;
+// Slots of the creation op's sequence, one per kind of message (a pair's messages of one slot
+// arrive in the order sent).
+constexpr uint64_t kPingSlot = tag::slot(tag::kControlPhase, tag::kProbeStep);
+constexpr uint64_t kDataSlot = tag::slot(tag::kControlPhase, tag::kProbeStep + 1);
+constexpr uint64_t kAckSlot = tag::slot(tag::kControlPhase, tag::kProbeStep + 2);
 // The host level: every host's ranks at once, as in a host stage.
-constexpr uint32_t kTokenTag = 0xfffffff3u, kStepTag = 0xfffffff4u;
+constexpr uint64_t kTokenSlot = tag::slot(tag::kControlPhase, tag::kProbeStep + 3);
+constexpr uint64_t kStepSlot = tag::slot(tag::kControlPhase, tag::kProbeStep + 4);
 // The results, up and down the creation tree.
-constexpr uint32_t kResultTag = 0xfffffff5u;
+constexpr uint64_t kResultSlot = tag::slot(tag::kControlPhase, tag::kProbeStep + 5);
+static_assert(tag::kProbeSteps == 6);
 constexpr int kLaps = 5;                // token laps around the host ring
 constexpr int kSteps = 5;               // ring steps of kStepBytes
 constexpr size_t kStepBytes = 1 << 20;  // per rank and step
 constexpr size_t kStepFloats = kStepBytes / sizeof(float);
 
-using Clock = std::chrono::steady_clock;
-
-// What this process measured, by "host:ranks" (a host level) or "host>host:dimension" (a link
-// between two hosts): later groups over the same hosts reuse it instead of measuring again.
-std::mutex rememberedMutex;
-std::map<std::string, LinkCost> remembered;
-
-std::optional<LinkCost> recall(const std::string& what) {
-  std::lock_guard<std::mutex> lock(rememberedMutex);
-  auto found = remembered.find(what);
-  if (found == remembered.end()) return std::nullopt;
-  return found->second;
+double seconds(const Op& op, TimePoint from) {
+  return std::chrono::duration<double>(op.group().runtime->clock().now() - from).count();
 }
 
-void remember(const std::string& what, const LinkCost& cost) {
-  std::lock_guard<std::mutex> lock(rememberedMutex);
-  remembered[what] = cost;
-}
+TimePoint now(const Op& op) { return op.group().runtime->clock().now(); }
 
-void await(Communicator& comm, const std::shared_ptr<Work>& work) {
-  if (!work->wait(comm.timeout())) {
-    throw Error("ddl: probing the links of the group: " + work->description() +
-                " timed out after " + std::to_string(comm.timeout().count()) + " ms");
+Task exchange(Op& op, Request* first, Request* second = nullptr) {
+  if (second == nullptr) {
+    co_await op.all(first);
+  } else {
+    co_await op.all(first, second);
   }
-  if (work->failed()) throw Error("ddl: probing the links of the group: " + work->error());
+  op.recycle(first);
+  op.recycle(second);
 }
 
-double seconds(Clock::time_point from) {
-  return std::chrono::duration<double>(Clock::now() - from).count();
+Task sendTo(Op& op, int peer, uint64_t slot, const void* data, size_t bytes) {
+  co_await exchange(op, op.send(peer, slot, data, bytes));
+}
+
+Task receiveFrom(Op& op, int peer, uint64_t slot, void* data, size_t bytes) {
+  co_await exchange(op, op.recv(peer, slot, data, bytes));
 }
 
 // One transfer of `bytes` to `peer`, acknowledged: seconds from the send to the ack.
-double transfer(Communicator& comm, int peer, std::vector<char>& data, size_t bytes) {
+Task transfer(Op& op, int peer, std::vector<char>* data, size_t bytes, double* took) {
   char ack = 0;
-  auto start = Clock::now();
-  auto ackWork = comm.recv(&ack, 1, peer, kAckTag);
-  await(comm, comm.send(data.data(), bytes, peer, kDataTag));
-  await(comm, ackWork);
-  return seconds(start);
+  const TimePoint start = now(op);
+  Request* back = op.recv(peer, kAckSlot, &ack, 1);
+  co_await exchange(op, op.send(peer, kDataSlot, data->data(), bytes), back);
+  *took = seconds(op, start);
 }
 
 double median(std::vector<double> v) {
@@ -88,7 +85,7 @@ LinkCost measured(double latency, size_t bytes, double took) {
 // the smallest bandwidth); down, rank 0's answer. 2 (P - 1) messages of 16 bytes in 2 log2(P)
 // rounds, and every rank waits for the answer, so the next probe meets quiet links. Nothing
 // measured anywhere: nullopt on every rank.
-std::optional<LinkCost> spread(Communicator& comm, const std::optional<LinkCost>& mine) {
+Task spread(Op& op, std::optional<LinkCost> mine, std::optional<LinkCost>* out) {
   double figures[2] = {0, 0};  // latency, bandwidth (0: nothing measured)
   auto combine = [&figures](const double other[2]) {
     if (!(other[1] > 0)) return;
@@ -104,136 +101,152 @@ std::optional<LinkCost> spread(Communicator& comm, const std::optional<LinkCost>
     const double own[2] = {mine->latency, mine->bandwidth};
     combine(own);
   }
-  const int parent = bootstrapParent(comm.rank());
-  const std::vector<int> children = bootstrapChildren(comm.rank(), comm.size());
+  const int parent = bootstrapParent(op.rank());
+  const std::vector<int> children = bootstrapChildren(op.rank(), op.size());
   for (int child : children) {
     double theirs[2] = {0, 0};
-    await(comm, comm.recv(theirs, sizeof(theirs), child, kResultTag));
+    co_await receiveFrom(op, child, kResultSlot, theirs, sizeof(theirs));
     combine(theirs);
   }
   if (parent >= 0) {
-    await(comm, comm.send(figures, sizeof(figures), parent, kResultTag));
-    await(comm, comm.recv(figures, sizeof(figures), parent, kResultTag));
+    co_await sendTo(op, parent, kResultSlot, figures, sizeof(figures));
+    co_await receiveFrom(op, parent, kResultSlot, figures, sizeof(figures));
   }
-  for (int child : children) await(comm, comm.send(figures, sizeof(figures), child, kResultTag));
-  if (!(figures[1] > 0)) return std::nullopt;
-  return LinkCost{figures[0], figures[1], "probed"};
+  for (int child : children) co_await sendTo(op, child, kResultSlot, figures, sizeof(figures));
+  *out = figures[1] > 0 ? std::optional<LinkCost>(LinkCost{figures[0], figures[1], "probed"})
+                        : std::nullopt;
 }
 
 // The measuring side; `known` (figures this process measured before for these two hosts): it
 // only tells the responder so.
-LinkCost measure(Communicator& comm, int peer, const std::optional<LinkCost>& known) {
+Task measure(Op& op, int peer, std::optional<LinkCost> known, LinkCost* out) {
   char mode = known ? 1 : 0;
-  await(comm, comm.send(&mode, 1, peer, kPingTag));
-  if (known) return *known;
+  co_await sendTo(op, peer, kPingSlot, &mode, 1);
+  if (known) {
+    *out = *known;
+    co_return;
+  }
   char ping = 0;
   std::vector<double> trips;
   for (int i = 0; i < kPings; ++i) {
-    auto start = Clock::now();
-    auto back = comm.recv(&ping, 1, peer, kPingTag);
-    await(comm, comm.send(&ping, 1, peer, kPingTag));
-    await(comm, back);
-    trips.push_back(seconds(start));
+    const TimePoint start = now(op);
+    Request* back = op.recv(peer, kPingSlot, &ping, 1);
+    co_await exchange(op, op.send(peer, kPingSlot, &ping, 1), back);
+    trips.push_back(seconds(op, start));
   }
   const double trip = median(trips);
   std::vector<char> data(kLargeBytes);
   size_t bytes = kSmallBytes;
-  double took = transfer(comm, peer, data, bytes);
+  double took = 0;
+  co_await transfer(op, peer, &data, bytes, &took);
   char more = took < kFastEnough ? 1 : 0;
-  await(comm, comm.send(&more, 1, peer, kPingTag));
+  co_await sendTo(op, peer, kPingSlot, &more, 1);
   if (more) {
     bytes = kLargeBytes;
-    took = transfer(comm, peer, data, bytes);
+    co_await transfer(op, peer, &data, bytes, &took);
   }
-  LinkCost cost = measured(trip, bytes, took);
-  cost.latency = trip / 2;
-  return cost;
+  *out = measured(trip, bytes, took);
+  out->latency = trip / 2;
 }
 
-void respond(Communicator& comm, int peer) {
+Task respond(Op& op, int peer) {
   char mode = 0;
-  await(comm, comm.recv(&mode, 1, peer, kPingTag));
-  if (mode != 0) return;
+  co_await receiveFrom(op, peer, kPingSlot, &mode, 1);
+  if (mode != 0) co_return;
   char ping = 0;
   for (int i = 0; i < kPings; ++i) {
-    await(comm, comm.recv(&ping, 1, peer, kPingTag));
-    await(comm, comm.send(&ping, 1, peer, kPingTag));
+    co_await receiveFrom(op, peer, kPingSlot, &ping, 1);
+    co_await sendTo(op, peer, kPingSlot, &ping, 1);
   }
   std::vector<char> data(kLargeBytes);
   char ack = 1, more = 0;
-  await(comm, comm.recv(data.data(), kSmallBytes, peer, kDataTag));
-  await(comm, comm.send(&ack, 1, peer, kAckTag));
-  await(comm, comm.recv(&more, 1, peer, kPingTag));
+  co_await receiveFrom(op, peer, kDataSlot, data.data(), kSmallBytes);
+  co_await sendTo(op, peer, kAckSlot, &ack, 1);
+  co_await receiveFrom(op, peer, kPingSlot, &more, 1);
   if (more) {
-    await(comm, comm.recv(data.data(), kLargeBytes, peer, kDataTag));
-    await(comm, comm.send(&ack, 1, peer, kAckTag));
+    co_await receiveFrom(op, peer, kDataSlot, data.data(), kLargeBytes);
+    co_await sendTo(op, peer, kAckSlot, &ack, 1);
   }
 }
 
 // The host level, on this rank's host ring `ring` (its host's ranks in rank order, at least 2):
-// the figures its first rank measured (the others return nothing). Latency: a token's laps,
-// per step. Bandwidth: ring steps in which every rank sends kStepBytes to the next, receives as
-// much from the previous and adds it to its own, as a host stage's reduce-scatter does.
-// A first lap whose token is 1 says the first rank knows the figures (`known`): no more.
-std::optional<LinkCost> measureHost(Communicator& comm, const std::vector<int>& ring,
-                                    const std::optional<LinkCost>& known) {
+// the figures its first rank measured (the others get nothing). Latency: a token's laps, per
+// step. Bandwidth: ring steps in which every rank sends kStepBytes to the next, receives as much
+// from the previous and adds it to its own, as a host stage's reduce-scatter does. A first lap
+// whose token is 1 says the first rank knows the figures (`known`): no more.
+Task measureHost(Op& op, std::vector<int> ring, std::optional<LinkCost> known,
+                 std::optional<LinkCost>* out) {
   const int n = static_cast<int>(ring.size());
-  const int at = static_cast<int>(std::find(ring.begin(), ring.end(), comm.rank()) - ring.begin());
+  const int at = static_cast<int>(std::find(ring.begin(), ring.end(), op.rank()) - ring.begin());
   const int next = ring[(at + 1) % n], prev = ring[(at + n - 1) % n];
   const bool first = at == 0;
   uint64_t token = first && known ? 1 : 0;
   std::vector<double> laps;
   for (int lap = 0; lap < kLaps; ++lap) {
-    auto start = Clock::now();
+    const TimePoint start = now(op);
     if (first) {
-      await(comm, comm.send(&token, sizeof(token), next, kTokenTag));
-      await(comm, comm.recv(&token, sizeof(token), prev, kTokenTag));
-      laps.push_back(seconds(start) / n);
+      co_await sendTo(op, next, kTokenSlot, &token, sizeof(token));
+      co_await receiveFrom(op, prev, kTokenSlot, &token, sizeof(token));
+      laps.push_back(seconds(op, start) / n);
     } else {
-      await(comm, comm.recv(&token, sizeof(token), prev, kTokenTag));
-      await(comm, comm.send(&token, sizeof(token), next, kTokenTag));
+      co_await receiveFrom(op, prev, kTokenSlot, &token, sizeof(token));
+      co_await sendTo(op, next, kTokenSlot, &token, sizeof(token));
     }
-    if (token != 0) return first ? known : std::nullopt;
+    if (token != 0) {
+      *out = first ? known : std::nullopt;
+      co_return;
+    }
   }
   std::vector<float> mine(kStepFloats, 1.0f), theirs(kStepFloats);
   std::vector<double> steps;
   for (int step = 0; step < kSteps; ++step) {
-    auto start = Clock::now();
-    auto in = comm.recv(theirs.data(), kStepBytes, prev, kStepTag);
-    auto out = comm.send(mine.data(), kStepBytes, next, kStepTag);
-    await(comm, in);
+    const TimePoint start = now(op);
+    Request* in = op.recv(prev, kStepSlot, theirs.data(), kStepBytes);
+    Request* sent = op.send(next, kStepSlot, mine.data(), kStepBytes);
+    co_await op.all(in);
     for (size_t i = 0; i < kStepFloats; ++i) mine[i] += theirs[i];
-    await(comm, out);
-    steps.push_back(seconds(start));
+    co_await exchange(op, in, sent);
+    steps.push_back(seconds(op, start));
   }
-  if (!first) return std::nullopt;
-  return measured(median(laps), kStepBytes, median(steps));
+  *out = first ? std::optional<LinkCost>(measured(median(laps), kStepBytes, median(steps)))
+               : std::nullopt;
 }
 
-void probeHosts(Communicator& comm, const Topology& topology, LinkCosts* links) {
-  if (links->at(0).origin != "default") return;
+Task probeHosts(Op& op, Engine& engine, const Topology& topology, LinkCosts* links) {
+  if (links->at(0).origin != "default") co_return;
   const std::vector<std::vector<int>> hosts = topology.members(0);
-  const std::vector<int>& mine = hosts[topology.levels[0].blockOf[comm.rank()]];
+  const int host = topology.levels[0].blockOf[op.rank()];
+  const std::vector<int>& mine = hosts[host];
   std::optional<LinkCost> measuredHere;
   if (mine.size() > 1) {
-    const int host = topology.levels[0].blockOf[comm.rank()];
     const std::string what =
         topology.levels[0].blockNames[host] + ":" + std::to_string(mine.size());
-    const std::optional<LinkCost> known = mine[0] == comm.rank() ? recall(what) : std::nullopt;
-    measuredHere = measureHost(comm, mine, known);
-    if (measuredHere) remember(what, *measuredHere);
+    const std::optional<LinkCost> known =
+        mine[0] == op.rank() ? engine.recallLink(what) : std::nullopt;
+    co_await measureHost(op, mine, known, &measuredHere);
+    if (measuredHere) engine.rememberLink(what, *measuredHere);
   }
   // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
-  if (std::optional<LinkCost> worst = spread(comm, measuredHere)) {
-    links->byDimension[0] = *worst;
-  }
+  std::optional<LinkCost> worst;
+  co_await spread(op, measuredHere, &worst);
+  if (worst) links->byDimension[0] = *worst;
 }
 
 }  // namespace
 
-void probeLinks(Communicator& comm, const Topology& topology, LinkCosts* links) {
-  if (!config().probeLinks || topology.hosts() < 2) return;
-  probeHosts(comm, topology, links);
+bool linksToProbe(const Config& settings, const Topology& topology, const LinkCosts& links) {
+  if (!settings.probeLinks || topology.hosts() < 2) return false;
+  if (links.at(0).origin == "default") return true;
+  const Grid grid = gridOf(topology);
+  for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
+    if (grid.dims[d] >= 2 && links.at(d).origin == "default") return true;
+  }
+  return false;
+}
+
+Task probeLinks(Op& op, Engine& engine, const Topology& topology, LinkCosts* links) {
+  if (!linksToProbe(engine.config(), topology, *links)) co_return;
+  co_await probeHosts(op, engine, topology, links);
   const Grid grid = gridOf(topology);
   for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
     if (grid.dims[d] < 2 || links->at(d).origin != "default") continue;
@@ -241,17 +254,20 @@ void probeLinks(Communicator& comm, const Topology& topology, LinkCosts* links) 
     if (rings.empty()) continue;
     const int measurer = rings[0][0], responder = rings[0][1];
     std::optional<LinkCost> measuredHere;
-    if (comm.rank() == measurer) {
+    if (op.rank() == measurer) {
       const auto& names = topology.levels[0].blockNames;
       const auto& hostOf = topology.levels[0].blockOf;
       const std::string what =
           names[hostOf[measurer]] + ">" + names[hostOf[responder]] + ":" + std::to_string(d);
-      measuredHere = measure(comm, responder, recall(what));
-      remember(what, *measuredHere);
-    } else if (comm.rank() == responder) {
-      respond(comm, measurer);
+      LinkCost cost;
+      co_await measure(op, responder, engine.recallLink(what), &cost);
+      engine.rememberLink(what, cost);
+      measuredHere = cost;
+    } else if (op.rank() == responder) {
+      co_await respond(op, measurer);
     }
-    const std::optional<LinkCost> cost = spread(comm, measuredHere);
+    std::optional<LinkCost> cost;
+    co_await spread(op, measuredHere, &cost);
     if (!cost) {
       throw Error("ddl: the link probe of dimension " + std::to_string(d) + " measured nothing");
     }

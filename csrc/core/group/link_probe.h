@@ -1,5 +1,5 @@
 // The link probe: at the creation of a group that spans hosts, the cost model's latency and
-// bandwidth of every dimension (allreduce_plan.h, LinkCosts) are measured, unless
+// bandwidth of every dimension (topology/allreduce_plan.h, LinkCosts) are measured, unless
 // TORCH_DDL_LINKS names them or TORCH_DDL_PROBE_LINKS=0.
 //
 // 0. The host level, on every host at once (the load a host stage meets: the other hosts'
@@ -24,20 +24,27 @@
 // (by dimension) once: where the leading rank of a later group's probe measured them before, it
 // tells the others so (the token's first lap; a first message to the responder) and passes on
 // what it has. The other ranks need no memory of their own.
-// Messages travel as point-to-point messages of reserved tags, before any user operation.
+// The probe is part of the creation op (group/creation.cc): its messages travel under the
+// group's sequence 0 in steps of their own (tag::kProbeStep), and its times are read from the
+// runtime's clock, so it runs in the simulator as it does in a process.
 #pragma once
 
 #include <string>
 
+#include "../base/config.h"
+#include "../base/task.h"
+#include "../runtime/op.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/topology.h"
 
 namespace ddl {
 
-class Communicator;
+class Engine;
 
-// Fills the dimensions of `links` that need it (see above); every rank of the group calls it.
-// Throws when a peer does not answer within the group's timeout.
-void probeLinks(Communicator& comm, const Topology& topology, LinkCosts* links);
+// Whether a group on `topology` with `links` has figures to measure (see above).
+bool linksToProbe(const Config& settings, const Topology& topology, const LinkCosts& links);
+// Fills the dimensions of `links` that need it; every rank of the group runs it, in an op of the
+// group. Fails the op when a peer does not answer within its deadline.
+Task probeLinks(Op& op, Engine& engine, const Topology& topology, LinkCosts* links);
 
 }  // namespace ddl

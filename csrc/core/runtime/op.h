@@ -4,6 +4,7 @@
 // request or the deadline ends the operation with an error that names the peers it waited on.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <coroutine>
 #include <functional>
@@ -135,6 +136,10 @@ class Op {
   }
   // Suspends until any request completes that had not when the coroutine last resumed.
   Until next();
+  // Looks at what the op waits for again at `at` (its runtime's clock), though nothing completed
+  // by then: for a wait with a time limit of its own.
+  void wakeAt(TimePoint at) { wakeAt_ = std::min(wakeAt_, at); }
+  TimePoint nextWake() const { return wakeAt_; }
 
   // Engine side.
   Task task;
@@ -225,6 +230,7 @@ class Op {
   uint64_t seen_ = 0;     // completions_ when the coroutine last resumed
   uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate
   Until* waiting_ = nullptr;
+  TimePoint wakeAt_ = TimePoint::max();
   std::coroutine_handle<> resumePoint_;
   Status failure_;
   void sendPrint(int peer);

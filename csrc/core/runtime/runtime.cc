@@ -245,11 +245,17 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   for (auto& other : active_) other->checked_ = other->completions_ - 1;
 }
 
-void Runtime::checkDeadlines() {
+bool Runtime::checkDeadlines() {
+  bool woken = false;
   const TimePoint now = clock_.now();
   for (auto it = active_.begin(); it != active_.end();) {
     auto current = it++;
     Op& op = **current;
+    if (op.wakeAt_ <= now) {  // what it waits for is looked at again in the next turn
+      op.wakeAt_ = TimePoint::max();
+      op.checked_ = op.completions_ - 1;
+      woken = true;
+    }
     if (now < op.deadline()) {
       if (!op.waitsReported && now >= op.halfway()) {
         op.waitsReported = true;
@@ -269,12 +275,14 @@ void Runtime::checkDeadlines() {
   }
   std::erase_if(orphans_, [](const Orphaned& o) { return allDone(o.requests); });
   orphanCount_.store(orphans_.size());
+  return woken;
 }
 
 TimePoint Runtime::nextTimer() const {
   TimePoint next = TimePoint::max();
   for (const auto& op : active_) {
     next = std::min(next, op->waitsReported ? op->deadline() : op->halfway());
+    next = std::min(next, op->wakeAt_);
   }
   if (!lost_.empty() && !active_.empty()) {
     next = std::min(next, clock_.now() + std::chrono::milliseconds(10));
@@ -297,8 +305,8 @@ TimePoint Runtime::nextTimer() const {
 bool Runtime::housekeep() {
   supervisor_->housekeep();
   const bool found = checkLiveness();
-  checkDeadlines();
-  return found;
+  const bool woken = checkDeadlines();
+  return found || woken;
 }
 
 bool Runtime::turn() {
@@ -324,6 +332,7 @@ int Runtime::settle() {
     ++turns;
     if (turn()) continue;
     if (supervisor_->idle()) continue;  // no notice is left untaken
+    if (hasSubmissions()) continue;     // submitted while the turn ended an op (a Work's hook)
     break;
   }
   return turns;

@@ -160,7 +160,7 @@ class Runtime {
  private:
   bool drainSubmissions();
   bool stepOps();
-  void checkDeadlines();
+  bool checkDeadlines();  // true when an op asked to be woken now
   bool checkLiveness();
   void resume(Op& op);
   bool housekeep();

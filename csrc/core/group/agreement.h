@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../base/clock.h"
 #include "../base/task.h"
 #include "../runtime/op.h"
 
@@ -35,6 +36,8 @@ struct DeriveResult {
   Status error;  // the same on every rank (ok: agreed)
   uint32_t id = 0;
   int heardFrom = -1;  // the agreement failed on the word of this (parent) rank
+  std::string mine;    // "rank 2 was asked to exclude 3": what this rank was asked
+  std::string asked;   // "; " + mine once it failed on another rank's word ("" otherwise)
 };
 
 // Rank 0's decision from every card (by new rank). `what` names the call for messages.
@@ -52,14 +55,19 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 // own (one gone fails only its own). A shrink's members first tell the ranks they leave out
 // (Communicator::agree), so that views that differ in who leads them meet as well.
 Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
-                    std::shared_ptr<DeriveResult> out);
-// agreeOnDerived as an op of `agreement` (id tag::kAgreementGroup) under `sequence`, waited for:
-// when it fails here, the neighbours are told (tellNeighbours) and its error is thrown (with
-// what this rank was asked, when it failed on another rank's word). The
-// decision it returns (an error the same on every member, or the id) is the caller's.
-DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
-                          const std::vector<int>& members, DeriveCard mine, const std::string& what,
-                          std::chrono::milliseconds timeout);
+                    std::shared_ptr<DeriveResult> out, std::vector<std::shared_ptr<Work>> told = {},
+                    TimePoint toldBy = TimePoint::max());
+// agreeOnDerived as an op of `agreement` (id tag::kAgreementGroup) under `sequence`, submitted
+// now: its Work ends when the agreement has, `out` holding the decision (an error the same on
+// every member, or the id). `told`: the Works of words this rank sent first (a shrink's to the
+// ranks it leaves out), waited for until `toldBy`. When it fails here, the neighbours are told
+// at once (tellNeighbours) with its error and, when it failed on another rank's word, what this
+// rank was asked.
+std::shared_ptr<Work> startAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
+                                     const std::vector<int>& members, DeriveCard mine,
+                                     const std::string& what, std::chrono::milliseconds timeout,
+                                     std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
+                                     std::shared_ptr<DeriveResult> out);
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
                     int index, std::string text, std::chrono::milliseconds timeout);
 // Sends `text` as the agreement's word of failure to each of `ranks` (of the agreement's group),

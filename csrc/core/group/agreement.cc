@@ -1,4 +1,4 @@
-#include "derive.h"
+#include "agreement.h"
 
 #include <algorithm>
 
@@ -22,6 +22,7 @@ Task receiveUnlessAborted(Op& op, int peer, std::string* bytes, Request* abort,
   auto ended = [abort, abortText, out] {
     const int from = static_cast<int>(tag::source(abort->senderTag));
     out->heardFrom = from;
+    out->asked = "; " + out->mine;
     return Error("rank " + std::to_string(from) + " reports: " +
                  abortText->substr(0, std::min(abort->receivedBytes, abortText->size())));
   };
@@ -107,13 +108,26 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 }
 
 Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
-                    std::shared_ptr<DeriveResult> out) {
+                    std::shared_ptr<DeriveResult> out, std::vector<std::shared_ptr<Work>> told,
+                    TimePoint toldBy) {
+  // The words this rank sent first (a shrink's, to the ranks it leaves out) leave before its
+  // card goes up, or the time for them runs out.
+  if (!told.empty()) {
+    const Clock& clock = op.group().runtime->clock();
+    op.wakeAt(toldBy);
+    co_await op.until([&] {
+      return clock.now() >= toldBy ||
+             std::all_of(told.begin(), told.end(), [](const auto& w) { return w->done(); });
+    });
+    told.clear();
+  }
   // The tree over the new ranks, its messages between the ranks of the parent they are.
   const int n = static_cast<int>(members.size());
   const int up = bootstrapParent(mine.rank);
   const int parent = up < 0 ? -1 : members[up];
   std::vector<int> children;
   for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members[child]);
+  out->mine = "rank " + std::to_string(mine.parentRank) + " was asked to " + mine.request;
   // The word may still be posted when this coroutine ends (it is cancelled after): its buffer
   // lives with the op's Work, which the engine keeps until the transport lets go.
   auto abortText = std::make_shared<std::string>(kAbortBytes, '\0');
@@ -165,26 +179,26 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   *out = std::move(result);
 }
 
-DeriveResult runAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
-                          const std::vector<int>& members, DeriveCard mine, const std::string& what,
-                          std::chrono::milliseconds timeout) {
+std::shared_ptr<Work> startAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
+                                     const std::vector<int>& members, DeriveCard mine,
+                                     const std::string& what, std::chrono::milliseconds timeout,
+                                     std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
+                                     std::shared_ptr<DeriveResult> out) {
   const int index = mine.rank;
-  const std::string asked =
-      "rank " + std::to_string(mine.parentRank) + " was asked to " + mine.request;
   auto work = std::make_shared<Work>(what);
-  auto result = std::make_shared<DeriveResult>();
+  // A member whose agreement fails here tells its neighbours at once, from the turning thread,
+  // whether or not anyone waits for this Work yet (a simulated rank's caller looks only later).
+  // (The hook holds the agreement's group: the op that held it is gone when the hook runs.)
+  work->setCompletionHook(
+      [group = agreement, sequence, members, index, out, work = work.get(), timeout] {
+        if (!work->failed()) return;
+        tellNeighbours(*group, sequence, members, index, work->error() + out->asked,
+                       std::min(timeout, std::chrono::milliseconds(10000)));
+      });
   auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
-  op->task = agreeOnDerived(*op, members, std::move(mine), what, result);
+  op->task = agreeOnDerived(*op, members, std::move(mine), what, out, std::move(told), toldBy);
   agreement->runtime->submit(std::move(op));
-  work->wait();
-  if (work->failed()) {
-    Status error = work->status();
-    if (result->heardFrom >= 0) error.detail += "; " + asked;
-    tellNeighbours(*agreement, sequence, members, index, error.detail,
-                   std::min(timeout, std::chrono::milliseconds(10000)));
-    throw Error(error);
-  }
-  return *result;
+  return work;
 }
 
 void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,

@@ -1,0 +1,119 @@
+#include "dispatch.h"
+
+#include "../base/config.h"
+#include "../base/tag.h"
+#include "../runtime/runtime.h"
+
+namespace ddl {
+
+PipelineSettings pipelineSettings(const Op& op) {
+  const Config& c = op.group().runtime->config();
+  const bool host = op.memory().kind() == MemoryKind::kHost;
+  return PipelineSettings{host ? c.segmentBytes : c.deviceSegmentBytes, c.pipelineDepth,
+                          static_cast<int>(std::max<size_t>(c.rings, 1)), c.directMinBytes};
+}
+
+Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                   Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan) {
+  const Config& c = op.group().runtime->config();
+  PipelineSettings settings = pipelineSettings(op);
+  // Device memory moves through the transport only (the shared-memory paths are for host
+  // memory): a forced shm_ring or direct means the ring there.
+  const bool host = op.memory().kind() == MemoryKind::kHost;
+  switch (plan->algorithm) {
+    case PlanAlgorithm::kTrivial:
+      break;
+    case PlanAlgorithm::kRecursiveDoubling:
+      if (op.inlined()) {  // two ranks: the peer's data came with its call print
+        const int peer = 1 - op.rank();
+        co_await op.all(op.printFrom(peer));
+        op.memory().reduce(type, reduce, data, op.inlinePayload(peer), count);
+        break;
+      }
+      co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
+      break;
+    case PlanAlgorithm::kLeaders:
+      co_await allreduceLeaders(op, data, count, type, reduce, plan);
+      break;
+    case PlanAlgorithm::kRing:
+      settings.rings = plan->rings;
+      co_await allreduceRing(op, data, count, type, reduce, settings);
+      break;
+    case PlanAlgorithm::kMultiDim:
+      co_await allreduceMultiDim(op, data, type, reduce, plan, settings);
+      break;
+    case PlanAlgorithm::kShared:
+      if (!host) {
+        co_await allreduceRing(op, data, count, type, reduce, settings);
+        break;
+      }
+      SharedAllreduce mode =
+          c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
+          : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
+                                                                  : SharedAllreduce::kAuto;
+      if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
+      co_await allreduceShared(op, data, count, type, reduce, settings, mode, adoptable);
+      break;
+  }
+  if (reduce == ReduceOp::kAvg) {
+    op.memory().average(type, data, count, static_cast<size_t>(op.size()));
+  }
+}
+
+Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       std::shared_ptr<const std::vector<BlockStage>> stages) {
+  if (!stages->empty()) {
+    co_await reduceScatterGrid(op, data, count, type, reduce, stages, pipelineSettings(op));
+  } else {
+    co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings(op));
+  }
+  if (reduce == ReduceOp::kAvg) {
+    char* mine = static_cast<char*>(data) + op.rank() * count * elementSize(type);
+    op.memory().average(type, mine, count, static_cast<size_t>(op.size()));
+  }
+}
+
+Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, ReduceOp reduce,
+                int root) {
+  co_await reduceTree(op, in, out, count, type, reduce, root);
+  if (reduce == ReduceOp::kAvg && op.rank() == root) {
+    op.memory().average(type, out, count, static_cast<size_t>(op.size()));
+  }
+}
+
+// A collective's body, then the call check: the op completes only once every print it sent and
+// asked for is done (a print that differs fails it as soon as it arrives: Op::observe).
+Task checkedCall(Op& op, Task body) {
+  op.startCallCheck();
+  co_await body;
+  co_await op.until([&op] { return op.callCheckDone(); });
+}
+
+uint64_t pointToPointSlot(uint32_t userTag) {
+  const uint32_t high = userTag >> tag::kSequenceBits;
+  return tag::slot(tag::kPointToPointPhase + (high >> tag::kStepBits), high);
+}
+
+Task sendTask(Op& op, const void* data, size_t bytes, int peer, uint32_t userTag) {
+  co_await op.all(op.send(peer, pointToPointSlot(userTag), data, bytes));
+}
+
+Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
+  uint64_t slot = pointToPointSlot(userTag);
+  Request* r = peer >= 0 ? op.recvUpTo(peer, slot, data, bytes) : op.recvAny(slot, data, bytes);
+  co_await op.all(r);
+  op.work->setSource(static_cast<int>(tag::source(r->senderTag)));
+}
+
+Task batchTask(Op& op, std::vector<Transfer> transfers) {
+  std::vector<Request*> requests;
+  requests.reserve(transfers.size());
+  for (const Transfer& t : transfers) {
+    const uint64_t slot = pointToPointSlot(t.userTag);
+    requests.push_back(t.isSend ? op.sendUnder(t.userTag, t.peer, slot, t.data, t.bytes)
+                                : op.recvUnder(t.userTag, t.peer, slot, t.data, t.bytes));
+  }
+  co_await op.all(std::move(requests));
+}
+
+}  // namespace ddl

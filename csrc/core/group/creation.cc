@@ -1,0 +1,188 @@
+// Group creation in two halves (group/bootstrap.h): begin() makes the store requests and starts
+// the exchange over the group's own messages; finish() makes the communicator.
+#include "../base/config.h"
+#include "../base/log.h"
+#include "../base/tag.h"
+#include "../shm/shared_ring.h"
+#include "communicator.h"
+#include "link_probe.h"
+
+namespace ddl {
+namespace {
+
+// The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
+// figures are neither given nor measured before, the link probe (link_probe.h).
+Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
+                 std::shared_ptr<GroupDirectory> directory, const Topology* given,
+                 std::string links, std::shared_ptr<Communicator::Created> out) {
+  co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), directory);
+  if (!directory->error.ok()) co_return;
+  out->topology = given != nullptr ? *given : directory->topology;
+  if (out->topology.size != group->size) {
+    throw Error("ddl: the topology given is for another group size", StatusKind::kInvalidArgument);
+  }
+  out->links = parseLinks(links);
+  out->links.segmentBytes = static_cast<double>(engine->config().segmentBytes);
+  // Measured on the machine found only: a topology given instead has no links to measure.
+  if (given == nullptr) co_await probeLinks(op, *engine, out->topology, &out->links);
+}
+
+}  // namespace
+
+void Communicator::nameGroup(Group& group, Engine& engine) {
+  group.runtime = &engine.runtime();
+  group.buffers = engine.sharedBuffers();
+  group.name = "group " + std::to_string(group.id);
+  engine.runtime().recorder().describeGroup(group.id, group.name, group.rank, group.size);
+  group.sharedRing = std::make_shared<SharedRing>(group.runtime);
+  group.sharedRing->releasedSeen = group.buffers->releasedSoFar();
+}
+
+std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
+                                                   int size, std::chrono::milliseconds timeout,
+                                                   const Topology* simulated) {
+  GroupOptions options;
+  options.timeout = timeout;
+  options.topology = simulated;
+  std::unique_ptr<Pending> pending = begin(engine, store, rank, size, options);
+  pending->work->wait();
+  return finish(*pending);
+}
+
+Communicator::Pending::~Pending() {
+  if (claimed) Engine::releaseGroupIdIfAlive(engine, group->id);
+}
+
+std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyValueStore& store,
+                                                           int rank, int size,
+                                                           const GroupOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
+                std::to_string(size));
+  }
+  if (static_cast<uint32_t>(size) > tag::kMaxRanks) {
+    throw Error("ddl: groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
+  }
+  auto pending = std::make_unique<Pending>();
+  pending->engine = &engine;
+  pending->store = &store;
+  pending->options = options;
+  auto group = std::make_shared<Group>();
+  pending->group = group;
+  group->rank = rank;
+  group->size = size;
+  group->addresses.resize(size);
+  group->peers.assign(size, -1);
+  // The store may hold the keys of an earlier creation of a group with this prefix (a group
+  // destroyed and created again; a FileStore reused): every rank counts itself in, and the
+  // creation the count falls in names this one's keys, so nobody reads a stale value.
+  const int64_t joined = store.add("ddl/joined", 1);
+  pending->key = "ddl/" + std::to_string((joined - 1) / size) + "/";
+  const std::string& key = pending->key;
+  if (rank == 0) {
+    group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
+    store.set(key + "group_id", std::to_string(group->id));
+  } else {
+    group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
+  }
+  nameGroup(*group, engine);
+  engine.runtime().recorder().noteRank(rank);
+  RankCard card;
+  card.rank = rank;
+  card.address = engine.localAddress();
+  card.identity = options.locality ? "" : ProcessIdentity::self().encode();
+  card.locality = (options.locality ? *options.locality : Locality::self()).encode();
+  card.idTaken = !engine.claimGroupId(group->id);
+  pending->claimed = !card.idTaken;
+  if (size > 1) {
+    store.set(key + "address/" + std::to_string(rank), card.address);
+  }
+  const int parent = bootstrapParent(rank);
+  if (parent >= 0) {
+    group->addresses[parent] = store.get(key + "address/" + std::to_string(parent));
+  }
+  pending->directory = std::make_shared<GroupDirectory>();
+  pending->work = std::make_shared<Work>("group creation");
+  auto op = std::make_unique<Op>(group, 0, "group creation", options.timeout, pending->work);
+  const Config& settings = engine.config();
+  const std::string racks = options.racks ? *options.racks : settings.topology;
+  pending->created = std::make_shared<Created>();
+  op->task = createGroup(*op, &engine, group, std::move(card), parseRackMap(racks),
+                         pending->directory, options.topology,
+                         options.links ? *options.links : settings.links, pending->created);
+  engine.submit(std::move(op));
+  return pending;
+}
+
+std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
+  if (!pending.work->done()) throw Error("ddl: the group's creation has not finished");
+  if (pending.work->failed()) throw Error(pending.work->error());
+  GroupDirectory& directory = *pending.directory;
+  if (!directory.error.ok()) throw Error(directory.error);
+  std::shared_ptr<Group> group = pending.group;
+  Engine& engine = *pending.engine;
+  const GroupOptions& options = pending.options;
+  engine.openControl(group);
+  // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
+  std::vector<ProcessIdentity> identities(group->size);
+  for (int r = 0; r < group->size; ++r) {
+    if (r != group->rank && !directory.identities[r].empty()) {
+      identities[r] = ProcessIdentity::decode(directory.identities[r]);
+    }
+  }
+  engine.watch(group, identities);
+  directory = GroupDirectory{};
+  const Config& settings = engine.config();
+  PlanRequest request = options.plan ? *options.plan : planRequest(settings);
+  auto comm = std::shared_ptr<Communicator>(new Communicator(
+      engine, group, options.timeout,
+      PlanBook::forMachine(std::move(pending.created->topology), std::move(pending.created->links),
+                           request, settings.hierarchical)));
+  comm->ownsId_ = pending.claimed;
+  comm->identities_ = std::move(identities);
+  pending.claimed = false;
+  comm->logCreation("created");
+  return comm;
+}
+
+PlanRequest Communicator::planRequest(const Config& c) {
+  PlanRequest request;
+  switch (c.allreduceAlgorithm) {
+    case AllreduceAlgorithm::kAuto:
+      request.algorithm = PlanRequest::Algorithm::kAuto;
+      break;
+    case AllreduceAlgorithm::kDirect:
+    case AllreduceAlgorithm::kSharedRing:
+      request.algorithm = PlanRequest::Algorithm::kShared;
+      break;
+    case AllreduceAlgorithm::kRing:
+      request.algorithm = PlanRequest::Algorithm::kRing;
+      break;
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      request.algorithm = PlanRequest::Algorithm::kRecursiveDoubling;
+      break;
+    case AllreduceAlgorithm::kMultiDim:
+      request.algorithm = PlanRequest::Algorithm::kMultiDim;
+      break;
+    case AllreduceAlgorithm::kLeaders:
+      request.algorithm = PlanRequest::Algorithm::kLeaders;
+      break;
+  }
+  request.colors = static_cast<int>(c.colors);
+  request.rings = static_cast<int>(c.rings);
+  request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));
+  request.order = c.levelOrder;
+  request.waves = static_cast<int>(c.waves);
+  request.smallBytes = c.smallBytes;
+  request.hostSlots = c.hostSlots;
+  return request;
+}
+
+void Communicator::logCreation(const char* how) const {
+  if (!logs(LogLevel::kInfo)) return;
+  logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) + " of " +
+                               std::to_string(size()) + " " + how + ": " + topology().describe() +
+                               "; links " + links().describe());
+}
+
+}  // namespace ddl
