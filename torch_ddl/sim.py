@@ -8,6 +8,8 @@ collective and prints, last, one line:
     python -m torch_ddl.sim --ranks 1024 --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M
     python -m torch_ddl.sim --ranks 256 --bytes 1M --algo ring          # a forced algorithm
     python -m torch_ddl.sim --ranks 1024 --bytes 100M --kill 517@0.5    # a rank dies mid-op
+    python -m torch_ddl.sim --ranks 1024 --bytes 16M --kill 516-519@0.5 --shrink
+                                  # a host of 4 dies; the survivors shrink and go on
 
 Link figures use TORCH_DDL_LINKS's syntax (dimension:latency:bandwidth; 0 within a host, 1
 between hosts of a rack, 2 between racks): the planner and the network see the same machine.
@@ -42,11 +44,42 @@ def parse_rate(text):
     return float(match.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[match.group(2)]
 
 
+def parse_ranks(text):
+    """'5', '3,9,12', '516-519' or a mix ('1,4-6'): the ranks in order, each once."""
+    ranks = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise ValueError(part)
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        ranks += [r for r in range(first, last + 1) if r not in ranks]
+    return ranks
+
+
 def parse_kill(text):
-    match = re.fullmatch(r"(\d+)@([\d.]+)", text.strip())
-    if not match or not 0 <= float(match.group(2)) <= 1:
-        raise argparse.ArgumentTypeError(f"--kill {text}: give RANK@FRACTION, e.g. 517@0.5")
-    return int(match.group(1)), float(match.group(2))
+    ranks_text, _, fraction = text.strip().partition("@")
+    try:
+        ranks = parse_ranks(ranks_text)
+        at = float(fraction)
+    except ValueError:
+        ranks, at = [], -1
+    if not ranks or not 0 <= at <= 1:
+        raise argparse.ArgumentTypeError(
+            f"--kill {text}: give RANKS@FRACTION, e.g. 517@0.5, 3,9@0.2 or 516-519@0.5")
+    return ranks, at
+
+
+def describe_ranks(ranks):
+    """[516, 517, 518, 519, 7] -> '7,516-519'."""
+    ranks, out, i = sorted(ranks), [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
 
 
 def main(argv=None):
@@ -72,8 +105,12 @@ def main(argv=None):
                    help="carry and check real data (auto: when ranks x bytes <= --payload-limit)")
     p.add_argument("--payload-limit", type=parse_bytes, default=256 << 20)
     p.add_argument("--seed", type=int, default=1, help="the inputs")
-    p.add_argument("--kill", type=parse_kill, default=None, metavar="RANK@FRACTION",
-                   help="rank RANK dies when FRACTION of the fault-free op's time has passed")
+    p.add_argument("--kill", type=parse_kill, default=None, metavar="RANKS@FRACTION",
+                   help="the ranks (a rank, a list or a range: 517, 3,9, 516-519) die at once "
+                        "when FRACTION of the fault-free op's time has passed")
+    p.add_argument("--shrink", action="store_true",
+                   help="after --kill, the survivors shrink the group (each excluding the ranks "
+                        "it knows are gone) and run 20 collectives of mixed kinds on it")
     p.add_argument("--timeout-ms", type=int, default=60000, help="the group's timeout")
     p.add_argument("--verbose", action="store_true", help="creation and failure details")
     args = p.parse_args(argv)
@@ -84,16 +121,20 @@ def main(argv=None):
         p.error("give at least one rank")
     payload = args.payload == "on" or (
         args.payload == "auto" and ranks * args.bytes <= args.payload_limit)
-    kill_rank, kill_fraction = args.kill if args.kill else (-1, 0.5)
-    if kill_rank >= ranks:
-        p.error(f"--kill {kill_rank}: there are {ranks} ranks")
+    kill_ranks, kill_fraction = args.kill if args.kill else ([], 0.5)
+    if any(r >= ranks for r in kill_ranks):
+        p.error(f"--kill {describe_ranks(kill_ranks)}: there are {ranks} ranks")
+    if len(kill_ranks) >= ranks:
+        p.error(f"--kill {describe_ranks(kill_ranks)}: no rank would survive")
+    if args.shrink and not kill_ranks:
+        p.error("--shrink needs --kill (the survivors of a fault shrink)")
     try:
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
             hosts_per_rack=args.hosts_per_rack, links=args.links, reduce_bw=args.reduce_bw,
             copy_bw=args.copy_bw, payload=payload, timeout_ms=args.timeout_ms,
-            collective=args.collective, bytes=args.bytes, seed=args.seed, kill_rank=kill_rank,
-            kill_fraction=kill_fraction, algo=args.algo, colors=args.colors, rings=args.rings,
+            collective=args.collective, bytes=args.bytes, seed=args.seed, kill_ranks=kill_ranks,
+            kill_fraction=kill_fraction, shrink=args.shrink, algo=args.algo, colors=args.colors, rings=args.rings,
             waves=args.waves))
     except ValueError as error:
         print(f"torch_ddl.sim: {error}", file=sys.stderr)
@@ -107,19 +148,27 @@ def main(argv=None):
     if r["checked"]:
         print(f"CHECK payload={'ok' if not r['mismatch'] else 'WRONG ' + r['mismatch']}")
     print(f"TRACE digest={r['digest']:016x} events={r['events']}")
-    if kill_rank >= 0:
+    failed = False
+    if kill_ranks:
+        killed = describe_ranks(kill_ranks)
         if args.verbose:
             print(f"killed at {r['killed_at_us']:.1f} us; {r['completed']} survivors had finished "
                   f"(counted by their next call); e.g. {r['first_error']}")
             if r["unnamed_error"]:
-                print(f"not naming rank {kill_rank}: {r['unnamed_error']}")
-        print(f"KILL rank={kill_rank} named={r['named']} of {r['survivors']} "
+                print(f"not knowing every rank of {killed}: {r['unnamed_error']}")
+        print(f"KILL ranks={killed} named={r['named']} of {r['survivors']} "
               f"by_us={r['named_by_us']:.1f} failure_messages={r['failure_messages']}")
+    if args.shrink:
+        if r["shrink_error"]:
+            print(f"shrink: {r['shrink_error']}")
+        print(f"SHRINK groups={r['shrink_groups']} members={r['shrink_members']} "
+              f"took_us={r['shrink_us']:.1f} ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']}")
+        failed = r["shrink_groups"] != 1 or r["shrink_ops_ok"] != r["shrink_ops"]
     algo = r["algo"].replace(" ", ":") if args.collective == "allreduce" else args.collective
     print(f"SIM ranks={r['ranks']} algo={algo} bytes={r['bytes']} sim_us={r['sim_us']:.1f} "
           f"model_us={r['model_us']:.1f} store_requests={r['store_requests']} "
           f"max_endpoints={r['max_endpoints']} messages={r['messages']} wall_s={r['wall_s']:.2f}")
-    return 1 if r["checked"] and r["mismatch"] else 0
+    return 1 if (r["checked"] and r["mismatch"]) or failed else 0
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              out["ranks"] = f.status.ranks;
              out["detail"] = f.status.detail;
              out["remote"] = f.remote;
+             out["gone"] = pg.communicator()->goneRanks();
              return out;
            })
       // dist._time_estimator's calls (torch binds them for NCCL only).
@@ -127,7 +128,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     q.collective = a["collective"].cast<std::string>();
     q.bytes = a["bytes"].cast<size_t>();
     q.seed = a["seed"].cast<uint64_t>();
-    q.killRank = a["kill_rank"].cast<int>();
+    q.killRanks = a["kill_ranks"].cast<std::vector<int>>();
+    q.shrink = a.contains("shrink") && a["shrink"].cast<bool>();
     q.killFraction = a["kill_fraction"].cast<double>();
     ddl::PlanRequest plan = ddl::Communicator::planRequest();
     const std::string algo = a["algo"].cast<std::string>();
@@ -172,6 +174,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     out["failure_messages"] = r.failureMessages;
     out["killed_at_us"] = r.killedAtMicros;
     out["completed"] = r.completed;
+    out["kill_digest"] = r.killDigest;
+    out["shrink_groups"] = r.shrinkGroups;
+    out["shrink_members"] = r.shrinkMembers;
+    out["shrink_us"] = r.shrinkMicros;
+    out["shrink_ops_ok"] = r.shrinkOpsOk;
+    out["shrink_ops"] = ddl::SimRequest::kShrinkOps;
+    out["shrink_error"] = r.shrinkError;
     out["first_error"] = r.firstError;
     out["unnamed_error"] = r.unnamedError;
     out["wall_s"] = r.wallSeconds;

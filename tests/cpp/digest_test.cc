@@ -19,12 +19,16 @@ struct Scenario {
   PlanRequest::Algorithm algorithm;
   size_t bytes;
   int killRank;
+  bool shrink;
   uint64_t digest;  // of the fault-free run, or of the run with the kill
 };
 
 using A = PlanRequest::Algorithm;
 
+// clang-format off: one run a line
 const Scenario kScenarios[] = {
+    // name                             hosts           P  /host /rack collective  algorithm bytes
+    // kill shrink digest
     {"auto 1 MiB, 64 ranks in racks",
      {},
      64,
@@ -34,6 +38,7 @@ const Scenario kScenarios[] = {
      A::kAuto,
      1 << 20,
      -1,
+     false,
      0xe89359b99035895bull},
     {"ring, 96 ranks of 8",
      {},
@@ -44,6 +49,7 @@ const Scenario kScenarios[] = {
      A::kRing,
      4 * 10007,
      -1,
+     false,
      0x1d9ce4a77d9df1fcull},
     {"multidim, uneven hosts",
      {4, 3, 4, 1, 4, 4, 2, 4},
@@ -54,8 +60,9 @@ const Scenario kScenarios[] = {
      A::kMultiDim,
      4 * 10007,
      -1,
+     false,
      0x6189350a179ab35dull},
-    {"leaders", {}, 64, 4, 4, "allreduce", A::kLeaders, 4 * 1031, -1, 0x62583cf8a6b500a2ull},
+    {"leaders", {}, 64, 4, 4, "allreduce", A::kLeaders, 4 * 1031, -1, false, 0x62583cf8a6b500a2ull},
     {"recursive doubling, 40 ranks",
      {},
      40,
@@ -65,9 +72,10 @@ const Scenario kScenarios[] = {
      A::kRecursiveDoubling,
      4 * 131,
      -1,
+     false,
      0x09adbe4caeed20efull},
-    {"broadcast", {}, 40, 4, 4, "broadcast", A::kAuto, 4 * 4099, -1, 0x933bf64bb2a62a12ull},
-    {"allgather", {}, 40, 4, 4, "allgather", A::kAuto, 4 * 131, -1, 0xd6038557e06f3b73ull},
+    {"broadcast", {}, 40, 4, 4, "broadcast", A::kAuto, 4 * 4099, -1, false, 0x933bf64bb2a62a12ull},
+    {"allgather", {}, 40, 4, 4, "allgather", A::kAuto, 4 * 131, -1, false, 0xd6038557e06f3b73ull},
     {"reduce_scatter",
      {},
      40,
@@ -77,12 +85,13 @@ const Scenario kScenarios[] = {
      A::kAuto,
      4 * 131,
      -1,
+     false,
      0x0eac7d1adfce222cull},
-    {"reduce", {}, 40, 4, 4, "reduce", A::kAuto, 4 * 131, -1, 0xeb20ee6d725605f0ull},
-    {"gather", {}, 40, 4, 4, "gather", A::kAuto, 4 * 131, -1, 0x61eaed38a319e59full},
-    {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, 0xd62cca0595601de0ull},
-    {"alltoall", {}, 40, 4, 4, "alltoall", A::kAuto, 4 * 131, -1, 0x7990164bcef6910full},
-    {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, 0xea4e3b76255bacfaull},
+    {"reduce", {}, 40, 4, 4, "reduce", A::kAuto, 4 * 131, -1, false, 0xeb20ee6d725605f0ull},
+    {"gather", {}, 40, 4, 4, "gather", A::kAuto, 4 * 131, -1, false, 0x61eaed38a319e59full},
+    {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, false, 0xd62cca0595601de0ull},
+    {"alltoall", {}, 40, 4, 4, "alltoall", A::kAuto, 4 * 131, -1, false, 0x7990164bcef6910full},
+    {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, false, 0xea4e3b76255bacfaull},
     {"rank 17 killed halfway",
      {},
      64,
@@ -92,6 +101,7 @@ const Scenario kScenarios[] = {
      A::kAuto,
      1 << 20,
      17,
+     false,
      0x9a310cc2198e2756ull},
     {"rank 5 killed in an allgather",
      {},
@@ -102,8 +112,21 @@ const Scenario kScenarios[] = {
      A::kAuto,
      4 * 1031,
      5,
+     false,
      0x5fd57e6e3398bcc3ull},
+    {"rank 5 killed, then the shrink",
+     {},
+     64,
+     4,
+     0,
+     "allreduce",
+     A::kAuto,
+     1 << 20,
+     5,
+     true,
+     0x0ull},
 };
+// clang-format on
 
 TEST(Digest, TheRecordedRunsDeliverTheSameMessagesAtTheSameTimes) {
   for (const Scenario& s : kScenarios) {
@@ -117,10 +140,12 @@ TEST(Digest, TheRecordedRunsDeliverTheSameMessagesAtTheSameTimes) {
     q.cluster.plan->algorithm = s.algorithm;
     q.collective = s.collective;
     q.bytes = s.bytes;
-    q.killRank = s.killRank;
+    if (s.killRank >= 0) q.killRanks = {s.killRank};
+    q.shrink = s.shrink;
     const SimReport r = simulate(q);
     const uint64_t digest = s.killRank >= 0 ? r.killDigest : r.digest;
     EXPECT_EQ(r.mismatch, "") << s.name;
+    if (s.shrink) EXPECT_EQ(r.shrinkOpsOk, SimRequest::kShrinkOps) << r.shrinkError;
     EXPECT_EQ(digest, s.digest) << s.name << ": now 0x" << std::hex << digest;
   }
 }

@@ -208,7 +208,7 @@ TEST(Sim, EverySurvivorNamesAKilledRankSoonWithFewMessages) {
   for (int killed : {0, 77, 255}) {
     SimRequest q = request(ranks, 4, 8, 1 << 20);
     q.cluster.payload = false;
-    q.killRank = killed;
+    q.killRanks = {killed};
     q.killFraction = 0.4;
     SimReport r = simulate(q);
     SCOPED_TRACE(r.unnamedError);

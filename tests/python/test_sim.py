@@ -57,13 +57,27 @@ def test_a_killed_rank_is_named_by_every_survivor():
     code, lines, err = sim("--ranks", "64", "--bytes", "1M", "--kill", "17@0.5")
     assert code == 0, err
     kill = [l for l in lines if l.startswith("KILL")]
-    assert kill and re.match(r"KILL rank=17 named=63 of 63 by_us=[\d.]+ failure_messages=\d+",
+    assert kill and re.match(r"KILL ranks=17 named=63 of 63 by_us=[\d.]+ failure_messages=\d+",
                              kill[0]), lines
     assert SIM_LINE.match(lines[-1])
+
+
+def test_the_survivors_shrink_into_one_group_whose_next_collectives_are_right():
+    code, lines, err = sim("--ranks", "64", "--ranks-per-host", "4", "--bytes", "1M",
+                           "--kill", "5@0.5", "--shrink")
+    assert code == 0, (err, lines)
+    shrink = [l for l in lines if l.startswith("SHRINK")]
+    assert shrink and re.match(r"SHRINK groups=1 members=63 took_us=[\d.]+ ops_ok=20 of 20$",
+                               shrink[0]), lines
+    assert lines.index(shrink[0]) == len(lines) - 2  # just before the SIM line
 
 
 def test_bad_input_says_what_is_wrong():
     code, _, err = sim("--ranks", "8", "--kill", "9@0.5")
     assert code != 0 and "there are 8 ranks" in err
+    code, _, err = sim("--ranks", "8", "--kill", "3-1@0.5")
+    assert code != 0 and "give RANKS@FRACTION" in err
+    code, _, err = sim("--ranks", "8", "--shrink")
+    assert code != 0 and "--shrink needs --kill" in err
     code, _, err = sim("--ranks", "8", "--bytes", "lots")
     assert code != 0 and "'lots' is not a size" in err

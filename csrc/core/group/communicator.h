@@ -152,6 +152,10 @@ class Communicator {
   // The group's first failed op: how it ended (ok while every op succeeded), and whether another
   // rank's report ended it.
   GroupState::Failure firstFailure() const { return group_->state->firstFailure(); }
+  // The ranks of this group known here to be gone (found here, or named by another rank), in
+  // ascending order: what a shrink after a failure excludes.
+  std::vector<int> goneRanks() const { return group_->state->gone(); }
+  std::optional<TimePoint> goneSince(int rank) const { return group_->state->goneSince(rank); }
   // The allreduce plan for `count` elements of `type` (cached per size), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);

@@ -148,6 +148,9 @@ void Engine::ended(Op& op, const Status& error, Ending ending, const std::string
   // what was done (monitored barriers and point-to-point ops, which have no call check, leave it
   // usable, as their callers expect).
   const std::shared_ptr<GroupState>& group = op.group().state;
+  if (ending == Ending::kLost) {
+    for (int r : error.ranks) group->noteGone(r, runtime_.clock().now());
+  }
   if (op.checksCall() && (ending == Ending::kTimeout || ending == Ending::kLost)) {
     group->fail(error.withDetail(where + " " + error.detail));
     refusalsPending_ = true;
@@ -207,6 +210,7 @@ void Engine::announceLost() {
       for (int r = 0; r < g.size; ++r) {
         if (r == g.rank || g.peers[r] != peer) continue;
         const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
+        g.state->noteGone(r, now);
         g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + why, {r}));
         refusalsPending_ = true;
         Notice notice;

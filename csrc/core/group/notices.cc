@@ -235,6 +235,9 @@ Status Engine::reportOf(const Notice& notice) {
 }
 
 void Engine::applyNotice(GroupControl& control, const Notice& notice) {
+  if (notice.gone >= 0 && notice.gone < control.group->size) {
+    control.group->state->noteGone(notice.gone, runtime_.clock().now());
+  }
   Status report = reportOf(notice);
   const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
   Runtime::OpList& active = runtime_.ops();

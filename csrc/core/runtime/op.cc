@@ -1,5 +1,6 @@
 #include "op.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -33,6 +34,25 @@ void GroupState::fail(const Status& status, bool remote) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (first_.status.ok()) first_ = Failure{status, remote};
   if (refusal_.ok()) refusal_ = status.withDetail("the group failed earlier: " + status.detail);
+}
+
+void GroupState::noteGone(int rank, TimePoint when) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  gone_.emplace(rank, when);
+}
+
+std::vector<int> GroupState::gone() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> ranks;
+  for (const auto& [rank, when] : gone_) ranks.push_back(rank);
+  return ranks;
+}
+
+std::optional<TimePoint> GroupState::goneSince(int rank) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = gone_.find(rank);
+  if (it == gone_.end()) return std::nullopt;
+  return it->second;
 }
 
 Status GroupState::refusal() const {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,11 +45,17 @@ class GroupState {
   // The group cannot go on: records the failure and refuses later ops, naming it.
   void fail(const Status& status, bool remote = false);
   Status refusal() const;  // why ops fail at once (ok while the group is usable)
+  // The ranks of the group known to be gone: found here, or named by another rank's notice, and
+  // when each was first known (the runtime's clock).
+  void noteGone(int rank, TimePoint when);
+  std::vector<int> gone() const;
+  std::optional<TimePoint> goneSince(int rank) const;
 
  private:
   mutable std::mutex mutex_;
   Failure first_;
   Status refusal_;
+  std::map<int, TimePoint> gone_;
 };
 
 // A communicator's membership as the runtime needs it: shared by the communicator and its ops, so

@@ -149,7 +149,22 @@ void SimCluster::createGroup() {
   }
 }
 
+std::vector<Communicator*> SimCluster::members() {
+  std::vector<Communicator*> all(comms_.size());
+  for (size_t r = 0; r < comms_.size(); ++r) all[r] = comms_[r].get();
+  return all;
+}
+
+bool SimCluster::runUntil(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  return network_->run(done, network_->now() + limit);
+}
+
 SimCluster::Outcome SimCluster::run(const Start& start, std::chrono::milliseconds limit) {
+  return run(members(), start, limit);
+}
+
+SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, const Start& start,
+                                    std::chrono::milliseconds limit) {
   const int n = size();
   Outcome outcome;
   outcome.began = network_->now();
@@ -160,7 +175,7 @@ SimCluster::Outcome SimCluster::run(const Start& start, std::chrono::millisecond
   auto ended = std::make_shared<std::vector<std::optional<TimePoint>>>(n);
   auto running = std::make_shared<int>(0);  // ops started and not ended
   for (int r = 0; r < n; ++r) {
-    if (network_->dead(r) || !comms_[r]) continue;
+    if (network_->dead(r) || comms[r] == nullptr) continue;
     CallOptions options;
     options.work = std::make_shared<Work>("simulated op");
     SimNetwork* network = network_.get();
@@ -168,7 +183,7 @@ SimCluster::Outcome SimCluster::run(const Start& start, std::chrono::millisecond
       (*ended)[r] = network->timeOf(r);
       --*running;
     });
-    works[r] = start(r, *comms_[r], options);
+    works[r] = start(r, *comms[r], options);
     if (works[r]) ++*running;
   }
   // Checked after every event: a count, and a look at each rank only while no more ops run than

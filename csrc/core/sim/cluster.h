@@ -67,6 +67,14 @@ class SimCluster {
   };
   using Start = std::function<std::shared_ptr<Work>(int rank, Communicator&, CallOptions)>;
   Outcome run(const Start& start, std::chrono::milliseconds limit);
+  // The same over another group's communicators, by the cluster rank each runs on (null: that
+  // rank takes no part).
+  Outcome run(const std::vector<Communicator*>& members, const Start& start,
+              std::chrono::milliseconds limit);
+  // Runs the event loop until `done()` holds or `limit` of virtual time has passed.
+  bool runUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
+  // The group of every rank (createGroup), by cluster rank.
+  std::vector<Communicator*> members();
 
   // The most endpoints any rank has opened.
   int maxEndpoints() const;

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <regex>
+#include <set>
 
 #include "../base/tag.h"
 #include "../base/types.h"
+#include "calls.h"
 
 namespace ddl {
 namespace {
@@ -14,148 +15,6 @@ namespace {
 double micros(TimePoint from, TimePoint to) {
   return std::chrono::duration<double, std::micro>(to - from).count();
 }
-
-// Rank r's element i for `seed`: small integers, exact in float32 whatever the order of the sum.
-float valueOf(uint64_t seed, int rank, size_t i) {
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(rank) * 0xbf58476d1ce4e5b9ull +
-               i * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return static_cast<float>(x % 8);
-}
-
-struct Buffers {
-  std::vector<std::vector<float>> in, out;  // by rank (payload only)
-};
-
-class Runner {
- public:
-  Runner(const SimRequest& request) : request_(request), cluster_(request.cluster) {
-    count_ = request.bytes / sizeof(float);
-    payload_ = request.cluster.payload;
-  }
-  SimCluster& cluster() { return cluster_; }
-  size_t count() const { return count_; }
-
-  void fill() {
-    if (!payload_) return;
-    const int n = cluster_.size();
-    const size_t blocks = blocksIn();
-    buffers_.in.assign(n, {});
-    buffers_.out.assign(n, {});
-    for (int r = 0; r < n; ++r) {
-      buffers_.in[r].resize(count_ * blocks);
-      for (size_t i = 0; i < buffers_.in[r].size(); ++i) {
-        buffers_.in[r][i] = valueOf(request_.seed, r, i);
-      }
-      buffers_.out[r].assign(count_ * blocksOut(), -1.0f);
-    }
-  }
-
-  SimCluster::Outcome run(std::chrono::milliseconds limit) {
-    const std::string& c = request_.collective;
-    return cluster_.run(
-        [&](int r, Communicator& comm, CallOptions options) -> std::shared_ptr<Work> {
-          void* in =
-              payload_ ? static_cast<void*>(buffers_.in[r].data()) : SimMemory::placeholder(0);
-          void* out =
-              payload_ ? static_cast<void*>(buffers_.out[r].data()) : SimMemory::placeholder(0);
-          const DataType f = DataType::kFloat32;
-          if (c == "allreduce") return comm.allreduce(in, count_, f, ReduceOp::kSum, options);
-          if (c == "broadcast") return comm.broadcast(in, count_, f, 0, options);
-          if (c == "allgather") return comm.allgather(in, out, count_, f, options);
-          if (c == "reduce_scatter") {
-            return comm.reduceScatter(in, count_, f, ReduceOp::kSum, options);
-          }
-          if (c == "reduce") return comm.reduce(in, out, count_, f, ReduceOp::kSum, 0, options);
-          if (c == "gather") return comm.gather(in, out, count_, f, 0, options);
-          if (c == "scatter") return comm.scatter(in, out, count_, f, 0, options);
-          if (c == "barrier") return comm.barrier(options);
-          if (c == "alltoall") {
-            AlltoallLayout layout;
-            const size_t block = count_ * sizeof(float);
-            for (int q = 0; q < comm.size(); ++q) {
-              layout.sendOffsets.push_back(q * block);
-              layout.sendBytes.push_back(block);
-              layout.recvOffsets.push_back(q * block);
-              layout.recvBytes.push_back(block);
-            }
-            return comm.alltoall(in, out, layout, options);
-          }
-          throw Error("ddl: the simulator has no collective '" + c + "'");
-        },
-        limit);
-  }
-
-  // The first wrong element of any rank, or "".
-  std::string check() const {
-    const std::string& c = request_.collective;
-    const int n = cluster_.size();
-    const size_t k = count_;
-    auto in = [&](int r, size_t i) { return valueOf(request_.seed, r, i); };
-    auto sum = [&](size_t i) {
-      float s = 0;
-      for (int q = 0; q < n; ++q) s += in(q, i);
-      return s;
-    };
-    auto wrong = [](int r, size_t i, float got, float want) {
-      return "rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
-             std::to_string(got) + " where " + std::to_string(want) + " is right";
-    };
-    std::vector<float> sums;
-    if (c == "allreduce" || c == "reduce" || c == "reduce_scatter") {
-      const size_t total = c == "reduce_scatter" ? k * n : k;
-      sums.resize(total);
-      for (size_t i = 0; i < total; ++i) sums[i] = sum(i);
-    }
-    for (int r = 0; r < n; ++r) {
-      for (size_t i = 0; i < k; ++i) {
-        float got = 0, want = 0;
-        if (c == "allreduce") {
-          got = buffers_.in[r][i], want = sums[i];
-        } else if (c == "broadcast") {
-          got = buffers_.in[r][i], want = in(0, i);
-        } else if (c == "reduce_scatter") {
-          got = buffers_.in[r][r * k + i], want = sums[r * k + i];
-        } else if (c == "reduce") {
-          if (r != 0) break;
-          got = buffers_.out[r][i], want = sums[i];
-        } else if (c == "scatter") {
-          got = buffers_.out[r][i], want = in(0, r * k + i);
-        } else if (c == "allgather" || c == "gather" || c == "alltoall") {
-          if (c == "gather" && r != 0) break;
-          for (int q = 0; q < n; ++q) {
-            const float g = buffers_.out[r][q * k + i];
-            const float w = c == "alltoall" ? in(q, r * k + i) : in(q, i);
-            if (g != w) return wrong(r, q * k + i, g, w);
-          }
-          continue;
-        } else {
-          break;
-        }
-        if (got != want) return wrong(r, i, got, want);
-      }
-    }
-    return "";
-  }
-
- private:
-  size_t blocksIn() const {
-    const std::string& c = request_.collective;
-    const size_t n = static_cast<size_t>(cluster_.size());
-    return c == "reduce_scatter" || c == "scatter" || c == "alltoall" ? n : 1;
-  }
-  size_t blocksOut() const {
-    const std::string& c = request_.collective;
-    const size_t n = static_cast<size_t>(cluster_.size());
-    return c == "allgather" || c == "gather" || c == "alltoall" ? n : 1;
-  }
-
-  const SimRequest& request_;
-  SimCluster cluster_;
-  size_t count_ = 0;
-  bool payload_ = true;
-  Buffers buffers_;
-};
 
 double spanMicros(const SimCluster::Outcome& outcome) {
   double longest = 0;
@@ -165,6 +24,97 @@ double spanMicros(const SimCluster::Outcome& outcome) {
   return longest;
 }
 
+SimCall requestedCall(const SimRequest& request) {
+  SimCall call;
+  call.collective = request.collective;
+  call.count = request.bytes / sizeof(float);
+  call.seed = request.seed;
+  return call;
+}
+
+// The collectives after a shrink: every kind, roots that move, sizes from a few floats to the
+// request's own.
+std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
+  const std::vector<std::string> kinds = {"allreduce", "broadcast",      "allgather", "barrier",
+                                          "reduce",    "reduce_scatter", "gather",    "scatter",
+                                          "alltoall",  "allreduce"};
+  std::vector<SimCall> calls;
+  for (int i = 0; i < SimRequest::kShrinkOps; ++i) {
+    SimCall call;
+    call.collective = kinds[i % kinds.size()];
+    call.seed = request.seed + 1000 + i;
+    call.root = (i * 7) % members;
+    const bool blocks = call.collective == "allgather" || call.collective == "reduce_scatter" ||
+                        call.collective == "gather" || call.collective == "scatter" ||
+                        call.collective == "alltoall";
+    call.count = blocks ? 31 : i == 9 ? request.bytes / sizeof(float) : 1031;
+    calls.push_back(call);
+  }
+  return calls;
+}
+
+// The shrink after the kill, then the collectives on the group it formed.
+void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report) {
+  const int n = cluster.size();
+  const std::chrono::milliseconds limit = request.cluster.timeout * 2;
+  std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+  std::vector<std::shared_ptr<Communicator>> derived(n);
+  auto fail = [report](int r, const std::string& why) {
+    if (report->shrinkError.empty()) report->shrinkError = "rank " + std::to_string(r) + ": " + why;
+  };
+  const TimePoint began = cluster.network().now();
+  for (int r = 0; r < n; ++r) {
+    if (cluster.network().dead(r)) continue;
+    Communicator& comm = cluster.comm(r);
+    try {
+      pending[r] = comm.beginShrink(comm.goneRanks());
+    } catch (const Error& e) {
+      fail(r, e.what());
+    }
+  }
+  cluster.runUntil(
+      [&] {
+        return std::all_of(pending.begin(), pending.end(),
+                           [](const auto& d) { return !d || d->work->done(); });
+      },
+      limit);
+  report->shrinkMicros = micros(began, cluster.network().now());
+  std::set<uint32_t> ids;
+  std::vector<Communicator*> members(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    if (!pending[r]) continue;
+    try {
+      derived[r] = Communicator::finishDerivation(*pending[r]);
+      ids.insert(derived[r]->id());
+      members[r] = derived[r].get();
+      report->shrinkMembers = derived[r]->size();
+    } catch (const Error& e) {
+      fail(r, e.what());
+    }
+  }
+  report->shrinkGroups = static_cast<int>(ids.size());
+  if (ids.size() != 1) return;
+  for (const SimCall& call : afterShrink(request, report->shrinkMembers)) {
+    SimCallBuffers buffers(call, report->shrinkMembers, request.cluster.payload);
+    SimCluster::Outcome outcome = cluster.run(
+        members,
+        [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
+        limit);
+    bool right = outcome.finished;
+    for (int r = 0; r < n && right; ++r) {
+      if (members[r] == nullptr) continue;
+      std::string wrong = outcome.errors[r];
+      if (wrong.empty()) wrong = buffers.check(members[r]->rank());
+      if (!wrong.empty()) {
+        fail(r, call.describe() + ": " + wrong);
+        right = false;
+      }
+    }
+    if (!outcome.finished) fail(-1, call.describe() + " did not end");
+    if (right) ++report->shrinkOpsOk;
+  }
+}
+
 }  // namespace
 
 SimReport simulate(const SimRequest& request) {
@@ -172,10 +122,10 @@ SimReport simulate(const SimRequest& request) {
   SimReport report;
   report.bytes = request.bytes;
   const std::chrono::milliseconds limit = request.cluster.timeout * 2;
+  const SimCall call = requestedCall(request);
   double faultFree = 0;
   {
-    Runner runner(request);
-    SimCluster& cluster = runner.cluster();
+    SimCluster cluster(request.cluster);
     report.ranks = cluster.size();
     const TimePoint created = cluster.network().now();
     cluster.createGroup();
@@ -183,16 +133,18 @@ SimReport simulate(const SimRequest& request) {
     report.storeRequests = cluster.storeRequests();
     report.creationMessages = cluster.network().messages();
     if (request.collective == "allreduce") {
-      auto plan = cluster.comm(0).allreducePlan(runner.count(), DataType::kFloat32);
+      auto plan = cluster.comm(0).allreducePlan(call.count, DataType::kFloat32);
       report.algorithm = plan->describe();
       report.modelMicros = plan->predicted * 1e6;
     } else {
       report.algorithm = request.collective;
     }
-    runner.fill();
+    SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     double before[3];
     for (int level = 0; level < 3; ++level) before[level] = cluster.network().busiestLink(level);
-    SimCluster::Outcome outcome = runner.run(limit);
+    SimCluster::Outcome outcome = cluster.run(
+        [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
+        limit);
     if (!outcome.finished) throw Error("ddl: the simulated " + request.collective + " did not end");
     for (int r = 0; r < cluster.size(); ++r) {
       if (!outcome.errors[r].empty()) throw Error(outcome.errors[r]);
@@ -209,32 +161,41 @@ SimReport simulate(const SimRequest& request) {
     report.digest = cluster.network().digest();
     if (request.cluster.payload) {
       report.checked = true;
-      report.mismatch = runner.check();
+      for (int r = 0; r < cluster.size() && report.mismatch.empty(); ++r) {
+        report.mismatch = buffers.check(r);
+      }
     }
   }
-  if (request.killRank >= 0) {
-    Runner runner(request);
-    SimCluster& cluster = runner.cluster();
-    if (request.killRank >= cluster.size()) {
-      throw Error("ddl: cannot kill rank " + std::to_string(request.killRank) + " of " +
-                  std::to_string(cluster.size()));
+  if (!request.killRanks.empty()) {
+    SimCluster cluster(request.cluster);
+    std::set<int> killed(request.killRanks.begin(), request.killRanks.end());
+    for (int r : killed) {
+      if (r < 0 || r >= cluster.size()) {
+        throw Error("ddl: cannot kill rank " + std::to_string(r) + " of " +
+                        std::to_string(cluster.size()),
+                    StatusKind::kInvalidArgument);
+      }
     }
     cluster.createGroup();
-    runner.fill();
+    SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
     const uint64_t noticesBefore = cluster.network().messagesOfSlot(noticeSlot);
     const TimePoint began = cluster.network().now();
     const auto at = std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::duration<double, std::micro>(faultFree * request.killFraction));
-    cluster.network().kill(request.killRank, began + at);
+    for (int r : killed) cluster.network().kill(r, began + at);
     report.killedAtMicros = std::chrono::duration<double, std::micro>(at).count();
-    SimCluster::Outcome outcome = runner.run(limit);
+    SimCluster::Outcome outcome = cluster.run(
+        [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
+        limit);
     // A survivor whose part was done before the failure reached it (its result is right: the
-    // dead rank's data was in) raises at its next call: the group has failed. Each makes one.
+    // dead ranks' data was in) raises at its next call: the group has failed. Each makes one.
     std::vector<int> finished;
     for (int r = 0; r < cluster.size(); ++r) {
-      if (r != request.killRank && outcome.ended[r] && outcome.errors[r].empty()) {
+      if (!killed.count(r) && outcome.ended[r] && outcome.errors[r].empty()) {
         finished.push_back(r);
+        const std::string wrong = buffers.check(r);
+        if (!wrong.empty() && report.mismatch.empty()) report.mismatch = wrong;
       }
     }
     report.completed = static_cast<int>(finished.size());
@@ -250,25 +211,37 @@ SimReport simulate(const SimRequest& request) {
         outcome.ended[r] = next.ended[r];
       }
     }
-    const std::regex names("rank " + std::to_string(request.killRank) + "\\b");
+    // A survivor names the set when its group knows every rank of it is gone.
     for (int r = 0; r < cluster.size(); ++r) {
-      if (r == request.killRank) continue;
+      if (killed.count(r)) continue;
       ++report.survivors;
+      const Communicator& comm = cluster.comm(r);
       const std::string& error = outcome.errors[r];
-      if (error.empty() || !std::regex_search(error, names)) {
+      std::optional<TimePoint> knewAll = began;
+      int known = 0;
+      for (int k : killed) {
+        std::optional<TimePoint> since = comm.goneSince(k);
+        if (!since) {
+          knewAll.reset();
+          continue;
+        }
+        ++known;
+        if (knewAll) knewAll = std::max(*knewAll, *since);
+      }
+      if (!knewAll) {
         if (report.unnamedError.empty()) {
-          report.unnamedError =
-              "rank " + std::to_string(r) + ": " + (error.empty() ? "no error" : error);
+          report.unnamedError = "rank " + std::to_string(r) + " knows " + std::to_string(known) +
+                                " of the " + std::to_string(killed.size()) +
+                                " ranks: " + (error.empty() ? "no error" : error);
         }
         continue;
       }
       ++report.named;
       if (report.firstError.empty()) report.firstError = error;
-      if (outcome.ended[r]) {
-        report.namedByMicros = std::max(report.namedByMicros, micros(began, *outcome.ended[r]));
-      }
+      report.namedByMicros = std::max(report.namedByMicros, micros(began, *knewAll));
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
+    if (request.shrink) shrinkAndGoOn(request, cluster, &report);
     report.killDigest = cluster.network().digest();
   }
   report.wallSeconds =

@@ -1,7 +1,9 @@
 // One simulated run, as `python -m torch_ddl.sim` asks for it: a cluster of the given shape
-// creates a group and runs one collective, optionally with a rank killed part-way through it,
-// and reports what it cost (virtual time, the cost model's prediction, store requests, the most
-// endpoints a rank opened, messages) and, with payload, whether every rank's result is right.
+// creates a group and runs one collective, optionally with a set of ranks killed at once
+// part-way through it (then, optionally, the survivors shrink and run 20 collectives of mixed
+// kinds on the group they formed), and reports what it cost (virtual time, the cost model's
+// prediction, store requests, the most endpoints a rank opened, messages) and, with payload,
+// whether every rank's result is right.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +20,14 @@ struct SimRequest {
                                          // reduce, gather, scatter, alltoall, barrier
   size_t bytes = 0;                      // per rank (float32 elements: bytes / 4)
   uint64_t seed = 1;                     // the inputs
-  // A rank that dies once `killFraction` of the fault-free op's time has passed (-1: none).
-  int killRank = -1;
+  // Ranks that die at once when `killFraction` of the fault-free op's time has passed (none:
+  // no fault).
+  std::vector<int> killRanks;
   double killFraction = 0.5;
+  // After the kill, the survivors shrink the group, each excluding the ranks it knows are gone,
+  // and run kShrinkOps collectives of mixed kinds on the group they formed.
+  bool shrink = false;
+  static constexpr int kShrinkOps = 20;
 };
 
 struct SimReport {
@@ -39,18 +46,26 @@ struct SimReport {
   // The fraction of the op's time the busiest link of each level (a rank's port, a NIC, an
   // uplink) was busy during it: how much the level's largest busy time grew over the op.
   double busiest[3] = {0, 0, 0};
-  bool checked = false;  // results compared with the reference (payload on, no fault)
+  bool checked = false;  // results compared with the reference (payload on)
   std::string mismatch;  // the first wrong result, "" when every rank's is right
-  // With a rank killed: of the survivors, how many raised an error naming it, by when (from
-  // the op's start), and how many messages the failure caused (notices).
+  // With ranks killed: of the survivors, how many know every rank of the set is gone, by when
+  // (from the op's start), and how many messages the failure caused (notices).
   int survivors = 0;
   int named = 0;
   double namedByMicros = 0;
   uint64_t failureMessages = 0;
   double killedAtMicros = 0;
-  uint64_t killDigest = 0;   // the digest of the run with the kill
+  uint64_t killDigest = 0;   // the digest of the run with the kill (and the shrink after it)
   std::string firstError;    // one survivor's error, for the record
-  std::string unnamedError;  // a survivor that did not name the dead rank, and why ("": none)
+  std::string unnamedError;  // a survivor that does not know the whole set, and why ("": none)
+  // With the shrink: how many groups the survivors formed (by id), of how many members, the
+  // virtual time from the shrink calls to the last one's end, and of the collectives after it
+  // how many were right on every member.
+  int shrinkGroups = 0;
+  int shrinkMembers = 0;
+  double shrinkMicros = 0;
+  int shrinkOpsOk = 0;
+  std::string shrinkError;  // the first failure of the shrink or of a collective after it
   // Survivors whose op ended well (the dead rank's part had reached them): they are counted by
   // the error of their next call (a barrier), which the failed group refuses.
   int completed = 0;

@@ -1,0 +1,48 @@
+// One collective as every member of a simulated group calls it: inputs drawn from a seed, the
+// call each member makes, and each member's result checked against the reference computed
+// here. Float32 data whose elements are small integers, exact whatever the order of a sum.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../group/communicator.h"
+
+namespace ddl {
+
+struct SimCall {
+  // allreduce, broadcast, allgather, reduce_scatter, reduce, gather, scatter, alltoall, barrier
+  std::string collective = "allreduce";
+  size_t count = 0;  // float32 elements (per rank and block where each rank has blocks)
+  int root = 0;
+  uint64_t seed = 1;
+  std::string describe() const;  // "allreduce of 1024 floats"
+};
+
+// The collectives SimCall knows.
+const std::vector<std::string>& simCollectives();
+
+class SimCallBuffers {
+ public:
+  // The buffers of a group of `size` ranks (with payload; without, addresses nothing may touch).
+  SimCallBuffers(const SimCall& call, int size, bool payload);
+  // What rank `rank` (of the group) calls on `comm`.
+  std::shared_ptr<Work> start(Communicator& comm, CallOptions options);
+  // The first wrong element of `rank`'s result, "" when it is right (or nothing was carried).
+  std::string check(int rank) const;
+
+ private:
+  size_t blocksIn() const;
+  size_t blocksOut() const;
+  float input(int rank, size_t i) const;
+
+  SimCall call_;
+  int size_;
+  bool payload_;
+  std::vector<std::vector<float>> in_, out_;  // by rank
+  mutable std::vector<float> sums_;           // the reference sums, made on the first check
+};
+
+}  // namespace ddl
