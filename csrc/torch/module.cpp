@@ -133,16 +133,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     q.killFraction = a["kill_fraction"].cast<double>();
     ddl::PlanRequest plan = ddl::Communicator::planRequest();
     const std::string algo = a["algo"].cast<std::string>();
-    using A = ddl::PlanRequest::Algorithm;
-    const std::map<std::string, A> algorithms = {{"auto", A::kAuto},
-                                                 {"ring", A::kRing},
-                                                 {"multidim", A::kMultiDim},
-                                                 {"leaders", A::kLeaders},
-                                                 {"recursive_doubling", A::kRecursiveDoubling},
-                                                 {"shared", A::kShared}};
-    auto found = algorithms.find(algo);
-    if (found == algorithms.end()) throw py::value_error("unknown algorithm '" + algo + "'");
-    plan.algorithm = found->second;
+    const std::optional<ddl::AllreduceAlgorithm> named = ddl::allreduceAlgorithmNamed(algo);
+    if (!named || *named == ddl::AllreduceAlgorithm::kTrivial) {
+      throw py::value_error("unknown algorithm '" + algo + "'");
+    }
+    plan.algorithm = *named;
     plan.colors = a["colors"].cast<int>();
     plan.waves = a["waves"].cast<int>();
     if (a.contains("rings")) plan.rings = a["rings"].cast<int>();

@@ -16,14 +16,14 @@ struct Scenario {
   std::vector<int> hostSizes;  // empty: `ranks` in hosts of `perHost`
   int ranks, perHost, hostsPerRack;
   const char* collective;
-  PlanRequest::Algorithm algorithm;
+  AllreduceAlgorithm algorithm;
   size_t bytes;
   int killRank;
   bool shrink;
   uint64_t digest;  // of the fault-free run, or of the run with the kill
 };
 
-using A = PlanRequest::Algorithm;
+using A = AllreduceAlgorithm;
 
 // One run a line: name, ranks of each host (or P in hosts of /host), racks of /rack hosts, the
 // collective, the allreduce algorithm, bytes per rank, a rank killed halfway (-1: none), the

@@ -17,7 +17,7 @@ namespace {
 constexpr const char* kLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
 
 SimRequest request(int ranks, int perHost, int hostsPerRack, size_t bytes,
-                   PlanRequest::Algorithm algorithm = PlanRequest::Algorithm::kAuto) {
+                   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto) {
   SimRequest q;
   q.cluster.ranks = ranks;
   q.cluster.ranksPerHost = perHost;
@@ -126,7 +126,7 @@ TEST(Sim, LinksSharePacketByPacketAndAPairKeepsItsOrder) {
 }
 
 TEST(Sim, EveryAllreduceAlgorithmIsRightAt64To512Ranks) {
-  using A = PlanRequest::Algorithm;
+  using A = AllreduceAlgorithm;
   struct Case {
     int ranks, perHost, hostsPerRack;
     size_t bytes;
@@ -162,10 +162,10 @@ TEST(Sim, TheCostModelPredictsWhatTheSimulationTakesFromOneMebibyte) {
 }
 
 TEST(Sim, UnevenHostsAndRacks) {
-  SimRequest q = request(0, 1, 2, 4 * 10007, PlanRequest::Algorithm::kMultiDim);
+  SimRequest q = request(0, 1, 2, 4 * 10007, AllreduceAlgorithm::kMultiDim);
   q.cluster.hostSizes = {4, 3, 4, 1, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 3};  // 64 ranks
   expectRight(simulate(q));
-  q.cluster.plan->algorithm = PlanRequest::Algorithm::kAuto;
+  q.cluster.plan->algorithm = AllreduceAlgorithm::kAuto;
   expectRight(simulate(q));
 }
 

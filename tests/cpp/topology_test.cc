@@ -234,30 +234,30 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   Topology twoByTwo = simulated({0, 0, 1, 1});
   const size_t big = 16 << 20;  // float32 elements: 64 MiB
   AllreducePlan chosen = planAllreduce(twoByTwo, links, big, 4, automatic);
-  EXPECT_EQ(chosen.algorithm, PlanAlgorithm::kMultiDim) << chosen.describe();
+  EXPECT_EQ(chosen.algorithm, AllreduceAlgorithm::kMultiDim) << chosen.describe();
   AllreducePlan flat =
-      planAllreduce(twoByTwo, links, big, 4, PlanRequest{PlanRequest::Algorithm::kRing});
+      planAllreduce(twoByTwo, links, big, 4, PlanRequest{AllreduceAlgorithm::kRing});
   // A flat ring carries 2N(P-1)/P over each host link and direction, the 2-level ring 2N(H-1)/H.
   EXPECT_NEAR(flat.predicted / chosen.predicted, 1.5, 0.1);
   EXPECT_EQ(planAllreduce(twoByTwo, links, 2, 4, automatic).algorithm,
-            PlanAlgorithm::kRecursiveDoubling);
+            AllreduceAlgorithm::kRecursiveDoubling);
   Topology twoByFour = simulated({0, 0, 0, 0, 1, 1, 1, 1});
   chosen = planAllreduce(twoByFour, links, big, 4, automatic);
-  flat = planAllreduce(twoByFour, links, big, 4, PlanRequest{PlanRequest::Algorithm::kRing});
+  flat = planAllreduce(twoByFour, links, big, 4, PlanRequest{AllreduceAlgorithm::kRing});
   EXPECT_NEAR(flat.predicted / chosen.predicted, 1.75, 0.1);
   // One host: recursive doubling up to the small size, then the shared-memory algorithms.
   Topology one = Topology::singleHost(4);
   EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).algorithm,
-            PlanAlgorithm::kRecursiveDoubling);
-  EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, PlanAlgorithm::kShared);
+            AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, AllreduceAlgorithm::kShared);
   // Knobs force: colours, rings and order.
-  PlanRequest forced{PlanRequest::Algorithm::kMultiDim, 2, 2, {1, 0}, 3};
+  PlanRequest forced{AllreduceAlgorithm::kMultiDim, 2, 2, {1, 0}, 3};
   AllreducePlan f = planAllreduce(twoByTwo, links, big, 4, forced);
   EXPECT_EQ(f.describe(), "multidim colors=2 rings=2 waves=3 order=1,0");
   EXPECT_EQ(f.lanes.size(), 12u);
   // Waves pipeline through the levels: more waves hide the host stage behind the network.
-  PlanRequest oneWave{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, 1};
-  PlanRequest fourWaves{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, 4};
+  PlanRequest oneWave{AllreduceAlgorithm::kMultiDim, 1, 1, {}, 1};
+  PlanRequest fourWaves{AllreduceAlgorithm::kMultiDim, 1, 1, {}, 4};
   EXPECT_LT(planAllreduce(twoByTwo, links, big, 4, fourWaves).predicted,
             planAllreduce(twoByTwo, links, big, 4, oneWave).predicted);
   // Every candidate comes with a prediction, the chosen one first.
@@ -277,7 +277,7 @@ TEST(Plan, WavesFlowThroughTheLinksAsThroughAFlowShop) {
   const size_t count = 1 << 20;
   const double bytes = 4.0 * count;
   for (int waves : {1, 2, 4, 8}) {
-    PlanRequest request{PlanRequest::Algorithm::kMultiDim, 1, 1, {}, waves};
+    PlanRequest request{AllreduceAlgorithm::kMultiDim, 1, 1, {}, waves};
     const double want = bytes / 100e6 + bytes / (waves * 1e9);
     EXPECT_NEAR(planAllreduce(t, links, count, 4, request).predicted, want, want * 1e-9)
         << waves << " waves";
@@ -293,7 +293,7 @@ TEST(Plan, ARingStepWaitsForItsPredecessorNotForTheRingsSlowestEdge) {
   const LinkCosts links = parseLinks("0:1ms:1000GB,1:10us:1000GB");
   const Topology t = simulated({0, 0, 1, 1});
   const double ring =
-      planAllreduce(t, links, 4, 4, PlanRequest{PlanRequest::Algorithm::kRing}).predicted;
+      planAllreduce(t, links, 4, 4, PlanRequest{AllreduceAlgorithm::kRing}).predicted;
   EXPECT_NEAR(ring, 2 * 3 * (1e-3 + 10e-6) / 2, 1e-5);
 }
 
@@ -305,7 +305,7 @@ TEST(Plan, ReductionsCostWhatTheReduceBandwidthSays) {
   EXPECT_NE(slow.describe().find("reduce:100MB"), std::string::npos) << slow.describe();
   EXPECT_THROW(parseLinks("reduce:fast"), Error);
   const Topology t = simulated({0, 1});
-  const PlanRequest ring{PlanRequest::Algorithm::kRing};
+  const PlanRequest ring{AllreduceAlgorithm::kRing};
   // 2 ranks, 256 KiB: one step each way, of one segment; reducing its 128 KiB at 100 MB/s.
   const double a = planAllreduce(t, free, 1 << 16, 4, ring).predicted;
   const double b = planAllreduce(t, slow, 1 << 16, 4, ring).predicted;
@@ -382,7 +382,7 @@ TEST(Leaders, EveryShapeMatchesTheExpectedSums) {
           }
           CallOptions options;
           options.plan = std::make_shared<const AllreducePlan>(planAllreduce(
-              t, defaultLinks(), count, 4, PlanRequest{PlanRequest::Algorithm::kLeaders}));
+              t, defaultLinks(), count, 4, PlanRequest{AllreduceAlgorithm::kLeaders}));
           check(comm.allreduce(buf.data(), count, DataType::kFloat32, op, options));
           for (size_t i = 0; i < count; ++i) {
             double want = expectedValue(DataType::kFloat32, op, comm.size(), i);

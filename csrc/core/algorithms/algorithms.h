@@ -39,15 +39,14 @@ Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp red
 Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
                        std::shared_ptr<const AllreducePlan> plan, PipelineSettings settings);
 
-// allreduce_shared.cc: for ranks of one host. kAuto: the direct allreduce below when every rank's
+// allreduce_shared.cc: for ranks of one host. kShared: the direct allreduce below when every rank's
 // tensor is in a shared buffer, else the ring through the group's shared-memory windows
 // (shm/shared_ring.h), else (some rank cannot map its neighbour's window) the message ring above.
-// Finding out costs a round of messages: kAuto asks for allreduces of at least directMinBytes,
+// Finding out costs a round of messages: kShared asks for allreduces of at least directMinBytes,
 // and for smaller ones while the group's last answer was yes. kSharedRing and kDirect take that
 // algorithm or fail on every rank.
-enum class SharedAllreduce { kAuto, kSharedRing, kDirect };
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, SharedAllreduce mode, Adoptable adoptable = {});
+                     PipelineSettings settings, AllreduceAlgorithm mode, Adoptable adoptable = {});
 
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
 // Called by allreduceShared while it holds the ring's turn, which it gives up; sets *used to

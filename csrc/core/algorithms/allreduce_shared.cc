@@ -32,11 +32,11 @@
 namespace ddl {
 namespace {
 
-constexpr uint32_t kNoticeStep = 3;  // and 4 for freed slots; 0-2 set up, 5-7 the direct path
+constexpr uint32_t kSlotNoticeStep = 3;  // and 4 for freed slots; 0-2 set up, 5-7 the direct path
 
-std::string unavailable(SharedAllreduce mode) {
+std::string unavailable(AllreduceAlgorithm mode) {
   return std::string("TORCH_DDL_ALLREDUCE_ALGO=") +
-         (mode == SharedAllreduce::kDirect ? "direct" : "shm_ring") +
+         (mode == AllreduceAlgorithm::kDirect ? "direct" : "shm_ring") +
          ", but not every rank of the group can map its neighbour's shared memory (ranks on other "
          "hosts, or UCX without a shared-memory transport); use auto or ring";
 }
@@ -44,8 +44,8 @@ std::string unavailable(SharedAllreduce mode) {
 }  // namespace
 
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, SharedAllreduce mode, Adoptable adoptable) {
-  const bool required = mode != SharedAllreduce::kAuto;
+                     PipelineSettings settings, AllreduceAlgorithm mode, Adoptable adoptable) {
+  const bool required = mode != AllreduceAlgorithm::kShared;
   const int n = op.size();
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
@@ -83,12 +83,12 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
                                    "allreduces stay on the shared-memory ring");
     }
   }
-  if (mode == SharedAllreduce::kDirect ||
-      (mode == SharedAllreduce::kAuto &&
+  if (mode == AllreduceAlgorithm::kDirect ||
+      (mode == AllreduceAlgorithm::kShared &&
        (ring.lastAllShared || count * es >= settings.directMinBytes))) {
     bool used = false;
-    co_await allreduceDirect(op, data, count, type, reduce, ring, mode == SharedAllreduce::kDirect,
-                             turn, &used);
+    co_await allreduceDirect(op, data, count, type, reduce, ring,
+                             mode == AllreduceAlgorithm::kDirect, turn, &used);
     if (used) co_return;
   }
   if (settings.segmentBytes < es) {  // slots too small for one element
@@ -106,7 +106,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   schedule.shift = 0;
   schedule.chunks = splitEven(count, n);
   auto link = std::make_unique<SlotLink>(op, ring.windows, (rank + n - 1) % n, (rank + 1) % n,
-                                         count, tag::kSharedPhase, kNoticeStep);
+                                         count, tag::kSharedPhase, kSlotNoticeStep);
   SlotLink* slots = link.get();
   {
     RingPipeline pipeline(op, std::move(schedule), data, type, reduce, ring.windows.slotBytes / es,

@@ -2,6 +2,7 @@
 
 #include "../base/config.h"
 #include "../base/tag.h"
+#include "../base/types.h"
 #include "../runtime/runtime.h"
 
 namespace ddl {
@@ -13,48 +14,78 @@ PipelineSettings pipelineSettings(const Op& op) {
                           static_cast<int>(std::max<size_t>(c.rings, 1)), c.directMinBytes};
 }
 
+namespace {
+
+// The allreduce bodies, one per plan algorithm (the table below), over one call's arguments.
+Task trivialBody(Op&, AllreduceCall) { co_return; }
+
+Task recursiveDoublingBody(Op& op, AllreduceCall c) {
+  if (op.inlined()) {  // two ranks: the peer's data came with its call print
+    const int peer = 1 - op.rank();
+    co_await op.all(op.printFrom(peer));
+    op.memory().reduce(c.type, c.reduce, c.data, op.inlinePayload(peer), c.count);
+    co_return;
+  }
+  co_await allreduceRecursiveDoubling(op, c.data, c.count, c.type, c.reduce);
+}
+
+Task leadersBody(Op& op, AllreduceCall c) {
+  co_await allreduceLeaders(op, c.data, c.count, c.type, c.reduce, c.plan);
+}
+
+Task ringBody(Op& op, AllreduceCall c) {
+  c.settings.rings = c.plan->rings;
+  co_await allreduceRing(op, c.data, c.count, c.type, c.reduce, c.settings);
+}
+
+Task multiDimBody(Op& op, AllreduceCall c) {
+  co_await allreduceMultiDim(op, c.data, c.type, c.reduce, c.plan, c.settings);
+}
+
+Task sharedBody(Op& op, AllreduceCall c) {
+  // Device memory moves through the transport only (the shared-memory paths are for host
+  // memory): a shared plan, or a forced shm_ring or direct, means the ring there.
+  if (op.memory().kind() != MemoryKind::kHost) {
+    co_await allreduceRing(op, c.data, c.count, c.type, c.reduce, c.settings);
+    co_return;
+  }
+  const Config& settings = op.group().runtime->config();
+  const AllreduceAlgorithm asked = settings.allreduceAlgorithm;
+  const AllreduceAlgorithm mode =
+      asked == AllreduceAlgorithm::kSharedRing || asked == AllreduceAlgorithm::kDirect
+          ? asked
+          : AllreduceAlgorithm::kShared;
+  if (!settings.shareTensors || mode == AllreduceAlgorithm::kSharedRing) c.adoptable = {};
+  co_await allreduceShared(op, c.data, c.count, c.type, c.reduce, c.settings, mode, c.adoptable);
+}
+
+// What each plan algorithm runs (an algorithm that is only ever asked for has no entry).
+constexpr AllreduceEntry kAllreduceTable[] = {
+    {AllreduceAlgorithm::kTrivial, &trivialBody},
+    {AllreduceAlgorithm::kRecursiveDoubling, &recursiveDoublingBody},
+    {AllreduceAlgorithm::kLeaders, &leadersBody},
+    {AllreduceAlgorithm::kRing, &ringBody},
+    {AllreduceAlgorithm::kMultiDim, &multiDimBody},
+    {AllreduceAlgorithm::kShared, &sharedBody},
+};
+
+}  // namespace
+
+std::span<const AllreduceEntry> allreduceTable() { return kAllreduceTable; }
+
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan) {
-  const Config& c = op.group().runtime->config();
-  PipelineSettings settings = pipelineSettings(op);
-  // Device memory moves through the transport only (the shared-memory paths are for host
-  // memory): a forced shm_ring or direct means the ring there.
-  const bool host = op.memory().kind() == MemoryKind::kHost;
-  switch (plan->algorithm) {
-    case PlanAlgorithm::kTrivial:
-      break;
-    case PlanAlgorithm::kRecursiveDoubling:
-      if (op.inlined()) {  // two ranks: the peer's data came with its call print
-        const int peer = 1 - op.rank();
-        co_await op.all(op.printFrom(peer));
-        op.memory().reduce(type, reduce, data, op.inlinePayload(peer), count);
-        break;
-      }
-      co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
-      break;
-    case PlanAlgorithm::kLeaders:
-      co_await allreduceLeaders(op, data, count, type, reduce, plan);
-      break;
-    case PlanAlgorithm::kRing:
-      settings.rings = plan->rings;
-      co_await allreduceRing(op, data, count, type, reduce, settings);
-      break;
-    case PlanAlgorithm::kMultiDim:
-      co_await allreduceMultiDim(op, data, type, reduce, plan, settings);
-      break;
-    case PlanAlgorithm::kShared:
-      if (!host) {
-        co_await allreduceRing(op, data, count, type, reduce, settings);
-        break;
-      }
-      SharedAllreduce mode =
-          c.allreduceAlgorithm == AllreduceAlgorithm::kSharedRing ? SharedAllreduce::kSharedRing
-          : c.allreduceAlgorithm == AllreduceAlgorithm::kDirect   ? SharedAllreduce::kDirect
-                                                                  : SharedAllreduce::kAuto;
-      if (!c.shareTensors || mode == SharedAllreduce::kSharedRing) adoptable = {};
-      co_await allreduceShared(op, data, count, type, reduce, settings, mode, adoptable);
-      break;
+  const AllreduceEntry* entry = nullptr;
+  for (const AllreduceEntry& e : kAllreduceTable) {
+    if (e.algorithm == plan->algorithm) entry = &e;
   }
+  if (entry == nullptr) {
+    throw Error(std::string("ddl: no allreduce runs a plan of ") +
+                allreduceAlgorithmName(plan->algorithm));
+  }
+  // (A local, not a braced list inside co_await: GCC 12 miscompiles those in coroutines.)
+  AllreduceCall call{data, count, type, reduce, adoptable, plan, pipelineSettings(op)};
+  co_await entry->body(op, std::move(call));
   if (reduce == ReduceOp::kAvg) {
     op.memory().average(type, data, count, static_cast<size_t>(op.size()));
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "algorithms.h"
@@ -16,7 +17,26 @@ namespace ddl {
 // segment size).
 PipelineSettings pipelineSettings(const Op& op);
 
-// allreduce by the plan's algorithm (AVG divides at the end).
+// One allreduce call's arguments, as each algorithm's body takes them.
+struct AllreduceCall {
+  void* data;
+  size_t count;
+  DataType type;
+  ReduceOp reduce;
+  Adoptable adoptable;
+  std::shared_ptr<const AllreducePlan> plan;
+  PipelineSettings settings;
+};
+// The table of allreduce algorithms: a plan's algorithm and the body that runs it (UCC's
+// ucc_tl_ucp_allreduce_algs[]). A new algorithm is a file of its own, an entry here and, for the
+// planner to choose it, a builder and a cost in topology/.
+struct AllreduceEntry {
+  AllreduceAlgorithm algorithm;
+  Task (*body)(Op& op, AllreduceCall call);
+};
+std::span<const AllreduceEntry> allreduceTable();
+
+// allreduce by the plan's algorithm, from the table (AVG divides at the end).
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan);
 // reduce_scatter over a grid of stages when there are any, else the flat ring.

@@ -95,26 +95,14 @@ size_t parseSize(const ConfigEntry& entry, size_t minimum) {
 
 Config read() {
   Config c;
-  std::string algo = configValue(kTable[0]);
-  if (algo == "auto") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kAuto;
-  } else if (algo == "direct") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kDirect;
-  } else if (algo == "shm_ring") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kSharedRing;
-  } else if (algo == "ring") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kRing;
-  } else if (algo == "recursive_doubling") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kRecursiveDoubling;
-  } else if (algo == "multidim") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kMultiDim;
-  } else if (algo == "leaders") {
-    c.allreduceAlgorithm = AllreduceAlgorithm::kLeaders;
-  } else {
+  const std::string algo = configValue(kTable[0]);
+  const std::optional<AllreduceAlgorithm> named = allreduceAlgorithmNamed(algo);
+  if (!named || *named == AllreduceAlgorithm::kTrivial || *named == AllreduceAlgorithm::kShared) {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
                 " is not one of auto, multidim, leaders, direct, shm_ring, ring, "
                 "recursive_doubling");
   }
+  c.allreduceAlgorithm = *named;
   c.smallBytes = parseSize(kTable[1], 0);
   c.directMinBytes = parseSize(kTable[2], 0);
   c.segmentBytes = parseSize(kTable[3], 1);

@@ -7,17 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace ddl {
+#include "algorithm.h"
 
-enum class AllreduceAlgorithm {
-  kAuto,
-  kDirect,
-  kSharedRing,
-  kRing,
-  kRecursiveDoubling,
-  kMultiDim,
-  kLeaders
-};
+namespace ddl {
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;

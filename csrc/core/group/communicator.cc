@@ -92,7 +92,7 @@ bool Communicator::offersAdoption(size_t count, DataType type) {
        c.allreduceAlgorithm != AllreduceAlgorithm::kDirect)) {
     return false;
   }
-  return allreducePlan(count, type)->algorithm == PlanAlgorithm::kShared;
+  return allreducePlan(count, type)->algorithm == AllreduceAlgorithm::kShared;
 }
 
 std::string Communicator::where(const char* name) const {
@@ -164,7 +164,7 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   }
   // Two ranks, a small host allreduce: its data rides in the call print.
   const size_t bytes = count * elementSize(type);
-  const bool carried = plan->algorithm == PlanAlgorithm::kRecursiveDoubling && size() == 2 &&
+  const bool carried = plan->algorithm == AllreduceAlgorithm::kRecursiveDoubling && size() == 2 &&
                        bytes > 0 && bytes <= Op::kInlineMax &&
                        options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(

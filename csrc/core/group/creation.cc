@@ -147,27 +147,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
 
 PlanRequest Communicator::planRequest(const Config& c) {
   PlanRequest request;
-  switch (c.allreduceAlgorithm) {
-    case AllreduceAlgorithm::kAuto:
-      request.algorithm = PlanRequest::Algorithm::kAuto;
-      break;
-    case AllreduceAlgorithm::kDirect:
-    case AllreduceAlgorithm::kSharedRing:
-      request.algorithm = PlanRequest::Algorithm::kShared;
-      break;
-    case AllreduceAlgorithm::kRing:
-      request.algorithm = PlanRequest::Algorithm::kRing;
-      break;
-    case AllreduceAlgorithm::kRecursiveDoubling:
-      request.algorithm = PlanRequest::Algorithm::kRecursiveDoubling;
-      break;
-    case AllreduceAlgorithm::kMultiDim:
-      request.algorithm = PlanRequest::Algorithm::kMultiDim;
-      break;
-    case AllreduceAlgorithm::kLeaders:
-      request.algorithm = PlanRequest::Algorithm::kLeaders;
-      break;
-  }
+  request.algorithm = c.allreduceAlgorithm;
   request.colors = static_cast<int>(c.colors);
   request.rings = static_cast<int>(c.rings);
   request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));

@@ -24,9 +24,9 @@ bool outputPerBlock(const std::string& c) {
 }  // namespace
 
 const std::vector<std::string>& simCollectives() {
-  static const std::vector<std::string> names = {
-      "allreduce", "broadcast", "allgather", "reduce_scatter", "reduce",
-      "gather",    "scatter",   "alltoall",  "barrier"};
+  static const std::vector<std::string> names = {"allreduce",      "broadcast", "allgather",
+                                                 "reduce_scatter", "reduce",    "gather",
+                                                 "scatter",        "alltoall",  "barrier"};
   return names;
 }
 

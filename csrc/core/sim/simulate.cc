@@ -171,9 +171,9 @@ SimReport simulate(const SimRequest& request) {
     std::set<int> killed(request.killRanks.begin(), request.killRanks.end());
     for (int r : killed) {
       if (r < 0 || r >= cluster.size()) {
-        throw Error("ddl: cannot kill rank " + std::to_string(r) + " of " +
-                        std::to_string(cluster.size()),
-                    StatusKind::kInvalidArgument);
+        throw Error(
+            "ddl: cannot kill rank " + std::to_string(r) + " of " + std::to_string(cluster.size()),
+            StatusKind::kInvalidArgument);
       }
     }
     cluster.createGroup();

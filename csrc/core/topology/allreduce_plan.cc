@@ -397,29 +397,11 @@ LinkCosts parseLinks(const std::string& spec) {
   return links;
 }
 
-const char* planAlgorithmName(PlanAlgorithm algorithm) {
-  switch (algorithm) {
-    case PlanAlgorithm::kTrivial:
-      return "trivial";
-    case PlanAlgorithm::kRecursiveDoubling:
-      return "recursive_doubling";
-    case PlanAlgorithm::kLeaders:
-      return "leaders";
-    case PlanAlgorithm::kRing:
-      return "ring";
-    case PlanAlgorithm::kShared:
-      return "shared";
-    case PlanAlgorithm::kMultiDim:
-      return "multidim";
-  }
-  return "?";
-}
-
 std::string AllreducePlan::describe() const {
   std::ostringstream out;
-  out << planAlgorithmName(algorithm);
-  if (algorithm == PlanAlgorithm::kRing) out << " rings=" << rings;
-  if (algorithm == PlanAlgorithm::kMultiDim) {
+  out << allreduceAlgorithmName(algorithm);
+  if (algorithm == AllreduceAlgorithm::kRing) out << " rings=" << rings;
+  if (algorithm == AllreduceAlgorithm::kMultiDim) {
     out << " colors=" << colors << " rings=" << rings << " waves=" << waves;
     if (!hostSlots) out << " host=messages";
     if (!lanes.empty()) {
@@ -462,7 +444,7 @@ AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, 
   for (int k : dims) ringsOf[k] = dimensionRings(t, grid, k);
 
   AllreducePlan plan;
-  plan.algorithm = PlanAlgorithm::kMultiDim;
+  plan.algorithm = AllreduceAlgorithm::kMultiDim;
   plan.count = count;
   plan.elementSize = elementSize;
   plan.colors = colors;
@@ -500,16 +482,16 @@ AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, 
 double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCosts& links) {
   const double bytes = static_cast<double>(plan.count) * plan.elementSize;
   switch (plan.algorithm) {
-    case PlanAlgorithm::kTrivial:
+    case AllreduceAlgorithm::kTrivial:
       return 0;
-    case PlanAlgorithm::kRecursiveDoubling:
+    case AllreduceAlgorithm::kRecursiveDoubling:
       return predictRecursiveDoubling(t, links, bytes, allRanks(t.size));
-    case PlanAlgorithm::kLeaders:
+    case AllreduceAlgorithm::kLeaders:
       return predictLeaders(t, links, bytes, plan.hosts);
-    case PlanAlgorithm::kRing:
-    case PlanAlgorithm::kShared:
+    case AllreduceAlgorithm::kRing:
+    case AllreduceAlgorithm::kShared:
       return predictRing(t, links, bytes, plan.rings);
-    case PlanAlgorithm::kMultiDim:
+    case AllreduceAlgorithm::kMultiDim:
       break;
   }
   // Lanes advance in step: the i-th stage of every lane runs at once, so lanes of one order
@@ -632,7 +614,8 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
 
 namespace {
 
-AllreducePlan simplePlan(PlanAlgorithm algorithm, size_t count, size_t elementSize, int rings = 1) {
+AllreducePlan simplePlan(AllreduceAlgorithm algorithm, size_t count, size_t elementSize,
+                         int rings = 1) {
   AllreducePlan plan;
   plan.algorithm = algorithm;
   plan.count = count;
@@ -642,7 +625,7 @@ AllreducePlan simplePlan(PlanAlgorithm algorithm, size_t count, size_t elementSi
 }
 
 AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
-  AllreducePlan plan = simplePlan(PlanAlgorithm::kLeaders, count, elementSize);
+  AllreducePlan plan = simplePlan(AllreduceAlgorithm::kLeaders, count, elementSize);
   plan.hosts = t.members(0);
   return plan;
 }
@@ -652,10 +635,10 @@ AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request) {
-  using A = PlanRequest::Algorithm;
+  using A = AllreduceAlgorithm;
   std::vector<AllreducePlan> out;
   if (t.size == 1 || count == 0) {
-    out.push_back(simplePlan(PlanAlgorithm::kTrivial, count, elementSize));
+    out.push_back(simplePlan(AllreduceAlgorithm::kTrivial, count, elementSize));
     return out;
   }
   const size_t bytes = count * elementSize;
@@ -688,30 +671,34 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
   };
   switch (request.algorithm) {
     case A::kRecursiveDoubling:
-      out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
       break;
     case A::kLeaders:
       out.push_back(leadersPlan(t, count, elementSize));
       break;
     case A::kRing:
-      out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
+      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
       break;
     case A::kShared:
-      out.push_back(simplePlan(PlanAlgorithm::kShared, count, elementSize));
+    case A::kSharedRing:
+    case A::kDirect:
+      out.push_back(simplePlan(AllreduceAlgorithm::kShared, count, elementSize));
       break;
     case A::kMultiDim:
       multiDimChoices();
       break;
     case A::kAuto:
+    case A::kTrivial:  // (not a request: the planner's choice)
       if (t.hosts() == 1) {
-        out.push_back(simplePlan(bytes <= request.smallBytes ? PlanAlgorithm::kRecursiveDoubling
-                                                             : PlanAlgorithm::kShared,
+        out.push_back(simplePlan(bytes <= request.smallBytes
+                                     ? AllreduceAlgorithm::kRecursiveDoubling
+                                     : AllreduceAlgorithm::kShared,
                                  count, elementSize));
         break;
       }
-      out.push_back(simplePlan(PlanAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
       out.push_back(leadersPlan(t, count, elementSize));
-      out.push_back(simplePlan(PlanAlgorithm::kRing, count, elementSize, request.ringRings));
+      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
       if (static_cast<size_t>(dims) > 0) multiDimChoices();
       break;
   }
@@ -728,12 +715,12 @@ AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t co
   std::vector<AllreducePlan> candidates =
       allreduceCandidates(t, links, count, elementSize, request);
   AllreducePlan plan = std::move(candidates.front());
-  if (plan.algorithm == PlanAlgorithm::kMultiDim) checkPlan(plan, t.size);
+  if (plan.algorithm == AllreduceAlgorithm::kMultiDim) checkPlan(plan, t.size);
   return plan;
 }
 
 void checkPlan(const AllreducePlan& plan, int size) {
-  if (plan.algorithm != PlanAlgorithm::kMultiDim) return;
+  if (plan.algorithm != AllreduceAlgorithm::kMultiDim) return;
   size_t covered = 0;
   std::vector<bool> phaseUsed(tag::kPlanPhases, false);
   for (const Lane& lane : plan.lanes) {

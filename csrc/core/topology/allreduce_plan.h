@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "../base/algorithm.h"
 #include "ring_plan.h"
 #include "topology.h"
 
@@ -62,16 +63,6 @@ LinkCosts defaultLinks();
 // named keep their defaults; "reduce:8GB" sets reduceBandwidth. Throws naming the malformed entry.
 LinkCosts parseLinks(const std::string& spec);
 
-enum class PlanAlgorithm {
-  kTrivial,            // one rank or nothing to reduce
-  kRecursiveDoubling,  // latency: log2(P) exchanges of the whole buffer
-  kLeaders,            // latency across hosts: to a leader per host, doubling among leaders, back
-  kRing,               // flat ring over every rank (allreduce_ring.cc)
-  kShared,             // one host: the shared-memory ring or direct path (allreduce_shared.cc)
-  kMultiDim,           // the stages below (allreduce_multidim.cc)
-};
-const char* planAlgorithmName(PlanAlgorithm algorithm);
-
 // One ring of one stage: it reduce-scatters a piece and, mirrored, gathers it back.
 struct StageRing {
   std::vector<int> order;     // group ranks, by position
@@ -92,7 +83,8 @@ struct Lane {
 };
 
 struct AllreducePlan {
-  PlanAlgorithm algorithm = PlanAlgorithm::kTrivial;
+  // kTrivial, kRecursiveDoubling, kLeaders, kRing, kShared, or kMultiDim (the stages above).
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kTrivial;
   size_t count = 0;
   size_t elementSize = 1;
   int colors = 1;
@@ -113,8 +105,8 @@ struct AllreducePlan {
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
 struct PlanRequest {
-  enum class Algorithm { kAuto, kShared, kRing, kRecursiveDoubling, kMultiDim, kLeaders };
-  Algorithm algorithm = Algorithm::kAuto;
+  // kAuto: the cheapest; else that algorithm's plan (kSharedRing, kDirect: kShared's).
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   int colors = 0;
   int rings = 0;
   std::vector<int> order;  // dimensions of colour 0 (empty: innermost first)

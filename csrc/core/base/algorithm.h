@@ -1,0 +1,29 @@
+// The allreduce algorithms, one name each everywhere: what TORCH_DDL_ALLREDUCE_ALGO asks for,
+// what a plan runs (topology/allreduce_plan.h), what the simulator's --algo forces. What each
+// runs is the table in algorithms/dispatch.cc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddl {
+
+enum class AllreduceAlgorithm : uint8_t {
+  kAuto,               // asked for: the planner chooses (never a plan's)
+  kTrivial,            // one rank or nothing to reduce
+  kRecursiveDoubling,  // latency: log2(P) exchanges of the whole buffer
+  kLeaders,            // latency across hosts: to a leader per host, doubling among leaders, back
+  kRing,               // a flat ring over every rank
+  kMultiDim,           // the multi-dimensional ring: stages by machine level, colours, waves
+  kShared,             // one host's shared memory: direct where every tensor is shared, else the
+                       // shared-memory ring
+  kSharedRing,         // asked for: the shared-memory ring alone (a kShared plan runs it)
+  kDirect,             // asked for: the direct path alone (a kShared plan runs it)
+};
+
+// "auto", "trivial", "recursive_doubling", "leaders", "ring", "multidim", "shared", "shm_ring",
+// "direct".
+const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm);
+std::optional<AllreduceAlgorithm> allreduceAlgorithmNamed(const std::string& name);
+}  // namespace ddl
