@@ -170,9 +170,8 @@ class ProcessGroupDDL : public c10d::Backend {
   // Device tensors: checks that the call's tensors share one device, the group's, and orders
   // the op on that device's streams (device_streams.hpp). Host tensors: nothing to do.
   void placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>& tensors, CallOptions& options);
-  template <typename Submit>
   c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
-                                        Submit&& submit);
+                                        const std::function<void(CallOptions&)>& submit);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,

@@ -1,6 +1,9 @@
 // Allreduce plans as data: which algorithm, and for the multi-dimensional ring every ring of every
 // stage of every lane, computed by pure functions from the topology, then checked; a cost model
-// predicts each candidate's time and the planner picks the cheapest.
+// predicts each candidate's time and the planner picks the cheapest. One file a job, as NCCL's
+// graph/: links.cc (the figures and TORCH_DDL_LINKS), plan_build.cc (the builders),
+// cost_model.cc (the prediction), plan_select.cc (the candidates and the choice), plan_check.cc
+// (the replay), plan_holdings.cc (who holds what, for the builders and the check).
 //
 // Vocabulary (see ring_pipeline.h for chunk, segment and step):
 //   dimension  a coordinate of the grid (topology.h): 0 within a host, 1 across the hosts of a
@@ -31,37 +34,11 @@
 #include <vector>
 
 #include "../base/algorithm.h"
+#include "links.h"
 #include "ring_plan.h"
 #include "topology.h"
 
 namespace ddl {
-
-// Latency (seconds) and bandwidth (bytes per second, per direction) of one dimension's links.
-struct LinkCost {
-  double latency = 0;
-  double bandwidth = 0;
-  // Where the figures come from: "default", "TORCH_DDL_LINKS" or "probed" (engine/link_probe.h).
-  std::string origin = "default";
-};
-// By dimension. Defaults: 0 (shared memory) 2 us, 5 GB/s; 1 (hosts) 30 us, 1.25 GB/s (10 Gbit/s);
-// 2 and above (racks) 50 us, 1.25 GB/s.
-struct LinkCosts {
-  std::vector<LinkCost> byDimension;
-  // Bytes per second a rank reduces (TORCH_DDL_LINKS entry "reduce:8GB"); 0: reductions cost
-  // nothing beyond the links, as where the host level was probed (its figures include them).
-  double reduceBandwidth = 0;
-  // The segment rings send messages in (TORCH_DDL_SEGMENT_BYTES): a step's reduction overlaps
-  // its arrival but for its last segment.
-  double segmentBytes = 262144;
-  const LinkCost& at(int dimension) const;
-  // "0:2us:5000MB,1:61us:117MB (1 probed)": the figures, and which were not defaults.
-  std::string describe() const;
-};
-LinkCosts defaultLinks();
-// "1:50us:117MB,2:100us:40MB" (TORCH_DDL_LINKS): per dimension, its latency (s, ms, us or ns)
-// and bandwidth (bytes/s with optional K, M, G, each 1000x; e.g. 117MB or 1.2GB); dimensions not
-// named keep their defaults; "reduce:8GB" sets reduceBandwidth. Throws naming the malformed entry.
-LinkCosts parseLinks(const std::string& spec);
 
 // One ring of one stage: it reduce-scatters a piece and, mirrored, gathers it back.
 struct StageRing {
@@ -131,24 +108,6 @@ AllreducePlan planAllreduce(const Topology& topology, const LinkCosts& links, si
 std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const LinkCosts& links,
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request);
-
-// Seconds the plan should take (alpha-beta per link). A ring step costs the latency of the
-// link it crosses plus its message's bytes over that link's bandwidth and, reducing, over the
-// reduce bandwidth; a message of several segments is reduced as they arrive. Rings that share a
-// link or a rank's reductions take turns on them while each waits out its own latency: a stage
-// of a multi-dimensional plan costs the larger of its rings' steps so priced and its busiest
-// link's bytes (of every first-wave lane in that stage) plus one latency, a rank's segments
-// passing its link and its reductions as a flow shop. One wave's pass is 2S such stages (the
-// reduce-scatter's, then the allgather's in reverse), and W waves go through them as the engine
-// orders them: a wave's stage after its previous stage and after the previous wave's same
-// stage, each holding the links it loads for their bytes' time and the ranks for their
-// reductions; never less than the busiest link's bytes, or a rank's reductions, over all
-// stages and waves. A message across dimension k loads the links of dimensions 1..k of the
-// blocks it leaves and enters (a rack crossing also crosses the host's link). A flat ring's
-// ranks wait only for their predecessors: a segment's lap costs what the ring's edges cost it
-// (not 2(P-1) times its outermost latency), the other segments following as fast as the
-// busiest link lets them; recursive doubling pays each round's slowest exchange.
-double predictSeconds(const AllreducePlan& plan, const Topology& topology, const LinkCosts& links);
 
 // Throws ddl::Error unless every ring is a permutation of distinct group ranks, its chunks tile
 // its piece, steps fit the tag and do not overlap within a lane, phases are distinct and fit,

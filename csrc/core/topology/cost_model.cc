@@ -1,0 +1,312 @@
+#include "cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "../base/types.h"
+
+namespace ddl {
+namespace {
+
+// The dimension of a message from a to b: 0 on one host, else the lowest level whose block holds
+// both, plus one (the number of levels when only the whole group does).
+int edgeDimension(const Topology& t, int a, int b) {
+  for (size_t k = 0; k < t.levels.size(); ++k) {
+    if (t.levels[k].blockOf[a] == t.levels[k].blockOf[b]) return static_cast<int>(k);
+  }
+  return static_cast<int>(t.levels.size());
+}
+
+// Bytes through each link (dimension, block it leaves or enters, direction).
+class Loads {
+ public:
+  explicit Loads(const Topology& t) : t_(t) {}
+  void transfer(int from, int to, double bytes) {
+    int k = edgeDimension(t_, from, to);
+    dimensions_ |= 1u << std::min(k, 31);
+    if (k == 0) {
+      bytes_[{0, from, true}] += bytes;
+      bytes_[{0, to, false}] += bytes;
+      return;
+    }
+    for (int j = 1; j <= k; ++j) {
+      bytes_[{j, t_.levels[j - 1].blockOf[from], true}] += bytes;
+      bytes_[{j, t_.levels[j - 1].blockOf[to], false}] += bytes;
+    }
+  }
+  void add(const Loads& other, double factor) {
+    for (auto& [key, b] : other.bytes_) bytes_[key] += b * factor;
+    dimensions_ |= other.dimensions_;
+  }
+  double seconds(const LinkCosts& links) const {
+    double worst = 0;
+    for (auto& [key, b] : bytes_) worst = std::max(worst, b / links.at(std::get<0>(key)).bandwidth);
+    return worst;
+  }
+  // A step waits for its slowest message: the largest latency of the dimensions it crosses (not
+  // always the outermost: a busy host's ranks may answer more slowly than the network).
+  double latency(const LinkCosts& links) const {
+    double worst = 0;
+    for (int k = 0; k < 32; ++k) {
+      if (dimensions_ >> k & 1u) worst = std::max(worst, links.at(k).latency);
+    }
+    return worst;
+  }
+  // A message of `bytes` over the slowest link this load uses (a ring's edges cross the same
+  // dimensions).
+  double messageSeconds(const LinkCosts& links, double bytes) const {
+    double slowest = 0;
+    for (auto& [key, b] : bytes_) {
+      if (b > 0) slowest = std::max(slowest, bytes / links.at(std::get<0>(key)).bandwidth);
+    }
+    return slowest;
+  }
+  // Adds to `busy` each link's time in this load: its bytes over its bandwidth.
+  using Busy = std::map<std::tuple<int, int, bool>, double>;
+  void occupy(const LinkCosts& links, Busy& busy) const {
+    for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth;
+  }
+
+ private:
+  const Topology& t_;
+  uint32_t dimensions_ = 0;  // bit k: a message crosses dimension k
+  std::map<std::tuple<int, int, bool>, double> bytes_;
+};
+
+// A flat ring in `order` carrying `bytes` (2(P-1) steps of bytes/P).
+void ringLoads(Loads& loads, const std::vector<int>& order, double bytes) {
+  const size_t n = order.size();
+  for (size_t p = 0; p < n; ++p) {
+    loads.transfer(order[p], order[(p + 1) % n], 2.0 * bytes * (n - 1) / n);
+  }
+}
+
+double reduceSeconds(const LinkCosts& links, double bytes) {
+  return links.reduceBandwidth > 0 ? bytes / links.reduceBandwidth : 0;
+}
+
+double predictRing(const Topology& t, const LinkCosts& links, double bytes, int rings) {
+  // A step's message travels in segments, each passed on as soon as it has arrived (and been
+  // reduced): a segment's trip round the ring costs what the ring's edges cost it, and the
+  // others follow it as fast as the busiest link lets them.
+  Loads total(t);
+  double path = 0;  // one lap of one segment: each edge's latency and transfer
+  const double message = bytes / rings / t.size;
+  const double segment = std::min(message, links.segmentBytes);
+  double slowest = 0;
+  for (int r = 0; r < rings; ++r) {
+    RingPlan ring = naturalRing(t.size, r % 2 == 1);
+    ringLoads(total, ring.order, bytes / rings);
+    if (r > 0) continue;
+    for (int p = 0; p < t.size; ++p) {
+      Loads edge(t);
+      edge.transfer(ring.order[p], ring.order[(p + 1) % t.size], segment);
+      path += edge.latency(links) + edge.messageSeconds(links, segment);
+      slowest = std::max(slowest, edge.latency(links));
+    }
+  }
+  const double steps = 2.0 * (t.size - 1);
+  const double reduce = reduceSeconds(links, segment);
+  return std::max(path * steps / t.size + (t.size - 1) * reduce,
+                  total.seconds(links) + slowest + reduce);
+}
+
+// Recursive doubling among `ranks` (the fold pairs the first 2E, as the algorithm does).
+double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, double bytes,
+                                const std::vector<int>& ranks) {
+  const int n = static_cast<int>(ranks.size());
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
+  double seconds = 0;
+  if (extra > 0) {
+    Loads fold(t);
+    for (int i = 0; i < extra; ++i) fold.transfer(ranks[2 * i], ranks[2 * i + 1], bytes);
+    seconds += 2 * (fold.seconds(links) + fold.latency(links)) + reduceSeconds(links, bytes);
+  }
+  std::vector<int> virtualRanks;
+  for (int v = 0; v < p2; ++v)
+    virtualRanks.push_back(v < extra ? ranks[2 * v + 1] : ranks[v + extra]);
+  for (int d = 1; d < p2; d *= 2) {
+    Loads round(t);
+    for (int v = 0; v < p2; ++v) round.transfer(virtualRanks[v], virtualRanks[v ^ d], bytes);
+    seconds += round.seconds(links) + round.latency(links) + reduceSeconds(links, bytes);
+  }
+  return seconds;
+}
+
+double predictLeaders(const Topology& t, const LinkCosts& links, double bytes,
+                      const std::vector<std::vector<int>>& hosts) {
+  Loads gather(t);
+  std::vector<int> leaders;
+  double reduce = 0;
+  for (const std::vector<int>& h : hosts) {
+    reduce = std::max(reduce, (h.size() - 1) * reduceSeconds(links, bytes));
+    leaders.push_back(h.front());
+    for (size_t i = 1; i < h.size(); ++i) gather.transfer(h[i], h.front(), bytes);
+  }
+  double local = gather.seconds(links) + gather.latency(links);
+  return 2 * local + reduce + predictRecursiveDoubling(t, links, bytes, leaders);
+}
+
+}  // namespace
+
+double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCosts& links) {
+  const double bytes = static_cast<double>(plan.count) * plan.elementSize;
+  switch (plan.algorithm) {
+    case AllreduceAlgorithm::kTrivial:
+      return 0;
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return predictRecursiveDoubling(t, links, bytes, naturalRing(t.size, false).order);
+    case AllreduceAlgorithm::kLeaders:
+      return predictLeaders(t, links, bytes, plan.hosts);
+    case AllreduceAlgorithm::kRing:
+    case AllreduceAlgorithm::kShared:
+      return predictRing(t, links, bytes, plan.rings);
+    case AllreduceAlgorithm::kMultiDim:
+      break;
+  }
+  // Lanes advance in step: the i-th stage of every lane runs at once, so lanes of one order
+  // share that dimension's links, while colours (rotated orders) load different ones. One
+  // wave's pass is 2S tasks (the reduce-scatter stages, then the allgather's in reverse); each
+  // holds the links it loads for their bytes' time and the ranks for their reductions.
+  struct Task {
+    double seconds = 0;
+    Loads::Busy holds;
+  };
+  size_t stages = 0;
+  for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
+  std::vector<Task> scatter(stages), gather(stages);
+  double allReduce = 0;  // every lane's reductions on one rank
+  Loads total(t);        // every lane's bytes: no schedule beats its busiest link
+  const std::tuple<int, int, bool> rank{-1, 0, true};  // the ranks, as a resource
+  for (size_t i = 0; i < stages; ++i) {
+    Loads first(t);  // the first waves' bytes in stage i
+    size_t longest = 0;
+    double message = 0;      // the largest a first-wave ring sends in one step
+    double firstReduce = 0;  // a rank's reductions in this stage, over the first waves
+    int firstLanes = 0;      // first-wave lanes in this stage
+    for (const Lane& lane : plan.lanes) {
+      if (i >= lane.stages.size()) continue;
+      Loads loads(t);
+      double laneReduce = 0;
+      for (const StageRing& ring : lane.stages[i].rings) {
+        const size_t n = ring.order.size();
+        double piece = 0, chunk = 0;
+        for (const Range& c : ring.chunks) {
+          piece += static_cast<double>(c.length);
+          chunk = std::max(chunk, static_cast<double>(c.length));
+        }
+        piece *= static_cast<double>(plan.elementSize);
+        chunk *= static_cast<double>(plan.elementSize);
+        for (size_t p = 0; p < n; ++p) {
+          loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
+        }
+        laneReduce = std::max(laneReduce, (n - 1) * reduceSeconds(links, chunk));
+        if (lane.after < 0) {
+          longest = std::max(longest, n);
+          message = std::max(message, chunk);
+        }
+      }
+      total.add(loads, 2);
+      allReduce += laneReduce;
+      if (lane.after < 0) {
+        ++firstLanes;
+        first.add(loads, 1);
+        firstReduce += laneReduce;
+      }
+    }
+    // A step: its latency, then its message, reduced segment by segment as they arrive; or, where
+    // the rings of the stage share a link or a rank's reductions, their turns on those: the
+    // segments of every lane through the rank pass the link, then the reduction, one after
+    // another (a flow shop: the busier of the two, plus the other's share of one segment).
+    const double steps = static_cast<double>(longest - 1);
+    const double latency = first.latency(links);
+    const double send = first.messageSeconds(links, message);
+    const double part = message > 0 ? std::min(1.0, links.segmentBytes / message) : 1;
+    const double reduce = reduceSeconds(links, message);
+    // Segments of a step's message follow each other through the stage's steps.
+    const double own = latency + part * (send + reduce) + (1 - part) * std::max(send, reduce);
+    const double link = steps > 0 ? first.seconds(links) / steps : 0;
+    const double ranks = steps > 0 ? firstReduce / steps : 0;
+    const double units = std::max(1, firstLanes) / part;  // a rank's segments in one step
+    const double shared = std::max(link, ranks) + std::min(link, ranks) / units;
+    gather[i].seconds = std::max(steps * (latency + send), steps * link + latency);
+    scatter[i].seconds = std::max(steps * own, steps * shared + latency);
+    // While one ring waits out its latency the others use the link: a stage holds each link
+    // for its bytes' time.
+    first.occupy(links, gather[i].holds);
+    scatter[i].holds = gather[i].holds;
+    scatter[i].holds[rank] = firstReduce;
+  }
+  std::vector<const Task*> pass;
+  for (const Task& task : scatter) pass.push_back(&task);
+  for (size_t i = stages; i-- > 0;) pass.push_back(&gather[i]);
+  // Waves through the pass, a wave's task after its previous one and after the previous wave's
+  // same task (as the engine orders them), each started, earliest ready first, once the links
+  // and ranks it holds are free.
+  const size_t waves = static_cast<size_t>(std::max(plan.waves, 1));
+  std::vector<std::vector<double>> ends(waves, std::vector<double>(pass.size(), 0));
+  std::vector<size_t> next(waves, 0);
+  Loads::Busy freeAt;
+  double makespan = 0;
+  for (size_t left = waves * pass.size(); left > 0; --left) {
+    size_t pick = waves;
+    double pickReady = 0;
+    for (size_t w = 0; w < waves; ++w) {
+      const size_t k = next[w];
+      if (k == pass.size() || (w > 0 && next[w - 1] <= k)) continue;
+      const double ready = std::max(k > 0 ? ends[w][k - 1] : 0.0, w > 0 ? ends[w - 1][k] : 0.0);
+      if (pick == waves || ready < pickReady) {
+        pick = w;
+        pickReady = ready;
+      }
+    }
+    const Task& task = *pass[next[pick]];
+    // It starts once the link it holds longest is free; on its other links its bytes queue
+    // behind what is there, and it ends no sooner than they have passed.
+    const std::tuple<int, int, bool>* bottleneck = nullptr;
+    for (auto& [key, seconds] : task.holds) {
+      if (bottleneck == nullptr || seconds > task.holds.at(*bottleneck)) bottleneck = &key;
+    }
+    const double start =
+        bottleneck != nullptr ? std::max(pickReady, freeAt[*bottleneck]) : pickReady;
+    double end = start + task.seconds;
+    for (auto& [key, seconds] : task.holds) {
+      if (seconds <= 0) continue;
+      freeAt[key] = std::max(freeAt[key], start) + seconds;
+      end = std::max(end, freeAt[key]);
+    }
+    ends[pick][next[pick]] = end;
+    makespan = std::max(makespan, end);
+    ++next[pick];
+  }
+  return std::max({makespan, total.seconds(links), allReduce});
+}
+
+double estimateSeconds(CollectiveShape shape, const Topology& topology, const LinkCosts& links,
+                       double bytes) {
+  const int p = topology.size;
+  if (p <= 1) return 0;
+  const LinkCost& slowest =
+      links.at(topology.hosts() > 1 ? static_cast<int>(topology.levels.size()) : 0);
+  const double alpha = slowest.latency, beta = slowest.bandwidth;
+  const double steps = std::ceil(std::log2(static_cast<double>(p)));
+  switch (shape) {
+    case CollectiveShape::kBarrier:
+      return steps * alpha;
+    case CollectiveShape::kTree:
+      return steps * alpha + bytes / beta;
+    case CollectiveShape::kPointToPoint:
+      return alpha + bytes / beta;
+    case CollectiveShape::kReduceScatter:  // `bytes`: this rank's share
+      return (p - 1) * (alpha + bytes / beta);
+    case CollectiveShape::kExchange:  // gathers, scatters, all-to-all: (P - 1) shares of the whole
+      return (p - 1) * (alpha + bytes / p / beta);
+  }
+  return 0;
+}
+
+}  // namespace ddl

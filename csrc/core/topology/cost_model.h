@@ -1,0 +1,35 @@
+// The cost model: what a plan should take on a machine with given links (alpha-beta per link),
+// and what the other collectives should (the estimates torch's time estimator asks for).
+#pragma once
+
+#include <cstddef>
+
+#include "allreduce_plan.h"
+
+namespace ddl {
+
+// Seconds the plan should take (alpha-beta per link). A ring step costs the latency of the
+// link it crosses plus its message's bytes over that link's bandwidth and, reducing, over the
+// reduce bandwidth; a message of several segments is reduced as they arrive. Rings that share a
+// link or a rank's reductions take turns on them while each waits out its own latency: a stage
+// of a multi-dimensional plan costs the larger of its rings' steps so priced and its busiest
+// link's bytes (of every first-wave lane in that stage) plus one latency, a rank's segments
+// passing its link and its reductions as a flow shop. One wave's pass is 2S such stages (the
+// reduce-scatter's, then the allgather's in reverse), and W waves go through them as the engine
+// orders them: a wave's stage after its previous stage and after the previous wave's same
+// stage, each holding the links it loads for their bytes' time and the ranks for their
+// reductions; never less than the busiest link's bytes, or a rank's reductions, over all
+// stages and waves. A message across dimension k loads the links of dimensions 1..k of the
+// blocks it leaves and enters (a rack crossing also crosses the host's link). A flat ring's
+// ranks wait only for their predecessors: a segment's lap costs what the ring's edges cost it
+// (not 2(P-1) times its outermost latency), the other segments following as fast as the
+// busiest link lets them; recursive doubling pays each round's slowest exchange.
+double predictSeconds(const AllreducePlan& plan, const Topology& topology, const LinkCosts& links);
+
+// The collectives besides allreduce, priced as a flat ring, tree or exchange over the group's
+// slowest level: what torch's _time_estimator gets for them (seconds). `bytes`: the op's tensors'.
+enum class CollectiveShape { kBarrier, kTree, kPointToPoint, kReduceScatter, kExchange };
+double estimateSeconds(CollectiveShape shape, const Topology& topology, const LinkCosts& links,
+                       double bytes);
+
+}  // namespace ddl

@@ -1,0 +1,154 @@
+// The builders: plans made by pure functions from the machine (allreduce_plan.h).
+#include <algorithm>
+#include <sstream>
+
+#include "../base/tag.h"
+#include "../base/types.h"
+#include "allreduce_plan.h"
+#include "plan_holdings.h"
+
+namespace ddl {
+namespace {
+
+// One stage: within each group of `rings` (ranks in ring order), every piece held by two or more
+// members with the same weights becomes a ring. Updates `holdings` and the lane's step counter.
+// The groups of a stage have no rank in common, so their rings number their steps from the
+// same base (only the rings of one group, which share ranks, need ranges apart): a stage takes
+// the steps of its busiest group, not of every ring of the job.
+Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, int dimension,
+               bool reversed, uint32_t& nextStep) {
+  Stage stage;
+  stage.dimension = dimension;
+  const uint32_t base = nextStep;
+  uint32_t end = base;
+  for (const std::vector<int>& members : rings) {
+    nextStep = base;
+    std::vector<size_t> cuts;
+    for (int r : members) {
+      for (const Held& h : holdings[r]) {
+        cuts.push_back(h.begin);
+        cuts.push_back(h.end);
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    using Key = std::vector<std::pair<int, int64_t>>;
+    std::vector<std::pair<Range, Key>> pieces;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      Key key;
+      for (int r : members) {
+        int64_t w = weightOver(holdings[r], cuts[i], cuts[i + 1]);
+        if (w >= 0) key.emplace_back(r, w);
+      }
+      Range range{cuts[i], cuts[i + 1] - cuts[i]};
+      if (!pieces.empty() && pieces.back().second == key &&
+          pieces.back().first.offset + pieces.back().first.length == range.offset) {
+        pieces.back().first.length += range.length;
+      } else {
+        pieces.emplace_back(range, std::move(key));
+      }
+    }
+    for (auto& [piece, key] : pieces) {
+      if (key.size() < 2 || piece.length == 0) continue;
+      StageRing ring;
+      for (auto& [r, w] : key) ring.order.push_back(r);
+      if (reversed) std::reverse(ring.order.begin(), ring.order.end());
+      ring.chunks = splitEven(piece.length, ring.order.size());
+      for (Range& c : ring.chunks) c.offset += piece.offset;
+      ring.firstStep = nextStep;
+      nextStep += 2 * static_cast<uint32_t>(ring.order.size() - 1);
+      applyRing(holdings, ring);
+      stage.rings.push_back(std::move(ring));
+    }
+    end = std::max(end, nextStep);
+  }
+  nextStep = end;
+  return stage;
+}
+
+}  // namespace
+
+std::string AllreducePlan::describe() const {
+  std::ostringstream out;
+  out << allreduceAlgorithmName(algorithm);
+  if (algorithm == AllreduceAlgorithm::kRing) out << " rings=" << rings;
+  if (algorithm == AllreduceAlgorithm::kMultiDim) {
+    out << " colors=" << colors << " rings=" << rings << " waves=" << waves;
+    if (!hostSlots) out << " host=messages";
+    if (!lanes.empty()) {
+      out << " order=";
+      for (size_t i = 0; i < lanes[0].order.size(); ++i) {
+        out << (i ? "," : "") << lanes[0].order[i];
+      }
+    }
+  }
+  return out.str();
+}
+
+AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, int colors,
+                           int rings, const std::vector<int>& order, int waves) {
+  colors = std::max(colors, 1);
+  rings = std::max(rings, 1);
+  waves = std::max(waves, 1);
+  if (colors * rings * waves > static_cast<int>(tag::kPlanPhases)) {
+    throw Error("ddl: " + std::to_string(colors) + " colours x " + std::to_string(rings) +
+                " rings x " + std::to_string(waves) + " waves need more than the " +
+                std::to_string(tag::kPlanPhases) + " tag phases a plan has");
+  }
+  const Grid grid = gridOf(t);
+  std::vector<int> dims;
+  for (int k : order) {
+    if (k < 0 || k >= static_cast<int>(grid.dims.size())) {
+      throw Error("ddl: level order names dimension " + std::to_string(k) + "; this topology has " +
+                  std::to_string(grid.dims.size()) + " (0 within a host, 1 across hosts, ...)");
+    }
+    if (std::find(dims.begin(), dims.end(), k) != dims.end()) {
+      throw Error("ddl: level order names dimension " + std::to_string(k) + " twice");
+    }
+    dims.push_back(k);
+  }
+  for (int k = 0; k < static_cast<int>(grid.dims.size()); ++k) {
+    if (std::find(dims.begin(), dims.end(), k) == dims.end()) dims.push_back(k);
+  }
+  std::erase_if(dims, [&](int k) { return grid.dims[k] < 2; });
+  std::vector<std::vector<std::vector<int>>> ringsOf(grid.dims.size());
+  for (int k : dims) ringsOf[k] = dimensionRings(t, grid, k);
+
+  AllreducePlan plan;
+  plan.algorithm = AllreduceAlgorithm::kMultiDim;
+  plan.count = count;
+  plan.elementSize = elementSize;
+  plan.colors = colors;
+  plan.rings = rings;
+  plan.waves = waves;
+  std::vector<Range> shares = splitEven(count, static_cast<size_t>(colors * rings * waves));
+  for (int c = 0; c < colors; ++c) {
+    for (int r = 0; r < rings; ++r) {
+      for (int w = 0; w < waves; ++w) {
+        const int index = (c * rings + r) * waves + w;
+        Lane lane;
+        lane.range = shares[index];
+        lane.phase = static_cast<uint32_t>(index);
+        lane.after = w > 0 ? index - 1 : -1;
+        lane.reversed = r % 2 == 1;
+        lane.order = dims;
+        if (!dims.empty()) {
+          std::rotate(lane.order.begin(), lane.order.begin() + c % dims.size(), lane.order.end());
+        }
+        Holdings holdings = initialHoldings(t.size, lane.range);
+        uint32_t nextStep = 0;
+        for (int k : lane.order) {
+          Stage stage = runStage(holdings, ringsOf[k], k, lane.reversed, nextStep);
+          if (!stage.rings.empty()) lane.stages.push_back(std::move(stage));
+        }
+        Stage closing =
+            runStage(holdings, {naturalRing(t.size, false).order}, -1, lane.reversed, nextStep);
+        if (!closing.rings.empty()) lane.stages.push_back(std::move(closing));
+        plan.lanes.push_back(std::move(lane));
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace ddl

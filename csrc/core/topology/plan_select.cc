@@ -1,0 +1,117 @@
+// The planner's choice: every candidate for a size, each priced by the cost model, the cheapest
+// first (allreduce_plan.h).
+#include <algorithm>
+
+#include "../base/tag.h"
+#include "allreduce_plan.h"
+#include "cost_model.h"
+
+namespace ddl {
+namespace {
+
+AllreducePlan simplePlan(AllreduceAlgorithm algorithm, size_t count, size_t elementSize,
+                         int rings = 1) {
+  AllreducePlan plan;
+  plan.algorithm = algorithm;
+  plan.count = count;
+  plan.elementSize = elementSize;
+  plan.rings = rings;
+  return plan;
+}
+
+AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
+  AllreducePlan plan = simplePlan(AllreduceAlgorithm::kLeaders, count, elementSize);
+  plan.hosts = t.members(0);
+  return plan;
+}
+
+}  // namespace
+
+std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
+                                               size_t count, size_t elementSize,
+                                               const PlanRequest& request) {
+  using A = AllreduceAlgorithm;
+  std::vector<AllreducePlan> out;
+  if (t.size == 1 || count == 0) {
+    out.push_back(simplePlan(AllreduceAlgorithm::kTrivial, count, elementSize));
+    return out;
+  }
+  const size_t bytes = count * elementSize;
+  const Grid grid = gridOf(t);
+  int dims = 0;
+  for (int d : grid.dims) dims += d > 1 ? 1 : 0;
+  auto multiDim = [&](int colors, int rings, int waves) {
+    out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order, waves));
+    out.back().hostSlots = request.hostSlots;
+  };
+  auto multiDimChoices = [&] {
+    std::vector<int> colorChoices, ringChoices;
+    for (int c = 1; c <= std::max(dims, 1); ++c) {
+      if (request.colors == 0 || request.colors == c) colorChoices.push_back(c);
+    }
+    if (colorChoices.empty()) colorChoices.push_back(request.colors);
+    for (int r = 1; r <= 2; ++r) {
+      if (request.rings == 0 || request.rings == r) ringChoices.push_back(r);
+    }
+    if (ringChoices.empty()) ringChoices.push_back(request.rings);
+    std::vector<int> waveChoices = {1, 2, 4, 8};
+    if (request.waves > 0) waveChoices = {request.waves};
+    for (int c : colorChoices) {
+      for (int r : ringChoices) {
+        for (int w : waveChoices) {
+          if (c * r * w <= static_cast<int>(tag::kPlanPhases)) multiDim(c, r, w);
+        }
+      }
+    }
+  };
+  switch (request.algorithm) {
+    case A::kRecursiveDoubling:
+      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
+      break;
+    case A::kLeaders:
+      out.push_back(leadersPlan(t, count, elementSize));
+      break;
+    case A::kRing:
+      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
+      break;
+    case A::kShared:
+    case A::kSharedRing:
+    case A::kDirect:
+      out.push_back(simplePlan(AllreduceAlgorithm::kShared, count, elementSize));
+      break;
+    case A::kMultiDim:
+      multiDimChoices();
+      break;
+    case A::kAuto:
+    case A::kTrivial:  // (not a request: the planner's choice)
+      if (t.hosts() == 1) {
+        out.push_back(simplePlan(bytes <= request.smallBytes
+                                     ? AllreduceAlgorithm::kRecursiveDoubling
+                                     : AllreduceAlgorithm::kShared,
+                                 count, elementSize));
+        break;
+      }
+      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.push_back(leadersPlan(t, count, elementSize));
+      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
+      if (static_cast<size_t>(dims) > 0) multiDimChoices();
+      break;
+  }
+  for (AllreducePlan& plan : out) plan.predicted = predictSeconds(plan, t, links);
+  // The cheapest first; among equals the earlier (simpler) one.
+  std::stable_sort(out.begin(), out.end(), [](const AllreducePlan& a, const AllreducePlan& b) {
+    return a.predicted < b.predicted * 0.999;
+  });
+  return out;
+}
+
+AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t count,
+                            size_t elementSize, const PlanRequest& request) {
+  std::vector<AllreducePlan> candidates =
+      allreduceCandidates(t, links, count, elementSize, request);
+  AllreducePlan plan = std::move(candidates.front());
+  if (plan.algorithm == AllreduceAlgorithm::kMultiDim) checkPlan(plan, t.size);
+  return plan;
+}
+
+}  // namespace ddl
