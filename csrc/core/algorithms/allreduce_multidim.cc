@@ -206,23 +206,22 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
     host = hostRings(*plan, op.rank());
   }
   std::optional<SharedRingTurn> turn;
-  std::map<std::tuple<int, int, bool>, SlotWindows*> ready;  // (lane, stage x ring, gathering)
+  std::map<std::tuple<int, int, int, bool>, SlotWindows*> ready;  // lane, stage, ring, gathering
   if (!host.empty()) {
     SharedRing& shared = *op.group().sharedRing;
     turn.emplace(shared, op);
     co_await op.until([&turn] { return turn->ready(); });
-    if (shared.status == SharedRing::Status::kBroken) throw Error(shared.broken);
+    if (shared.state == SharedRing::State::kBroken) throw Error(shared.broken);
     turn->setClean(false);  // setting up windows, then writing into them
     for (const HostRing& h : host) {
       auto it = shared.levelRings.find(h.key);
       if (it == shared.levelRings.end()) {
         it = shared.levelRings.emplace(h.key, SlotWindows{}).first;
         std::vector<int> order = plan->lanes[h.lane].stages[h.stage].rings[h.ring].order;
-        co_await setUpSlotWindows(op, it->second, std::move(order), settings.segmentBytes,
-                                  std::max<size_t>(2 * settings.depth, 2), h.setUpStep);
+        co_await setUpRingWindows(op, it->second, std::move(order), settings, h.setUpStep);
       }
       if (it->second.ready) {
-        ready[{h.lane, h.stage * 65536 + h.ring, h.gathering}] = &it->second;
+        ready[{h.lane, h.stage, h.ring, h.gathering}] = &it->second;
       }
     }
   }
@@ -234,7 +233,7 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
     const Lane& lane = plan->lanes[l];
     const LaneRun* before = lane.after >= 0 ? &lanes[lane.after] : nullptr;
     auto windows = [&ready, l](int stage, int ring, bool gathering) -> SlotWindows* {
-      auto it = ready.find({l, stage * 65536 + ring, gathering});
+      auto it = ready.find({l, stage, ring, gathering});
       return it == ready.end() ? nullptr : it->second;
     };
     lanes.emplace_back(op, lane, before, data, type, reduce, settings, plan->count, windows);

@@ -50,24 +50,22 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
   const size_t es = elementSize(type);
-  if (ring.status == SharedRing::Status::kUnavailable) {
+  if (ring.state == SharedRing::State::kUnavailable) {
     if (required) throw Error(unavailable(mode));
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
   SharedRingTurn turn(ring, op);
   co_await op.until([&turn] { return turn.ready(); });
-  if (ring.status == SharedRing::Status::kBroken) throw Error(ring.broken);
-  if (ring.status == SharedRing::Status::kUnknown) {
+  if (ring.state == SharedRing::State::kBroken) throw Error(ring.broken);
+  if (ring.state == SharedRing::State::kUnknown) {
     std::vector<int> everyone = naturalRing(n, false).order;
     turn.setClean(false);  // a setup cut short leaves the ranks disagreeing on the windows
-    co_await setUpSlotWindows(op, ring.windows, std::move(everyone), settings.segmentBytes,
-                              std::max<size_t>(2 * settings.depth, 2), 0);
+    co_await setUpRingWindows(op, ring.windows, std::move(everyone), settings, 0);
     turn.setClean(true);
-    ring.status =
-        ring.windows.ready ? SharedRing::Status::kReady : SharedRing::Status::kUnavailable;
+    ring.state = ring.windows.ready ? SharedRing::State::kReady : SharedRing::State::kUnavailable;
   }
-  if (ring.status == SharedRing::Status::kUnavailable) {
+  if (ring.state == SharedRing::State::kUnavailable) {
     turn.release();
     if (required) throw Error(unavailable(mode));
     co_await allreduceRing(op, data, count, type, reduce, settings);

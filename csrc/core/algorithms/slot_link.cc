@@ -1,5 +1,6 @@
 #include "slot_link.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "../base/tag.h"
@@ -46,8 +47,8 @@ std::string SlotLink::describeTimeout() const {
 }
 
 void SlotLink::giveUp(const std::string& why) {
-  noticesOut_.push_back(Notice{fingerprint_, 0, kAbandoned, 0});
-  op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(Notice));
+  noticesOut_.push_back(SlotNotice{fingerprint_, 0, kAbandoned, 0});
+  op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice));
   throw Error(why);
 }
 
@@ -55,7 +56,7 @@ void SlotLink::poll() {
   const size_t slots = windows_.slots;
   while (noticesPosted_ < transfers_ && noticeRecvs_.size() < slots) {
     noticeRecvs_.push_back(
-        op_.recv(prev_, noticeSlot_, &noticeIn_[noticesPosted_ % slots], sizeof(Notice)));
+        op_.recv(prev_, noticeSlot_, &noticeIn_[noticesPosted_ % slots], sizeof(SlotNotice)));
     ++noticesPosted_;
   }
   while (freedPosted_ < transfers_ && freedRecvs_.size() < slots) {
@@ -70,7 +71,7 @@ void SlotLink::poll() {
     freedRecvs_.pop_front();
   }
   while (!noticeRecvs_.empty() && noticeRecvs_.front()->done) {
-    Notice m = noticeIn_[noticesTaken_++ % slots];
+    SlotNotice m = noticeIn_[noticesTaken_++ % slots];
     noticeRecvs_.pop_front();
     if (m.fingerprint != fingerprint_) {
       giveUp("rank " + std::to_string(prev_) + " allreduces " + std::to_string(m.fingerprint) +
@@ -91,7 +92,7 @@ void SlotLink::poll() {
 
 bool SlotLink::arrival(Arrival* out) {
   if (arrived_.empty()) return false;
-  const Notice& m = arrived_.front();
+  const SlotNotice& m = arrived_.front();
   std::atomic_thread_fence(std::memory_order_acquire);  // the notice before the slot's bytes
   *out = Arrival{static_cast<int>(m.step), m.segment, windows_.inbox + m.slot * windows_.slotBytes,
                  m.slot};
@@ -109,8 +110,8 @@ char* SlotLink::outbox(char*, size_t, bool fresh) {
 void SlotLink::post(int step, size_t segment, char* at, size_t) {
   const uint32_t slot = static_cast<uint32_t>((at - windows_.outbox) / windows_.slotBytes);
   std::atomic_thread_fence(std::memory_order_release);  // the slot's bytes before the notice
-  noticesOut_.push_back(Notice{fingerprint_, segment, static_cast<uint32_t>(step), slot});
-  sends_.push_back(op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(Notice)));
+  noticesOut_.push_back(SlotNotice{fingerprint_, segment, static_cast<uint32_t>(step), slot});
+  sends_.push_back(op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice)));
   ++written_;
 }
 
@@ -123,6 +124,12 @@ void SlotLink::release(const Arrival& arrival) {
 bool SlotLink::idle() {
   std::erase_if(sends_, [](Request* r) { return r->done; });
   return freedTaken_ == written_ && sends_.empty();
+}
+
+Task setUpRingWindows(Op& op, SlotWindows& windows, std::vector<int> order,
+                      const PipelineSettings& settings, uint32_t firstStep) {
+  co_await setUpSlotWindows(op, windows, std::move(order), settings.segmentBytes,
+                            std::max<size_t>(2 * settings.depth, 2), firstStep);
 }
 
 }  // namespace ddl

@@ -18,8 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "../algorithms/link.h"
 #include "../runtime/op.h"
+#include "../shm/shared_ring.h"
+#include "algorithms.h"
+#include "link.h"
 
 namespace ddl {
 
@@ -45,7 +47,7 @@ class SlotLink : public Link {
   bool idle() override;
 
  private:
-  struct Notice {
+  struct SlotNotice {
     uint64_t fingerprint;
     uint64_t segment;
     uint32_t step;
@@ -63,15 +65,21 @@ class SlotLink : public Link {
   LinkGeometry geometry_;
   uint64_t transfers_ = 0;           // slots this rank writes, and reads
   std::vector<uint32_t> freeSlots_;  // of the next inbox
-  std::vector<Notice> noticeIn_;
+  std::vector<SlotNotice> noticeIn_;
   std::vector<uint32_t> freedIn_;
   std::deque<Request*> noticeRecvs_, freedRecvs_;
   uint64_t noticesPosted_ = 0, noticesTaken_ = 0, freedPosted_ = 0, freedTaken_ = 0;
-  std::deque<Notice> arrived_;
-  std::deque<Notice> noticesOut_;
+  std::deque<SlotNotice> arrived_;
+  std::deque<SlotNotice> noticesOut_;
   std::deque<uint32_t> freedOut_;
   std::vector<Request*> sends_;
   uint64_t written_ = 0, consumed_ = 0;
 };
+
+// Sets up `windows` for a ring of `order` as a pipeline of these settings uses them: inboxes of
+// 2 x depth slots (at least 2) of a segment each (shm/shared_ring.h), the setup's messages in
+// tag steps from `firstStep` of the shared phase.
+Task setUpRingWindows(Op& op, SlotWindows& windows, std::vector<int> order,
+                      const PipelineSettings& settings, uint32_t firstStep);
 
 }  // namespace ddl

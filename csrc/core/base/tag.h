@@ -83,7 +83,7 @@ inline constexpr uint32_t source(uint64_t t) {
 inline constexpr uint32_t kMaxRanks = kMaxSteps / 2;
 inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 // Ids a group may hold: all but the last, which carries the agreements that make a group out of
-// another one's ranks (shrink, split: engine/derive.h).
+// another one's ranks (shrink, split, reconfigure: group/agreement.h).
 inline constexpr uint32_t kGroupIds = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementGroup = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementStep = 3;

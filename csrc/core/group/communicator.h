@@ -51,10 +51,12 @@ struct GroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // Tests: the machine the group believes it runs on, instead of the one its ranks find.
   const Topology* topology = nullptr;
-  // A simulated cluster (sim/cluster.h): where this rank runs instead of Locality::self(), the
-  // rack map and link figures instead of TORCH_DDL_TOPOLOGY's and TORCH_DDL_LINKS's; no process
-  // identity is published and no link is probed.
+  // Where this rank runs (default: Locality::self()), what identifies its process to peers on
+  // its host (default: ProcessIdentity::self(); "" for none, as a simulated rank's), the rack
+  // map and link figures (default: TORCH_DDL_TOPOLOGY's and TORCH_DDL_LINKS's; figures given
+  // are not probed).
   std::optional<Locality> locality;
+  std::optional<std::string> identity;
   std::optional<std::string> racks;
   std::optional<std::string> links;
   // What the planner is asked (default: the configuration's, planRequest()).

@@ -90,7 +90,7 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   RankCard card;
   card.rank = rank;
   card.address = engine.localAddress();
-  card.identity = options.locality ? "" : ProcessIdentity::self().encode();
+  card.identity = options.identity ? *options.identity : ProcessIdentity::self().encode();
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
   card.idTaken = !engine.claimGroupId(group->id);
   pending->claimed = !card.idTaken;

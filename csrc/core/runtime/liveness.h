@@ -4,8 +4,9 @@
 // are) cannot be watched this way and are left to the transport and the timeout.
 //
 // A process is identified by what makes it one on a machine: boot id, PID namespace, PID and
-// its start time (so a recycled PID is never taken for the peer). Ranks publish theirs through
-// the group's store; each rank watches the peers whose boot id and PID namespace are its own.
+// its start time (so a recycled PID is never taken for the peer). Ranks send theirs up the
+// creation tree with their cards (group/bootstrap.h); each rank watches the peers whose boot id
+// and PID namespace are its own.
 #pragma once
 
 #include <sys/types.h>

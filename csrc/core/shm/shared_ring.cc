@@ -65,10 +65,10 @@ SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
 
 SharedRingTurn::~SharedRingTurn() {
   if (released_) return;
-  if (ring_.status == SharedRing::Status::kUnknown && ring_.windows.refused) {
-    ring_.status = SharedRing::Status::kUnavailable;  // its setup cut short after the verdict
-  } else if (ring_.status != SharedRing::Status::kBroken && !clean_ && !op_.endsCleanly()) {
-    ring_.status = SharedRing::Status::kBroken;
+  if (ring_.state == SharedRing::State::kUnknown && ring_.windows.refused) {
+    ring_.state = SharedRing::State::kUnavailable;  // its setup cut short after the verdict
+  } else if (ring_.state != SharedRing::State::kBroken && !clean_ && !op_.endsCleanly()) {
+    ring_.state = SharedRing::State::kBroken;
     ring_.broken = "the shared-memory ring of this group is unusable: " + what_ +
                    " failed while using it (destroy and re-create the process group)";
   }

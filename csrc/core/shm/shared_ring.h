@@ -42,7 +42,7 @@ struct SlotWindows {
 };
 
 struct SharedRing {
-  enum class Status { kUnknown, kReady, kUnavailable, kBroken };
+  enum class State { kUnknown, kReady, kUnavailable, kBroken };
 
   explicit SharedRing(Runtime* r) : runtime(r) {}
   SharedRing(const SharedRing&) = delete;
@@ -53,7 +53,7 @@ struct SharedRing {
   void advance();
 
   Runtime* runtime;
-  Status status = Status::kUnknown;
+  State state = State::kUnknown;
   std::string broken;   // why, when kBroken
   SlotWindows windows;  // over every rank, in rank order
   // Rings of the host level of multi-dimensional plans, by key (allreduce_multidim.cc); each
@@ -92,7 +92,7 @@ class SharedRingTurn {
   SharedRingTurn& operator=(const SharedRingTurn&) = delete;
   ~SharedRingTurn();
   bool ready() const {
-    return ring_.serving == ticket_ || ring_.status == SharedRing::Status::kBroken;
+    return ring_.serving == ticket_ || ring_.state == SharedRing::State::kBroken;
   }
   void release();
   void setClean(bool clean) { clean_ = clean; }

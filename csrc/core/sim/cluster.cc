@@ -125,6 +125,7 @@ void SimCluster::createGroup() {
     GroupOptions options;
     options.timeout = spec_.timeout;
     options.locality = localities_[r];
+    options.identity = "";  // the ranks share one process: none is watched
     options.racks = rackMap_;
     options.links = groupLinks;
     // The simulated transport maps no shared-memory windows: host rings run over messages from

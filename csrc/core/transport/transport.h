@@ -1,7 +1,7 @@
 // The transport interface every algorithm is written against: post a tagged send, post a tagged
 // receive, drive progress, and (optionally) share memory windows with peers on the same host. Tags
-// carry the source rank (see engine/tag.h), so receives need no peer handle and "any source" is a
-// mask. Every method except wakeFd() is called from the engine's progress thread only.
+// carry the source rank (see base/tag.h), so receives need no peer handle and "any source" is a
+// mask. Every method except wakeFd() is called from the thread that turns the runtime only.
 #pragma once
 
 #include <cstddef>

@@ -8,7 +8,7 @@
 // kKeepaliveSeconds) fails the requests posted to it and is reported by lostPeers(), which the
 // engine turns into failed operations naming it. Same-host endpoints do not: UCX offers no
 // shared-memory transport under that mode and would fall back to TCP over loopback; a dead local
-// peer is reported by the engine's pidfd watch (engine/liveness.h).
+// peer is reported by the engine's pidfd watch (runtime/liveness.h).
 #pragma once
 
 #include <ucp/api/ucp.h>
