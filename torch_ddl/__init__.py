@@ -5,6 +5,7 @@
 """
 
 import atexit
+import contextlib
 import functools
 import glob
 import importlib.util
@@ -44,7 +45,7 @@ def _load_extension():
 _C = _load_extension()
 
 __version__ = "0.1.0"
-__all__ = ["ProcessGroupDDL", "empty_shared", "failure", "__version__"]
+__all__ = ["ProcessGroupDDL", "empty_shared", "failure", "quorum_waived", "__version__"]
 
 ProcessGroupDDL = _C.ProcessGroupDDL
 
@@ -78,6 +79,23 @@ def failure(group=None):
 
     group = group or dist.group.WORLD
     return group._get_backend(torch.device("cpu")).failure()
+
+
+@contextlib.contextmanager
+def quorum_waived():
+    """dist.shrink_group on a ddl group goes on only where the ranks left are more than half of
+    the group, or exactly half with its rank 0: of the two sides of a network partition only one
+    then goes on, and the other's shrink raises DistNetworkError saying so. A job that knows the
+    ranks it excludes are dead (not merely cut off) may shrink without that rule:
+
+        with torch_ddl.quorum_waived():
+            group = dist.shrink_group(dead_ranks)
+    """
+    _C.waive_quorum(True)
+    try:
+        yield
+    finally:
+        _C.waive_quorum(False)
 
 
 def empty_shared(*size, dtype=torch.float32):

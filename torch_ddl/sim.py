@@ -159,6 +159,8 @@ def main(argv=None):
         print(f"KILL ranks={killed} named={r['named']} of {r['survivors']} "
               f"by_us={r['named_by_us']:.1f} failure_messages={r['failure_messages']}")
     if args.shrink:
+        if args.verbose:
+            print(f"shrink: {r['shrink_attempts']} attempt(s)")
         if r["shrink_error"]:
             print(f"shrink: {r['shrink_error']}")
         print(f"SHRINK groups={r['shrink_groups']} members={r['shrink_members']} "

@@ -99,6 +99,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         });
       });
 
+  m.def("waive_quorum", &ddl::ProcessGroupDDL::waiveQuorum,
+        "shrink_group on this thread does (not) require a quorum of the group to be left");
+
   // Offline: the topology of ranks on the named hosts (by rank), racks and links as in
   // TORCH_DDL_TOPOLOGY and TORCH_DDL_LINKS.
   m.def("plan_offline", [](const std::vector<std::string>& hostOf, const std::string& racks,
@@ -176,6 +179,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     out["shrink_ops_ok"] = r.shrinkOpsOk;
     out["shrink_ops"] = ddl::SimRequest::kShrinkOps;
     out["shrink_error"] = r.shrinkError;
+    out["shrink_attempts"] = r.shrinkAttempts;
     out["first_error"] = r.firstError;
     out["unnamed_error"] = r.unnamedError;
     out["wall_s"] = r.wallSeconds;

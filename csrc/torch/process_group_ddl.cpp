@@ -102,6 +102,13 @@ void ProcessGroupDDL::unregisterAbortHook(int64_t hookId) {
 }
 #endif
 
+namespace {
+thread_local bool tQuorumWaived = false;
+}  // namespace
+
+bool ProcessGroupDDL::quorumRequired() { return !tQuorumWaived; }
+void ProcessGroupDDL::waiveQuorum(bool waived) { tQuorumWaived = waived; }
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
     const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
     const c10::intrusive_ptr<Options>&) {
@@ -117,7 +124,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupDDL::shrink(
   }
   try {
     return c10::make_intrusive<ProcessGroupDDL>(
-        comm_->shrink(excluded, (shrinkFlags & kShrinkAbort) != 0));
+        comm_->shrink(excluded, (shrinkFlags & kShrinkAbort) != 0, quorumRequired()));
   } catch (const ddl::Error& e) {
     torch_errors::raise(e.status());
   }

@@ -74,6 +74,10 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
                                           const c10::intrusive_ptr<Options>& opts, const int& rank,
                                           const int& size) override;
+  // shrink_group requires the ranks left to be a quorum of the group (group/communicator.h);
+  // torch_ddl.quorum_waived() lifts that for the calling thread.
+  static bool quorumRequired();
+  static void waiveQuorum(bool waived);
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags = 0,
       const c10::intrusive_ptr<Options>& optsOverride = nullptr) override;

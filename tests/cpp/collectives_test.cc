@@ -415,6 +415,7 @@ class HoldingTransport : public Transport {
   explicit HoldingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
   std::string localAddress() override { return inner_->localAddress(); }
   PeerId connect(const std::string& address) override { return inner_->connect(address); }
+  std::string addressOf(PeerId peer) const override { return inner_->addressOf(peer); }
   void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) override {
     inner_->send(peer, tag, data, bytes, req);
   }

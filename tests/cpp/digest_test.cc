@@ -43,9 +43,9 @@ const Scenario kScenarios[] = {
   {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, false, 0xd62cca0595601de0ull},
   {"alltoall", {}, 40, 4, 4, "alltoall", A::kAuto, 4 * 131, -1, false, 0x7990164bcef6910full},
   {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, false, 0xea4e3b76255bacfaull},
-  {"rank 17 killed halfway", {}, 64, 4, 4, "allreduce", A::kAuto, 1 << 20, 17, false, 0x9a310cc2198e2756ull},
-  {"rank 5 killed in an allgather", {}, 48, 4, 0, "allgather", A::kAuto, 4 * 1031, 5, false, 0x5fd57e6e3398bcc3ull},
-  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x05850868f4148904ull},
+  {"rank 17 killed halfway", {}, 64, 4, 4, "allreduce", A::kAuto, 1 << 20, 17, false, 0x934b168a635de19aull},
+  {"rank 5 killed in an allgather", {}, 48, 4, 0, "allgather", A::kAuto, 4 * 1031, 5, false, 0x02828a92ce001fbfull},
+  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x2611f46755cde12aull},
 };
 // clang-format on
 

@@ -87,7 +87,7 @@ def test_random_rank_dies_at_a_random_point_of_a_random_collective(trial):
     _run_fault(size, victim, how, op, before, pause_us)
 
 
-def _stopped(rank, size, store):
+def _stopped(rank, size, store, heartbeat):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch_ddl
 
@@ -95,36 +95,51 @@ def _stopped(rank, size, store):
                             timeout=timedelta(seconds=3))
     x = torch.ones(1 << 18)
     dist.all_reduce(x)
-    if rank == size - 1:
-        os.kill(os.getpid(), signal.SIGSTOP)  # a stopped rank is alive: only the timeout names it
+    stopped = size - 1
+    if rank == stopped:
+        os.kill(os.getpid(), signal.SIGSTOP)  # alive, but its progress thread stands still
         return
     start = time.time()
-    with pytest.raises(RuntimeError, match="Timed out after 3000 ms") as info:
+    with pytest.raises(RuntimeError) as info:
         for _ in range(1000):
             dist.all_reduce(x)
-    assert time.time() - start < 6
-    # The stopped rank is the end of every survivor's wait: its next rank misses its call print,
-    # the others follow what the ranks they wait for reported halfway to the deadline.
-    stopped = size - 1
+    took = time.time() - start
     message = str(info.value)
-    assert (f"rank {stopped} has not started this op" in message
-            or f"to rank {stopped}, which" in message), message
-    print(f"rank {rank}: {message}", flush=True)
-    assert type(info.value) is dist.DistBackendError
-    assert torch_ddl.failure()["kind"] == "timeout", torch_ddl.failure()
-    # Every survivor stays until all have timed out: one that exits is a lost peer to the rest.
+    print(f"rank {rank} after {took:.2f} s: {message}", flush=True)
+    if heartbeat:
+        # Its watchers hear no heartbeat for 2 s (TORCH_DDL_HEARTBEAT_TIMEOUT_MS), before the op's
+        # 3 s timeout: every survivor names it gone, by their word or its own.
+        assert f"rank {stopped} is gone: " in message and "no heartbeat" in message, message
+        assert took < 3, took
+        assert type(info.value) is dist.DistNetworkError
+        info = torch_ddl.failure()
+        assert info["kind"] == "peer lost" and stopped in info["gone"], info
+    else:
+        # Without heartbeats only the timeout names it. The stopped rank is the end of every
+        # survivor's wait: its next rank misses its call print, the others follow what the ranks
+        # they wait for reported halfway to the deadline.
+        assert "Timed out after 3000 ms" in message, message
+        assert took < 6, took
+        assert (f"rank {stopped} has not started this op" in message
+                or f"to rank {stopped}, which" in message), message
+        assert type(info.value) is dist.DistBackendError
+        assert torch_ddl.failure()["kind"] == "timeout", torch_ddl.failure()
+    # Every survivor stays until all have failed: one that exits is a lost peer to the rest.
     store = dist.distributed_c10d._get_default_store()
-    store.add("timed out", 1)
+    store.add("failed", 1)
     deadline = time.time() + 20
-    while store.add("timed out", 0) < size - 1 and time.time() < deadline:
+    while store.add("failed", 0) < size - 1 and time.time() < deadline:
         time.sleep(0.05)
     os._exit(0)
 
 
+@pytest.mark.parametrize("heartbeat", [True, False], ids=["heartbeat", "timeout"])
 @pytest.mark.parametrize("size", [2, 4])
-def test_a_stopped_peer_gets_the_timeout_naming_it(size):
+def test_a_stopped_peer_is_named_by_the_heartbeat_or_else_the_timeout(size, heartbeat,
+                                                                       monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_HEARTBEAT_MS", "250" if heartbeat else "0")
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = spawn(_stopped, size, (size, os.path.join(tmp, "store")))
+        ctx = spawn(_stopped, size, (size, os.path.join(tmp, "store"), heartbeat))
         try:
             for p in ctx.processes[:-1]:
                 p.join(60)

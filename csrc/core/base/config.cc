@@ -80,6 +80,13 @@ const std::vector<ConfigEntry> kTable = {
      "empty: none"},
     {"TORCH_DDL_DEBUG_FILE", "",
      "where the log goes (%h: host name, %p: process id); empty: standard error"},
+    {"TORCH_DDL_HEARTBEAT_MS", "250",
+     "every this many milliseconds a process sends each of a few peers (its successors at "
+     "distances 1, 2, 4, ... in each group) an 8-byte heartbeat; 0: none (a stopped process or a "
+     "lost host is then found only by the transport or the op timeout)"},
+    {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "2000",
+     "a watched peer (a predecessor at such a distance) silent this long is counted gone: its "
+     "groups fail naming it, on every rank, and the news spreads to the others"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -168,6 +175,12 @@ Config read() {
                 " is not one of WARN, INFO, TRACE (or empty)");
   }
   c.debugFile = configValue(kTable[20]);
+  c.heartbeatMillis = static_cast<long>(parseSize(kTable[21], 0));
+  c.heartbeatTimeoutMillis = static_cast<long>(parseSize(kTable[22], 1));
+  if (c.heartbeatMillis > 0 && c.heartbeatTimeoutMillis < 2 * c.heartbeatMillis) {
+    throw Error("ddl: TORCH_DDL_HEARTBEAT_TIMEOUT_MS=" + configValue(kTable[22]) +
+                " must be at least twice TORCH_DDL_HEARTBEAT_MS=" + configValue(kTable[21]));
+  }
   return c;
 }
 

@@ -13,26 +13,28 @@ namespace ddl {
 
 struct Config {
   AllreduceAlgorithm allreduceAlgorithm = AllreduceAlgorithm::kAuto;
-  size_t smallBytes = 0;          // allreduce at most this large uses recursive doubling (auto)
-  size_t directMinBytes = 0;      // allreduce at least this large always offers the direct path
-  size_t segmentBytes = 0;        // pipeline segment of ring and tree algorithms
-  size_t deviceSegmentBytes = 0;  // the same for buffers in device memory
-  size_t pipelineDepth = 0;       // receives in flight per ring step
-  size_t rings = 0;               // rings a large allreduce is split across (0: the planner's)
-  size_t colors = 0;              // colours of the multi-dimensional ring (0: the planner's)
-  size_t waves = 0;               // waves per multidim lane (0: the planner's)
-  bool hierarchical = true;       // reduce-scatter, allgather, broadcast level by level
-  bool hostSlots = true;          // multidim: the host level over shared-memory slots
-  bool probeLinks = true;         // measure link costs above the host at group creation
-  std::vector<int> levelOrder;    // dimensions of colour 0, innermost first when empty
-  std::string topology;           // TORCH_DDL_TOPOLOGY: racks of hosts (topology.h)
-  std::string links;              // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)
-  long spinMicros = 0;            // busy-poll time before the progress thread or a waiter sleeps
-  bool shareTensors = true;       // adopt large, reused allreduce tensors (shm/shared_buffers.h)
-  size_t traceEntries = 0;        // operations the flight recorder keeps (trace.h)
-  std::string traceFile;          // dump prefix on failure ("": on demand only)
-  int debug = 0;                  // TORCH_DDL_DEBUG: 0 off, 1 WARN, 2 INFO, 3 TRACE (log.h)
-  std::string debugFile;          // TORCH_DDL_DEBUG_FILE ("": stderr; %h host, %p pid)
+  size_t smallBytes = 0;            // allreduce at most this large uses recursive doubling (auto)
+  size_t directMinBytes = 0;        // allreduce at least this large always offers the direct path
+  size_t segmentBytes = 0;          // pipeline segment of ring and tree algorithms
+  size_t deviceSegmentBytes = 0;    // the same for buffers in device memory
+  size_t pipelineDepth = 0;         // receives in flight per ring step
+  size_t rings = 0;                 // rings a large allreduce is split across (0: the planner's)
+  size_t colors = 0;                // colours of the multi-dimensional ring (0: the planner's)
+  size_t waves = 0;                 // waves per multidim lane (0: the planner's)
+  bool hierarchical = true;         // reduce-scatter, allgather, broadcast level by level
+  bool hostSlots = true;            // multidim: the host level over shared-memory slots
+  bool probeLinks = true;           // measure link costs above the host at group creation
+  std::vector<int> levelOrder;      // dimensions of colour 0, innermost first when empty
+  std::string topology;             // TORCH_DDL_TOPOLOGY: racks of hosts (topology.h)
+  std::string links;                // TORCH_DDL_LINKS: link costs per dimension (allreduce_plan.h)
+  long spinMicros = 0;              // busy-poll time before the progress thread or a waiter sleeps
+  bool shareTensors = true;         // adopt large, reused allreduce tensors (shm/shared_buffers.h)
+  size_t traceEntries = 0;          // operations the flight recorder keeps (trace.h)
+  std::string traceFile;            // dump prefix on failure ("": on demand only)
+  int debug = 0;                    // TORCH_DDL_DEBUG: 0 off, 1 WARN, 2 INFO, 3 TRACE (log.h)
+  std::string debugFile;            // TORCH_DDL_DEBUG_FILE ("": stderr; %h host, %p pid)
+  long heartbeatMillis = 0;         // TORCH_DDL_HEARTBEAT_MS (runtime/heartbeat.h; 0: off)
+  long heartbeatTimeoutMillis = 0;  // a watched peer silent this long is gone
 };
 
 struct ConfigEntry {

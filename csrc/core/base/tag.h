@@ -93,5 +93,7 @@ inline constexpr uint32_t kAgreementAbortStep = 4;
 // acknowledgements, the host ring's token and steps, the figures up and down the tree.
 inline constexpr uint32_t kProbeStep = 5;
 inline constexpr uint32_t kProbeSteps = 6;
+// Heartbeats (runtime/heartbeat.h), under the agreements' group id and sequence 0.
+inline constexpr uint32_t kHeartbeatStep = kProbeStep + kProbeSteps;
 
 }  // namespace ddl::tag

@@ -1,6 +1,8 @@
 #include "agreement.h"
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 
 #include "../base/tag.h"
 #include "../base/types.h"
@@ -15,29 +17,64 @@ constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kAgreementStep);
 constexpr uint64_t kAbortSlot = tag::slot(tag::kControlPhase, tag::kAgreementAbortStep);
 constexpr size_t kAbortBytes = 2048;  // a failure's words, cut to this
 
-// A framed message (bootstrap.h's receiveFramed) from `peer`, unless another member's word that
-// the agreement failed (`abort`, from any member) comes first: then that word is thrown.
-Task receiveUnlessAborted(Op& op, int peer, std::string* bytes, Request* abort,
-                          const std::string* abortText, DeriveResult* out) {
-  auto ended = [abort, abortText, out] {
-    const int from = static_cast<int>(tag::source(abort->senderTag));
+// The word of failure this op listens for, from any rank: its text after the attempt's 8 bytes.
+struct Listening {
+  uint64_t attempt;
+  const std::set<uint64_t>* ended;
+  std::string buffer = std::string(kAbortBytes, '\0');
+  Request* request = nullptr;
+  // Whether a word of this attempt arrived; one of another attempt is dropped and the next
+  // listened for.
+  bool heard(Op& op) {
+    while (request->done) {
+      uint64_t theirs = 0;
+      if (!request->failed() && request->receivedBytes >= sizeof(theirs)) {
+        std::memcpy(&theirs, buffer.data(), sizeof(theirs));
+        if (theirs == attempt || ended == nullptr || !ended->count(theirs)) return true;
+      }
+      op.recycle(request);
+      request = op.recvAny(kAbortSlot, buffer.data(), buffer.size());
+    }
+    return false;
+  }
+  Error error(DeriveResult* out) const {
+    const int from = static_cast<int>(tag::source(request->senderTag));
     out->heardFrom = from;
     out->asked = "; " + out->mine;
-    return Error("rank " + std::to_string(from) + " reports: " +
-                 abortText->substr(0, std::min(abort->receivedBytes, abortText->size())));
-  };
+    const size_t length = std::min(request->receivedBytes, buffer.size());
+    return Error("rank " + std::to_string(from) +
+                 " reports: " + buffer.substr(sizeof(uint64_t), length - sizeof(uint64_t)));
+  }
+};
+
+// A framed message (bootstrap.h's receiveFramed) from `peer`, unless another member's word that
+// the agreement failed (from any member) comes first: then that word is thrown.
+Task receiveUnlessAborted(Op& op, int peer, std::string* bytes, Listening* abort,
+                          DeriveResult* out) {
   uint64_t length = 0;
   Request* r = op.recv(peer, kSlot, &length, sizeof(length));
-  co_await op.until([r, abort] { return r->done || abort->done; });
-  if (!r->done) throw ended();
+  co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
+  if (!r->done) throw abort->error(out);
   bytes->assign(length, '\0');
   r = op.recv(peer, kSlot, bytes->data(), length);
-  co_await op.until([r, abort] { return r->done || abort->done; });
-  if (!r->done) throw ended();
+  co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
+  if (!r->done) throw abort->error(out);
 }
 
-Task sendAbort(Op& op, int peer, std::string text) {
-  co_await op.all(op.send(peer, kAbortSlot, text.data(), text.size()));
+Task sendAbort(Op& op, int peer, std::string words) {
+  co_await op.all(op.send(peer, kAbortSlot, words.data(), words.size()));
+}
+
+// The first card among `cards` asking for something else than `mine`, with its words.
+std::optional<std::string> otherRequest(const std::vector<DeriveCard>& cards,
+                                        const DeriveCard& mine) {
+  for (const DeriveCard& c : cards) {
+    if (c.request != mine.request) {
+      return "rank " + std::to_string(c.parentRank) + " was asked to " + c.request + ", rank " +
+             std::to_string(mine.parentRank) + " was asked to " + mine.request;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string encodeCards(const std::vector<DeriveCard>& cards) {
@@ -107,9 +144,10 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
   return result;
 }
 
-Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
-                    std::shared_ptr<DeriveResult> out, std::vector<std::shared_ptr<Work>> told,
-                    TimePoint toldBy) {
+Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_ptr<DeriveResult> out,
+                    std::vector<std::shared_ptr<Work>> told, TimePoint toldBy) {
+  const std::vector<int>& members = agreement.members;
+  const std::string& what = agreement.what;
   // The words this rank sent first (a shrink's, to the ranks it leaves out) leave before its
   // card goes up, or the time for them runs out.
   if (!told.empty()) {
@@ -130,22 +168,31 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   out->mine = "rank " + std::to_string(mine.parentRank) + " was asked to " + mine.request;
   // The word may still be posted when this coroutine ends (it is cancelled after): its buffer
   // lives with the op's Work, which the engine keeps until the transport lets go.
-  auto abortText = std::make_shared<std::string>(kAbortBytes, '\0');
-  op.work->retain(abortText);
-  Request* abort = op.recvAny(kAbortSlot, abortText->data(), abortText->size());
+  auto abort = std::make_shared<Listening>();
+  abort->attempt = agreement.attempt;
+  abort->ended = agreement.ended;
+  op.work->retain(abort);
+  abort->request = op.recvAny(kAbortSlot, abort->buffer.data(), abort->buffer.size());
   std::vector<DeriveCard> cards;
-  cards.push_back(std::move(mine));
+  cards.push_back(mine);
   for (int child : children) {
     std::string bytes;
-    co_await receiveUnlessAborted(op, child, &bytes, abort, abortText.get(), out.get());
+    co_await receiveUnlessAborted(op, child, &bytes, abort.get(), out.get());
     if (!decodeCards(bytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
+    }
+    // Cards that ask for another group: the views differ, whatever the others say.
+    if (std::optional<std::string> other = otherRequest(cards, mine)) {
+      throw Error(Status(StatusKind::kMismatch,
+                         "ddl: " + what + ": the ranks were asked for different groups: " + *other +
+                             " (every rank of the new group must pass the same arguments)",
+                         {cards.back().parentRank}));
     }
   }
   std::string down;
   if (parent >= 0) {
     co_await sendFramed(op, parent, kSlot, encodeCards(cards));
-    co_await receiveUnlessAborted(op, parent, &down, abort, abortText.get(), out.get());
+    co_await receiveUnlessAborted(op, parent, &down, abort.get(), out.get());
   } else {
     std::sort(cards.begin(), cards.end(),
               [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
@@ -179,63 +226,63 @@ Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::stri
   *out = std::move(result);
 }
 
-std::shared_ptr<Work> startAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
-                                     const std::vector<int>& members, DeriveCard mine,
-                                     const std::string& what, std::chrono::milliseconds timeout,
+std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine,
                                      std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
                                      std::shared_ptr<DeriveResult> out) {
-  const int index = mine.rank;
-  auto work = std::make_shared<Work>(what);
-  // A member whose agreement fails here tells its neighbours at once, from the turning thread,
-  // whether or not anyone waits for this Work yet (a simulated rank's caller looks only later).
-  // (The hook holds the agreement's group: the op that held it is gone when the hook runs.)
-  work->setCompletionHook(
-      [group = agreement, sequence, members, index, out, work = work.get(), timeout] {
-        if (!work->failed()) return;
-        tellNeighbours(*group, sequence, members, index, work->error() + out->asked,
-                       std::min(timeout, std::chrono::milliseconds(10000)));
-      });
-  auto op = std::make_unique<Op>(agreement, sequence, what, timeout, work);
-  op->task = agreeOnDerived(*op, members, std::move(mine), what, out, std::move(told), toldBy);
-  agreement->runtime->submit(std::move(op));
+  auto work = std::make_shared<Work>(agreement.what);
+  // A member whose agreement fails here tells the others at once, from the turning thread,
+  // whether or not anyone waits for this Work yet (a simulated rank's caller looks only later):
+  // the ranks at distances 1, 2, 4, ... after it, but those its request leaves out.
+  work->setCompletionHook([agreement, out, work = work.get()] {
+    if (agreement.ended != nullptr) agreement.ended->insert(agreement.attempt);
+    if (!work->failed()) return;
+    const int n = agreement.everyone->size, me = agreement.everyone->rank;
+    std::vector<int> to;
+    for (int step = 1; step < n; step <<= 1) {
+      const int rank = (me + step) % n;
+      if (!std::binary_search(agreement.excluded.begin(), agreement.excluded.end(), rank)) {
+        to.push_back(rank);
+      }
+    }
+    tellRanks(agreement, to, work->error() + out->asked);
+  });
+  auto op = std::make_unique<Op>(agreement.group, agreement.sequence, agreement.what,
+                                 agreement.timeout, work);
+  op->task = agreeOnDerived(*op, agreement, std::move(mine), out, std::move(told), toldBy);
+  agreement.group->runtime->submit(std::move(op));
   return work;
 }
 
-void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
-                    int index, std::string text, std::chrono::milliseconds timeout) {
-  std::vector<int> to;
-  const int up = bootstrapParent(index);
-  if (up >= 0) to.push_back(members[up]);
-  for (int child : bootstrapChildren(index, static_cast<int>(members.size()))) {
-    to.push_back(members[child]);
-  }
-  tellRanks(agreement, sequence, to, std::move(text), timeout);
-}
-
-std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t sequence,
+std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             std::chrono::milliseconds timeout,
                                              const std::vector<PeerId>& endpoints) {
+  const Group& everyone = *agreement.everyone;
   std::vector<std::shared_ptr<Work>> works;
-  if (text.size() > kAbortBytes) text.resize(kAbortBytes);
+  std::string words(sizeof(agreement.attempt), '\0');
+  std::memcpy(words.data(), &agreement.attempt, sizeof(agreement.attempt));
+  words += text.substr(0, kAbortBytes - words.size());
+  const auto timeout = std::min(agreement.timeout, std::chrono::milliseconds(10000));
   for (int peer : ranks) {
-    // A group of its own per message: a neighbour that is gone fails this op alone.
+    if (peer < 0 || peer >= everyone.size || everyone.addresses[peer].empty()) continue;
+    // A group of its own per message, with its one peer's address and endpoint (opened before,
+    // if it was: no op of the agreement's group changes them meanwhile), and no other: an op
+    // fails when any rank of its group is lost, and this one must fail only when its peer is.
     auto group = std::make_shared<Group>();
-    group->runtime = agreement.runtime;
-    group->rank = agreement.rank;
-    group->size = agreement.size;
-    group->id = agreement.id;
-    group->name = agreement.name;
-    group->addresses = agreement.addresses;
-    // The endpoint opened before, if any (no op of the agreement's group changes them
-    // meanwhile), and no other: an op fails when any rank of its group is lost.
-    const std::vector<PeerId>& known = endpoints.empty() ? agreement.peers : endpoints;
-    group->peers.assign(static_cast<size_t>(agreement.size), -1);
+    group->runtime = everyone.runtime;
+    group->rank = everyone.rank;
+    group->size = everyone.size;
+    group->id = everyone.id;
+    group->name = everyone.name;
+    group->addresses.assign(everyone.addresses.size(), "");
+    group->addresses[peer] = everyone.addresses[peer];
+    const std::vector<PeerId>& known = endpoints.empty() ? everyone.peers : endpoints;
+    group->peers.assign(static_cast<size_t>(everyone.size), -1);
     if (static_cast<size_t>(peer) < known.size()) group->peers[peer] = known[peer];
     auto work = std::make_shared<Work>("agreement failure notice");
-    auto op = std::make_unique<Op>(group, sequence, "agreement failure notice", timeout, work);
-    op->task = sendAbort(*op, peer, text);
-    agreement.runtime->submit(std::move(op));
+    auto op =
+        std::make_unique<Op>(group, agreement.sequence, "agreement failure notice", timeout, work);
+    op->task = sendAbort(*op, peer, words);
+    everyone.runtime->submit(std::move(op));
     works.push_back(std::move(work));
   }
   return works;

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,39 +44,54 @@ struct DeriveResult {
 // Rank 0's decision from every card (by new rank). `what` names the call for messages.
 DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what);
 
-// The agreement as an op of the parent's ranks and addresses under id tag::kAgreementGroup:
-// messages name parent ranks, so that ranks asked for different groups still meet and tell.
-// `members`: the new group's ranks (parent ranks, by new rank), as this rank was asked; the
-// ranks left out are never contacted. `out` is set once the op succeeds.
-// A member's agreement that fails (a member gone, a timeout) would leave the others waiting for
-// it until their own timeout: each member also listens for a word from any other, and ends at
-// once with it. The failed member tells its neighbours in the tree (tellNeighbours), and each
-// one told tells its own, also the one whose word it had (that word may have come from a rank
-// of another view, which still waits): O(P) messages, each neighbour sent to by an op of its
-// own (one gone fails only its own). A shrink's members first tell the ranks they leave out
-// (Communicator::agree), so that views that differ in who leads them meet as well.
-Task agreeOnDerived(Op& op, std::vector<int> members, DeriveCard mine, std::string what,
-                    std::shared_ptr<DeriveResult> out, std::vector<std::shared_ptr<Work>> told = {},
+// One agreement, as this rank runs it.
+struct Agreement {
+  // Over the parent's ranks under id tag::kAgreementGroup: messages name parent ranks, so that
+  // ranks asked for different groups still meet and tell. `group` holds the addresses of the
+  // members alone (the agreement fails as soon as one of them is known gone), `everyone` every
+  // rank's (for words of failure).
+  std::shared_ptr<Group> group;
+  std::shared_ptr<Group> everyone;
+  uint32_t sequence = 0;
+  // Words of failure carry it; an agreement drops words of an attempt that ended here before
+  // (`ended`, the engine's: the turning thread's), so that a reconfigure retried with the same
+  // handles (the same sequence) never takes the failed attempt's words, and heeds those of an
+  // attempt it never ran (another view's).
+  uint64_t attempt = 0;
+  std::set<uint64_t>* ended = nullptr;
+  std::vector<int> members;   // the new group's ranks (parent ranks, by new rank), as asked here
+  std::vector<int> excluded;  // the ranks this rank's request leaves out (a shrink's)
+  std::string what;
+  std::chrono::milliseconds timeout{0};
+};
+
+// The agreement as an op of agreement.group. The ranks left out are never contacted by it.
+// `out` is set once the op succeeds. A member's agreement that fails (a member gone, views that
+// differ, a timeout) would leave the others waiting until their own timeout: each member also
+// listens for a word from any other, and ends at once with it. A member whose agreement fails
+// sends its words to the ranks at distances 1, 2, 4, ... after it (of the parent's, but those
+// its request leaves out): each rank hears from log2(P) others, whatever view it holds, so a
+// dead rank or another view's tree cuts no one off, and each one told tells its own: P log2(P)
+// messages, each by an op of its own (one gone fails only its own). A member that receives
+// cards asking for another group fails at once (it need not wait for the root). A shrink's
+// members first tell the ranks they leave out (Communicator::startDerivation), so that views
+// that differ in who leads them meet as well.
+Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_ptr<DeriveResult> out,
+                    std::vector<std::shared_ptr<Work>> told = {},
                     TimePoint toldBy = TimePoint::max());
-// agreeOnDerived as an op of `agreement` (id tag::kAgreementGroup) under `sequence`, submitted
-// now: its Work ends when the agreement has, `out` holding the decision (an error the same on
-// every member, or the id). `told`: the Works of words this rank sent first (a shrink's to the
-// ranks it leaves out), waited for until `toldBy`. When it fails here, the neighbours are told
-// at once (tellNeighbours) with its error and, when it failed on another rank's word, what this
-// rank was asked.
-std::shared_ptr<Work> startAgreement(const std::shared_ptr<Group>& agreement, uint32_t sequence,
-                                     const std::vector<int>& members, DeriveCard mine,
-                                     const std::string& what, std::chrono::milliseconds timeout,
+// agreeOnDerived as an op, submitted now: its Work ends when the agreement has, `out` holding
+// the decision (an error the same on every member, or the id). `told`: the Works of words this
+// rank sent first (a shrink's, to the ranks it leaves out), waited for until `toldBy`. When it
+// fails here, the others are told at once (above) with its error and, when it failed on another
+// rank's word, what this rank was asked.
+std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine,
                                      std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
                                      std::shared_ptr<DeriveResult> out);
-void tellNeighbours(const Group& agreement, uint32_t sequence, const std::vector<int>& members,
-                    int index, std::string text, std::chrono::milliseconds timeout);
-// Sends `text` as the agreement's word of failure to each of `ranks` (of the agreement's group),
-// each by an op of its own over `endpoints` (by rank; the agreement's when empty): one that is
-// gone fails its own alone. Returns the ops' Works, for a caller that waits for them.
-std::vector<std::shared_ptr<Work>> tellRanks(const Group& agreement, uint32_t sequence,
+// Sends `text` as the agreement's word of failure to each of `ranks` (parent ranks), each by an
+// op of its own over `endpoints` (by rank; agreement.everyone's when empty): one that is gone
+// fails its own alone. Returns the ops' Works, for a caller that waits for them.
+std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             std::chrono::milliseconds timeout,
                                              const std::vector<PeerId>& endpoints = {});
 
 }  // namespace ddl

@@ -107,8 +107,12 @@ class Communicator {
   // store. Every remaining rank calls it with the same set (else each gets an error naming who
   // was asked what); the excluded ranks do not call it and are not waited for: this group may
   // have failed because they died. `abortFirst` (torch's SHRINK_ABORT) first fails this
-  // group's ops in flight. Throws on bad arguments before any message leaves.
-  std::shared_ptr<Communicator> shrink(const std::vector<int>& excluded, bool abortFirst = false);
+  // group's ops in flight. `requireQuorum`: the ranks left must be more than half of this group,
+  // or half with its rank 0 (kPartitioned otherwise): of two sides of a partition only one goes
+  // on; a caller that knows the others are dead may say it does not require it. Throws on bad
+  // arguments (and a missing quorum) before any message leaves.
+  std::shared_ptr<Communicator> shrink(const std::vector<int>& excluded, bool abortFirst = false,
+                                       bool requireQuorum = true);
   // A group of `ranks` of this one (torch's split), made by them alone as shrink's is; the
   // ranks that are not in it get nullptr and send nothing.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks);
@@ -131,8 +135,8 @@ class Communicator {
   // rank a split leaves out), or throws why it could not. The calls above are the two halves
   // with a wait between.
   struct Derivation;
-  std::unique_ptr<Derivation> beginShrink(const std::vector<int>& excluded,
-                                          bool abortFirst = false);
+  std::unique_ptr<Derivation> beginShrink(const std::vector<int>& excluded, bool abortFirst = false,
+                                          bool requireQuorum = true);
   std::unique_ptr<Derivation> beginSplit(const std::vector<int>& ranks);
   static std::unique_ptr<Derivation> beginReconfigure(Engine& engine,
                                                       const std::vector<std::string>& handles,

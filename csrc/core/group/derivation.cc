@@ -91,7 +91,10 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   agreement->size = size();
   agreement->id = tag::kAgreementGroup;
   agreement->name = group_->name + "'s " + what;
-  agreement->addresses = group_->addresses;
+  // The members' addresses alone: the agreement fails as soon as one of them is known gone, and
+  // not for the ranks it leaves out.
+  agreement->addresses.assign(static_cast<size_t>(size()), "");
+  for (int m : members) agreement->addresses[m] = group_->addresses[m];
   agreement->peers.assign(static_cast<size_t>(size()), -1);
   DeriveCard card;
   card.rank =
@@ -119,21 +122,32 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   // have left (a connection they needed is made), within kTellWait: two views can then both
   // form a group only where each one's members heard their answer, two messages deep, before
   // the other's word, one message, reached them.
+  Agreement a;
+  a.group = agreement;
+  a.everyone = std::make_shared<Group>(*agreement);
+  a.everyone->addresses = group_->addresses;
+  a.sequence = sequence;
+  a.attempt = sequence;  // a retry is the next call of the parent: another sequence
+  a.ended = &engine.endedAgreements();
+  a.members = members;
+  a.excluded = excluded;
+  std::sort(a.excluded.begin(), a.excluded.end());
+  a.what = what;
+  a.timeout = timeout_;
   std::vector<std::shared_ptr<Work>> told;
   if (!excluded.empty()) {
-    told = tellRanks(*agreement, sequence, excluded,
+    told = tellRanks(a, a.excluded,
                      std::string("the ranks were asked for different groups: rank ") +
                          std::to_string(rank()) + " was asked to " + request + " (" + what +
                          "), which leaves this rank out",
-                     std::min(timeout_, std::chrono::milliseconds(10000)), endpoints);
+                     endpoints);
   }
   auto d = std::make_unique<Derivation>();
   d->engine = &engine;
   d->what = what;
   d->result = std::make_shared<DeriveResult>();
-  d->work =
-      startAgreement(agreement, sequence, members, std::move(card), what, timeout_, std::move(told),
-                     engine.clock().now() + std::min(timeout_, kTellWait), d->result);
+  d->work = startAgreement(a, std::move(card), std::move(told),
+                           engine.clock().now() + std::min(timeout_, kTellWait), d->result);
   d->rank =
       static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   for (int m : members) {
@@ -151,7 +165,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
 }
 
 std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
-    const std::vector<int>& excluded, bool abortFirst) {
+    const std::vector<int>& excluded, bool abortFirst, bool requireQuorum) {
   const char* name = "shrink_group";
   std::vector<bool> out(static_cast<size_t>(size()), false);
   std::string listed;  // "1, 3"
@@ -183,6 +197,19 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
   for (int r = 0; r < size(); ++r) {
     if (!out[r]) members.push_back(r);
   }
+  // The quorum: the members go on only as a majority of this group, or exactly half of it with
+  // its rank 0. A partition's two sides then never both go on: the other side's shrink fails.
+  const size_t n = static_cast<size_t>(size());
+  const bool quorum = members.size() * 2 > n || (members.size() * 2 == n && !out[0]);
+  if (requireQuorum && !quorum) {
+    throw Error(Status(StatusKind::kPartitioned,
+                       where(name) + ": the " + std::to_string(members.size()) + " ranks left of " +
+                           std::to_string(n) +
+                           " are no quorum (more than half, or half with rank 0): the others may "
+                           "be alive and cut off, and go on as a group of their own; a caller "
+                           "that knows they are gone shrinks with the quorum not required",
+                       sorted));
+  }
   if (abortFirst) {
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
           (sorted.size() > 1 ? "s " : " ") + listed);
@@ -191,8 +218,8 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& excluded,
-                                                   bool abortFirst) {
-  std::unique_ptr<Derivation> d = beginShrink(excluded, abortFirst);
+                                                   bool abortFirst, bool requireQuorum) {
+  std::unique_ptr<Derivation> d = beginShrink(excluded, abortFirst, requireQuorum);
   d->work->wait();
   return finishDerivation(*d);
 }
@@ -344,8 +371,16 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginReconfigure(
   d->engine = &engine;
   d->what = what;
   d->result = std::make_shared<DeriveResult>();
-  d->work = startAgreement(agreement, sequence, members, std::move(card), what, timeout, {},
-                           TimePoint::max(), d->result);
+  Agreement a;
+  a.group = agreement;
+  a.everyone = agreement;
+  a.sequence = sequence;
+  a.attempt = static_cast<uint64_t>(uuid);  // the same handles again: a new uuid, a new attempt
+  a.ended = &engine.endedAgreements();
+  a.members = members;
+  a.what = what;
+  a.timeout = timeout;
+  d->work = startAgreement(a, std::move(card), {}, TimePoint::max(), d->result);
   d->rank = me;
   d->addresses = directory.addresses;
   d->identities = std::move(identities);

@@ -130,9 +130,12 @@ void Engine::ended(Op& op, const Status& error, Ending ending, const std::string
   if (error.ok()) return;
   if (op.checksCall() && op.group().control != nullptr) {
     GroupControl& control = *op.group().control;
-    // The others learn what ended it here; the messages they sent it are discarded.
-    // (A lost peer is told by announceLost, to every group that has it.)
-    const bool told = ending == Ending::kOwn || ending == Ending::kTimeout;
+    // The others learn what ended it here; the messages they sent it are discarded. (A lost
+    // peer is told by the news, to every group that has it; a timeout another rank reported
+    // reached every rank already.)
+    const bool heard = std::find(control.timeoutsHeard.begin(), control.timeoutsHeard.end(),
+                                 op.sequence()) != control.timeoutsHeard.end();
+    const bool told = ending == Ending::kOwn || (ending == Ending::kTimeout && !heard);
     if (told && control.open && op.size() > 1) {
       Notice notice;
       notice.sequence = op.sequence();
@@ -163,15 +166,16 @@ void Engine::halfway(Op& op) { reportWaits(op); }
 
 bool Engine::afterSteps() {
   bool busy = false;
-  if (noticesArrived_) busy |= serviceControls();
+  if (noticesArrived_) busy |= serviceControls(false);
   if (refusalsPending_) failRefusedOps();
   return busy;
 }
 
-bool Engine::idle() { return !controls_.empty() && serviceControls(); }
+bool Engine::idle() { return !controls_.empty() && serviceControls(false); }
 
 void Engine::housekeep() {
-  if (!controls_.empty()) serviceControls();
+  if (!controls_.empty()) serviceControls(true);
+  floodPendingNews();
 }
 
 void Engine::afterLiveness() { announceLost(); }
@@ -180,6 +184,7 @@ TimePoint Engine::nextHousekeeping() const {
   TimePoint next = TimePoint::max();
   for (const auto& control : controls_) {
     if (!control->graves.empty()) next = std::min(next, control->graves.front().until);
+    if (control->newsPending) next = std::min(next, control->lastFlood + kNewsPeriod);
   }
   return next;
 }
@@ -199,30 +204,35 @@ void Engine::failRefusedOps() {
 }
 
 void Engine::announceLost() {
+  for (const auto& [address, why] : runtime_.dueToTell()) learnGone(address, why, "");
+  floodPendingNews();
+}
+
+void Engine::learnGone(const std::string& address, const std::string& why,
+                       const std::string& heard) {
   const TimePoint now = runtime_.clock().now();
-  for (auto& [peer, lost] : runtime_.lost()) {
-    if (lost.announced || now - lost.since < Runtime::kLostGrace) continue;
-    lost.announced = true;
-    for (const auto& control : controls_) {
-      std::shared_ptr<const Group> alive = control->owner.lock();
-      if (!control->open || !alive) continue;
-      const Group& g = *alive;
-      for (int r = 0; r < g.size; ++r) {
-        if (r == g.rank || g.peers[r] != peer) continue;
-        const std::string why = "rank " + std::to_string(r) + " is gone: " + lost.why;
-        g.state->noteGone(r, now);
-        g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + why, {r}));
-        refusalsPending_ = true;
-        Notice notice;
-        notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control->started, 0));
-        notice.scope = Notice::Scope::kGroup;
-        notice.from = g.rank;
-        notice.gone = r;
-        notice.kind = StatusKind::kPeerLost;
-        notice.text = why;
-        sendNotice(*control, notice);
-      }
+  for (const auto& control : controls_) {
+    std::shared_ptr<const Group> alive = control->owner.lock();
+    if (!control->open || !alive) continue;
+    const Group& g = *alive;
+    for (int r = 0; r < g.size; ++r) {
+      if (r == g.rank || g.addresses[r] != address || !control->newsOf.insert(r).second) continue;
+      const std::string words = "rank " + std::to_string(r) + " is gone: " + why;
+      g.state->noteGone(r, now);
+      g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + words, {r}));
+      refusalsPending_ = true;
+      if (control->newsWhy.empty()) control->newsWhy = heard.empty() ? words : heard;
+      control->newsPending = true;
     }
+  }
+}
+
+void Engine::floodPendingNews() {
+  const TimePoint now = runtime_.clock().now();
+  for (const auto& control : controls_) {
+    if (!control->newsPending || !control->open) continue;
+    if (control->lastFlood != TimePoint::min() && now - control->lastFlood < kNewsPeriod) continue;
+    floodNews(*control);
   }
 }
 

@@ -77,6 +77,9 @@ class Engine : private Runtime::Supervisor {
   // Link figures this process measured, by what was measured (group/link_probe.h): later groups
   // over the same hosts use them instead of measuring again.
   std::optional<LinkCost> recallLink(const std::string& what);
+  // Agreements that ended here (group/agreement.h): their late words are dropped. The turning
+  // thread only.
+  std::set<uint64_t>& endedAgreements() { return endedAgreements_; }
   void rememberLink(const std::string& what, const LinkCost& cost);
 
   // The transport's name; the devices it can use (asks the progress thread: it may open every
@@ -110,10 +113,25 @@ class Engine : private Runtime::Supervisor {
   TimePoint nextHousekeeping() const override;
   void stopped() override;
 
-  // Once a peer has been lost for the grace period, every open group that has it fails and says
-  // so down its notice tree, whether an op of it is in flight or not: ranks that never connected
-  // to the dead one (a receive from it fails nowhere) learn it in log2(P) rounds.
+  // Once a peer has been lost for the grace period, every open group that has it fails and
+  // spreads the news (floodNews), whether an op of it is in flight or not: ranks that never
+  // connected to the dead one (a receive from it fails nowhere) learn it in log2(P) rounds.
   void announceLost();
+  // The process at `address` is gone (`why`): every open group that has it notes the rank gone
+  // and fails; its news is to be spread (in the words `heard` from another rank, if it was).
+  void learnGone(const std::string& address, const std::string& why, const std::string& heard);
+  // News: a rank that learns ranks are gone sends all it knows gone to its successors at
+  // distances 1, 2, 4, ... (not to ranks gone), and passes news on when what it knows grew.
+  // Every rank hears from log2(P) predecessors, so dead relays (a whole host, a rack) cut no
+  // one off, where a tree's dead relay cuts off its subtree. A rank floods at most once per
+  // kNewsPeriod (what grows meanwhile goes with the next): P log2(P) messages a flood, and a
+  // few floods per rank however many ranks die at once.
+  static constexpr std::chrono::milliseconds kNewsPeriod{50};
+  void floodPendingNews();
+  void floodNews(GroupControl& control);
+  // News from a rank this one counts gone: it is told so (it stalled, or sits on the other side
+  // of a partition), at most once a second.
+  void tellGone(GroupControl& control, int rank);
   // Fails the ops in flight whose group was failed (set when a group fails).
   void failRefusedOps();
 
@@ -121,10 +139,11 @@ class Engine : private Runtime::Supervisor {
   // is being received (notices are not posted for: a receive under a mask costs every message).
   bool takeNotice(GroupControl& control);
   static void onNotice(Request* req);
-  // Applies what arrived, passes on what travels down a tree, cleans up sends, discards what
-  // failed ops left behind. True when something happened.
-  bool serviceControls();
+  // Applies what arrived, passes on what travels down a tree, cleans up sends and, every
+  // housekeeping period, discards what failed ops left behind. True when something happened.
+  bool serviceControls(bool housekeeping);
   void applyNotice(GroupControl& control, const Notice& notice);
+  void applyNews(GroupControl& control, const Notice& notice);
   // Starts `notice` down its tree (from this rank, its root).
   void sendNotice(GroupControl& control, const Notice& notice);
   // False when no endpoint to `to` can be made (nothing is sent).
@@ -155,6 +174,7 @@ class Engine : private Runtime::Supervisor {
   std::map<std::string, LinkCost> links_;  // probed
 
   // The turning thread only.
+  std::set<uint64_t> endedAgreements_;
   std::vector<std::shared_ptr<GroupControl>> controls_;
   bool noticesArrived_ = false;   // a notice receive completed
   bool refusalsPending_ = false;  // a group failed: fail its ops in flight

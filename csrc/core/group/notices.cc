@@ -1,6 +1,7 @@
 #include "notices.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -17,24 +18,35 @@ struct NoticeHeader {
   int32_t from;
   uint8_t scope;
   uint8_t tree;
-  uint8_t kind;   // StatusKind
-  uint16_t gone;  // rank + 1, 0 for none
+  uint8_t kind;     // StatusKind
+  uint16_t ranges;  // of gone ranks, each (first, count) in two uint16 after the header
 };
 constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
 
 }  // namespace
 
 std::string Notice::encode() const {
+  std::vector<uint16_t> ranges;
+  for (size_t i = 0; i < gone.size();) {
+    size_t j = i;
+    while (j + 1 < gone.size() && gone[j + 1] == gone[j] + 1) ++j;
+    ranges.push_back(static_cast<uint16_t>(gone[i]));
+    ranges.push_back(static_cast<uint16_t>(j - i + 1));
+    i = j + 1;
+  }
   NoticeHeader header{kNoticeMagic,
                       sequence,
                       from,
                       static_cast<uint8_t>(scope),
                       static_cast<uint8_t>(tree ? 1 : 0),
                       static_cast<uint8_t>(kind),
-                      static_cast<uint16_t>(gone + 1)};
-  std::string bytes(sizeof(header), '\0');
+                      static_cast<uint16_t>(ranges.size() / 2)};
+  std::string bytes(sizeof(header) + ranges.size() * sizeof(uint16_t), '\0');
   std::memcpy(bytes.data(), &header, sizeof(header));
-  bytes += text.substr(0, kMaxBytes - sizeof(header));
+  if (!ranges.empty()) {
+    std::memcpy(bytes.data() + sizeof(header), ranges.data(), ranges.size() * sizeof(uint16_t));
+  }
+  if (bytes.size() < kMaxBytes) bytes += text.substr(0, kMaxBytes - bytes.size());
   return bytes;
 }
 
@@ -42,7 +54,9 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   NoticeHeader header;
   if (bytes < sizeof(header)) return std::nullopt;
   std::memcpy(&header, data, sizeof(header));
-  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting)) {
+  const size_t rangeBytes = size_t{header.ranges} * 2 * sizeof(uint16_t);
+  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting) ||
+      bytes < sizeof(header) + rangeBytes) {
     return std::nullopt;
   }
   Notice notice;
@@ -50,10 +64,14 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   notice.scope = static_cast<Scope>(header.scope);
   notice.from = header.from;
   notice.tree = header.tree != 0;
-  notice.gone = static_cast<int>(header.gone) - 1;
   notice.kind =
       header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
-  notice.text.assign(data + sizeof(header), bytes - sizeof(header));
+  std::vector<uint16_t> ranges(size_t{header.ranges} * 2);
+  if (!ranges.empty()) std::memcpy(ranges.data(), data + sizeof(header), rangeBytes);
+  for (size_t i = 0; i + 1 < ranges.size(); i += 2) {
+    for (int k = 0; k < ranges[i + 1]; ++k) notice.gone.push_back(ranges[i] + k);
+  }
+  notice.text.assign(data + sizeof(header) + rangeBytes, bytes - sizeof(header) - rangeBytes);
   return notice;
 }
 
@@ -99,10 +117,22 @@ void Engine::reportWaits(Op& op) {
     sendNotice(control, notice);
     return;
   }
-  // A large group: only to the ranks this op sent to, the ones that may be waiting for it.
+  // A large group: only to ranks this op sent to, the ones that may be waiting for it, and of
+  // them at most 2 log2(P), those with messages still outstanding first (an all_to_all sends to
+  // every rank: all P of them reporting to all would be (P - 1)^2 messages).
   notice.tree = false;
   const std::string bytes = notice.encode();
-  for (int peer : op.sentTo()) sendNoticeTo(control, notice, bytes, peer);
+  const std::set<int> sent = op.sentTo();
+  std::vector<int> to;
+  for (int peer : sent) {
+    if (waits.peers.count(peer)) to.push_back(peer);
+  }
+  for (int peer : sent) {
+    if (!waits.peers.count(peer)) to.push_back(peer);
+  }
+  const size_t most = 2 * static_cast<size_t>(std::ceil(std::log2(op.size())));
+  if (to.size() > most) to.resize(most);
+  for (int peer : to) sendNoticeTo(control, notice, bytes, peer);
 }
 
 void Engine::openControl(const std::shared_ptr<Group>& group) {
@@ -114,7 +144,23 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   control->open = true;
   group->control = control;
   if (group->size < 2) return;
-  call([&] { controls_.push_back(control); });
+  call([&] {
+    controls_.push_back(control);
+    // Heartbeats: this rank beats its successors at distances 2^k and watches its predecessors.
+    Heartbeat& heartbeat = runtime_.heartbeat();
+    if (!heartbeat.on()) return;
+    const int n = group->size;
+    for (int step = 1; step < n; step <<= 1) {
+      const int next = (group->rank + step) % n, prev = (group->rank + n - step) % n;
+      try {
+        heartbeat.beat(group->addresses[next], group->peer(next));
+        control->beats.push_back(group->addresses[next]);
+      } catch (const Error&) {  // no endpoint can be made: it is found gone by its watchers
+      }
+      heartbeat.watch(group->addresses[prev], runtime_.clock().now());
+      control->watches.push_back(group->addresses[prev]);
+    }
+  });
 }
 
 void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control) {
@@ -122,6 +168,11 @@ void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control)
   Runtime::postIfAlive(&engine->runtime_, [engine, control] {
     control->open = false;
     control->early.clear();
+    Heartbeat& heartbeat = engine->runtime_.heartbeat();
+    for (const std::string& address : control->beats) heartbeat.unbeat(address);
+    for (const std::string& address : control->watches) heartbeat.unwatch(address);
+    control->beats.clear();
+    control->watches.clear();
     if (control->receive && !control->receive->done) {
       engine->runtime_.transport().cancel(control->receive.get());
     }
@@ -189,9 +240,9 @@ void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::
   for (int step = 1; v + step < n; step <<= 1) {
     if (step <= v) continue;
     const int child = (notice.from + v + step) % n;
-    const PeerId peer = group.peers[child];
-    if (child == notice.gone || runtime_.isLost(peer) ||
-        !sendNoticeTo(control, notice, bytes, child)) {
+    const bool gone = std::binary_search(notice.gone.begin(), notice.gone.end(), child) ||
+                      runtime_.isLost(group.addresses[child]);
+    if (gone || !sendNoticeTo(control, notice, bytes, child)) {
       relayBelow(control, notice, bytes, v + step);
     }
   }
@@ -228,18 +279,23 @@ Ending Engine::endingOf(const Notice& notice) {
 }
 
 Status Engine::reportOf(const Notice& notice) {
-  std::vector<int> ranks;
-  if (notice.gone >= 0) ranks.push_back(notice.gone);
   return Status(notice.kind, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
-                std::move(ranks));
+                notice.gone);
 }
 
 void Engine::applyNotice(GroupControl& control, const Notice& notice) {
-  if (notice.gone >= 0 && notice.gone < control.group->size) {
-    control.group->state->noteGone(notice.gone, runtime_.clock().now());
+  const Group& group = *control.group;
+  if (notice.from < 0 || notice.from >= group.size || notice.from == group.rank) return;
+  if (notice.scope == Notice::Scope::kNews) {
+    applyNews(control, notice);
+    return;
   }
   Status report = reportOf(notice);
   const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
+  if (timedOut) {
+    control.timeoutsHeard.push_back(notice.sequence);
+    if (control.timeoutsHeard.size() > GroupControl::kMaxGraves) control.timeoutsHeard.pop_front();
+  }
   Runtime::OpList& active = runtime_.ops();
   auto op = std::find_if(active.begin(), active.end(), [&](const auto& o) {
     return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
@@ -254,11 +310,10 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
     }
     return;
   }
-  if (notice.scope == Notice::Scope::kGroup || (timedOut && !inFlight)) {
-    control.group->state->fail(
-        report.withDetail(control.group->name + ", op #" + std::to_string(notice.sequence) + ": " +
-                          report.detail),
-        true);
+  if (timedOut && !inFlight) {
+    group.state->fail(report.withDetail(group.name + ", op #" + std::to_string(notice.sequence) +
+                                        ": " + report.detail),
+                      true);
     refusalsPending_ = true;
   }
   if (inFlight) {
@@ -273,7 +328,75 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
   }
 }
 
-bool Engine::serviceControls() {
+void Engine::applyNews(GroupControl& control, const Notice& notice) {
+  const Group& group = *control.group;
+  const TimePoint now = runtime_.clock().now();
+  // From a rank counted gone here: it stalled and came back, or speaks from the other side of
+  // a partition. Its words are not taken; it is told.
+  if (group.state->goneSince(notice.from)) {
+    tellGone(control, notice.from);
+    return;
+  }
+  if (std::binary_search(notice.gone.begin(), notice.gone.end(), group.rank)) {
+    group.state->fail(
+        Status(StatusKind::kPartitioned,
+               group.name + ": rank " + std::to_string(notice.from) +
+                   " counts this rank gone (it heard nothing from it: this process stopped, or "
+                   "is cut off): the others go on without it",
+               {notice.from}),
+        true);
+    refusalsPending_ = true;
+    return;
+  }
+  const std::string why = "rank " + std::to_string(notice.from) + " reports: " + notice.text;
+  for (int r : notice.gone) {
+    if (r < 0 || r >= group.size || r == group.rank || control.newsOf.count(r)) continue;
+    const std::string& address = group.addresses[r];
+    runtime_.markLost(address, why, true);
+    learnGone(address, why, notice.text);
+  }
+  (void)now;
+  floodPendingNews();
+}
+
+void Engine::floodNews(GroupControl& control) {
+  const Group& group = *control.group;
+  control.newsPending = false;
+  control.lastFlood = runtime_.clock().now();
+  Notice notice;
+  notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control.started, 0));
+  notice.scope = Notice::Scope::kNews;
+  notice.tree = false;
+  notice.kind = StatusKind::kPeerLost;
+  notice.from = group.rank;
+  notice.gone = group.state->gone();
+  notice.text = control.newsWhy;
+  const std::string bytes = notice.encode();
+  const int n = group.size;
+  for (int step = 1; step < n; step <<= 1) {
+    const int to = (group.rank + step) % n;
+    if (std::binary_search(notice.gone.begin(), notice.gone.end(), to)) continue;
+    sendNoticeTo(control, notice, bytes, to);
+  }
+}
+
+void Engine::tellGone(GroupControl& control, int rank) {
+  const TimePoint now = runtime_.clock().now();
+  auto [it, first] = control.toldGone.emplace(rank, now);
+  if (!first && now - it->second < std::chrono::seconds(1)) return;
+  it->second = now;
+  Notice notice;
+  notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control.started, 0));
+  notice.scope = Notice::Scope::kNews;
+  notice.tree = false;
+  notice.kind = StatusKind::kPeerLost;
+  notice.from = control.group->rank;
+  notice.gone = {rank};
+  notice.text = "it counts rank " + std::to_string(rank) + " gone";
+  sendNoticeTo(control, notice, notice.encode(), rank);
+}
+
+bool Engine::serviceControls(bool housekeeping) {
   noticesArrived_ = false;
   bool any = false;
   const TimePoint now = runtime_.clock().now();
@@ -291,7 +414,9 @@ bool Engine::serviceControls() {
         control->received = false;
         if (control->open) {
           for (const Notice& notice : arrived) {
-            if (notice.tree) relayNotice(*control, notice, notice.encode());
+            if (notice.tree && notice.scope != Notice::Scope::kNews) {
+              relayNotice(*control, notice, notice.encode());
+            }
             applyNotice(*control, notice);
           }
         }
@@ -300,6 +425,10 @@ bool Engine::serviceControls() {
       if (!control->open || !takeNotice(*control)) break;
     }
     control->sent.remove_if([](const GroupControl::Sent& s) { return s.request->done; });
+    if (!housekeeping) {
+      ++i;
+      continue;
+    }
     // What failed ops left behind, while a later op could not yet take it for its own (the tag's
     // sequence field wraps).
     while (!control->graves.empty() &&

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,20 +29,25 @@
 namespace ddl {
 
 struct Notice {
+  // kOp: the op failed on the sender (calls that differ, an error of its own): the op ends, the
+  // group goes on. kGroupTimeout: the op timed out on the sender; the group fails.
   // kRefusal: the sender refused its arguments and never started the op (the op fails, and no
   // rank can have finished it: what it shared with others may be given up cleanly).
   // kWaiting: the sender is still in the op halfway to its deadline and says whom it waits for
   // (text: "peers;not started", comma-separated ranks); nothing ends.
-  enum class Scope : uint8_t { kOp, kGroup, kGroupTimeout, kRefusal, kWaiting };
-  static constexpr size_t kMaxBytes = 2048;
+  // kNews: ranks the sender counts gone (`gone`: all it knows); the group fails. News floods
+  // (Engine::floodNews) instead of going down a tree.
+  enum class Scope : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
+  static constexpr size_t kMaxBytes = 4096;
   uint32_t sequence = 0;
   Scope scope = Scope::kOp;
   int from = -1;
   // Passed on down a binomial tree rooted at `from` (Engine::relayNotice), so that it reaches
   // every rank; false for one sent to chosen ranks only (wait reports in large groups).
   bool tree = true;
-  // The rank it says is gone (-1: none): the tree passes around it (Engine::relayNotice).
-  int gone = -1;
+  // The ranks it says are gone, ascending (travel as ranges: a host, a rack or one side of a
+  // partition is a few); a tree passes around them (Engine::relayNotice).
+  std::vector<int> gone;
   StatusKind kind = StatusKind::kOther;  // of the failure it reports
   std::string text;
 
@@ -79,6 +85,19 @@ struct GroupControl {
   std::deque<Grave> graves;
   static constexpr size_t kMaxEarly = 1024;
   static constexpr size_t kMaxGraves = 256;
+  // News (Engine::floodNews): the ranks known gone grew since the last flood; when that was;
+  // the words of the first loss known here.
+  bool newsPending = false;
+  std::set<int> newsOf;  // ranks whose loss this group has taken in (failed, news to spread)
+  TimePoint lastFlood = TimePoint::min();
+  std::string newsWhy;
+  // Ops another rank reported timed out (its notice went to every rank: this rank's own timeout
+  // of the same op adds nothing), and ranks counted gone here that spoke since (told so, once a
+  // second at most).
+  std::deque<uint32_t> timeoutsHeard;
+  std::map<int, TimePoint> toldGone;
+  // The heartbeats this group asked of the runtime: addresses beaten, addresses watched.
+  std::vector<std::string> beats, watches;
 };
 
 }  // namespace ddl

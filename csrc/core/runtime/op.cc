@@ -62,7 +62,7 @@ Status GroupState::refusal() const {
 
 PeerId Group::peer(int r) const {
   PeerId& id = peers.at(static_cast<size_t>(r));
-  if (id < 0) id = runtime->transport().connect(addresses.at(static_cast<size_t>(r)));
+  if (id < 0) id = runtime->connect(addresses.at(static_cast<size_t>(r)));
   return id;
 }
 
@@ -236,6 +236,10 @@ void Op::setInline(const void* data, size_t bytes) {
 }
 
 const Op::PrintIn* Op::printIn(int peer) const {
+  if (!printsInByPeer_.empty()) {
+    auto it = printsInByPeer_.find(peer);
+    return it == printsInByPeer_.end() ? nullptr : it->second;
+  }
   for (const auto& p : printsIn_) {
     if (p->request->peer == peer) return p.get();
   }
@@ -309,6 +313,15 @@ void Op::askPrint(int peer) {
   printsIn_.push_back(std::make_unique<PrintIn>());
   PrintIn& in = *printsIn_.back();
   in.request = req;
+  // Past a few peers (an all_to_all asks every rank) they are looked up by peer.
+  constexpr size_t kScanned = 16;
+  if (printsIn_.size() > kScanned) {
+    if (printsInByPeer_.empty()) {
+      for (const auto& p : printsIn_) printsInByPeer_[p->request->peer] = p.get();
+    } else {
+      printsInByPeer_[peer] = &in;
+    }
+  }
   printRequests_.push_back(req);
   postReceive(req, kPrintSlot, in.bytes, sizeof(in.bytes));
 }

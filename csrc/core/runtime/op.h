@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../base/clock.h"
@@ -256,7 +257,8 @@ class Op {
     alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
     Request* request;
   };
-  std::vector<std::unique_ptr<PrintIn>> printsIn_;  // one per peer asked
+  std::vector<std::unique_ptr<PrintIn>> printsIn_;    // one per peer asked
+  std::unordered_map<int, PrintIn*> printsInByPeer_;  // the same, by peer, in large groups
   const PrintIn* printIn(int peer) const;
   const void* inlineData_ = nullptr;
   size_t inlineBytes_ = 0;

@@ -21,7 +21,9 @@ bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
 
 Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memory* hostMemory,
                  const Config& config)
-    : transport_(std::move(transport)),
+    : heartbeat_(std::chrono::milliseconds(config.heartbeatMillis),
+                 std::chrono::milliseconds(config.heartbeatTimeoutMillis)),
+      transport_(std::move(transport)),
       address_(transport_->localAddress()),
       transportName_(transport_->name()),
       clock_(clock),
@@ -29,6 +31,7 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memor
       config_(config),
       recorder_(config.traceEntries, config.traceFile),
       lastHousekeeping_(clock.now()) {
+  heartbeat_.setSelf(address_);
   std::lock_guard<std::mutex> lock(gLiveMutex);
   gLive.insert(this);
 }
@@ -36,6 +39,24 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memor
 Runtime::~Runtime() {
   stop();
   transport_.reset();  // before orphans_: a transport may still report on them while closing
+}
+
+bool Runtime::markLost(const std::string& address, const std::string& why, bool told) {
+  if (address.empty() || !lost_.emplace(address, Lost{why, clock_.now()}).second) return false;
+  if (!told) untold_.push_back(address);
+  return true;
+}
+
+std::vector<std::pair<std::string, std::string>> Runtime::dueToTell() {
+  std::vector<std::pair<std::string, std::string>> due;
+  const TimePoint now = clock_.now();
+  while (!untold_.empty()) {
+    const Lost& lost = lost_.at(untold_.front());
+    if (now - lost.since < kLostGrace) break;
+    due.emplace_back(untold_.front(), lost.why);
+    untold_.pop_front();
+  }
+  return due;
 }
 
 void Runtime::wake() {
@@ -109,8 +130,8 @@ Status Runtime::lostPeerOf(const Op& op) const {
   const TimePoint now = clock_.now();
   const Group& g = op.group();
   for (int r = 0; r < g.size; ++r) {
-    if (r == g.rank || g.peers[r] < 0) continue;
-    auto it = lost_.find(g.peers[r]);
+    if (r == g.rank || g.addresses[r].empty()) continue;
+    auto it = lost_.find(g.addresses[r]);
     if (it != lost_.end() && now - it->second.since >= kLostGrace) {
       return Status(StatusKind::kPeerLost,
                     "rank " + std::to_string(r) + " is gone: " + it->second.why, {r});
@@ -121,13 +142,14 @@ Status Runtime::lostPeerOf(const Op& op) const {
 
 bool Runtime::checkLiveness() {
   bool found = false;
-  for (auto& [peer, why] : watch_.poll()) {
-    lost_.emplace(peer, Lost{why, clock_.now()});
-    found = true;
-  }
-  for (auto& [peer, why] : transport_->lostPeers()) {
-    lost_.emplace(peer, Lost{why, clock_.now()});
-    found = true;
+  auto lostEndpoint = [&](PeerId peer, const std::string& why) {
+    if (peer >= 0) found |= markLost(transport_->addressOf(peer), why);
+  };
+  for (auto& [peer, why] : watch_.poll()) lostEndpoint(peer, why);
+  for (auto& [peer, why] : transport_->lostPeers()) lostEndpoint(peer, why);
+  for (auto& [address, why] :
+       heartbeat_.tick(*transport_, clock_.now(), [this](const auto& a) { return isLost(a); })) {
+    found |= markLost(address, why);
   }
   if (lost_.empty()) return found;
   for (auto it = active_.begin(); it != active_.end();) {
@@ -287,14 +309,13 @@ TimePoint Runtime::nextTimer() const {
   if (!lost_.empty() && !active_.empty()) {
     next = std::min(next, clock_.now() + std::chrono::milliseconds(10));
   }
-  for (const auto& [peer, lost] : lost_) {
-    if (!lost.announced) next = std::min(next, lost.since + kLostGrace);
-  }
+  if (!untold_.empty()) next = std::min(next, lost_.at(untold_.front()).since + kLostGrace);
   // What happened since the last housekeeping (a peer the transport found gone, among others)
   // is looked at one period later, as a running loop would.
   if (activeSinceHousekeeping_) next = std::min(next, lastHousekeeping_ + kHousekeeping);
   if (!orphans_.empty()) next = std::min(next, clock_.now() + std::chrono::seconds(1));
   next = std::min(next, supervisor_->nextHousekeeping());
+  next = std::min(next, heartbeat_.next());
   // Deadlines are checked once a housekeeping period has passed since the last check.
   if (next != TimePoint::max()) {
     next = std::max(next, lastHousekeeping_ + kHousekeeping + std::chrono::nanoseconds(1));
@@ -360,6 +381,7 @@ void Runtime::stop() {
              Ending::kRefused);
   }
   if (supervisor_ != nullptr) supervisor_->stopped();
+  heartbeat_.stop(*transport_);
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lock(submitMutex_);

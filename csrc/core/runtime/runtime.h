@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -26,6 +27,7 @@
 #include "../base/config.h"
 #include "../memory/memory.h"
 #include "../transport/transport.h"
+#include "heartbeat.h"
 #include "liveness.h"
 #include "op.h"
 #include "trace.h"
@@ -116,6 +118,8 @@ class Runtime {
   void requestStop();
 
   Transport& transport() { return *transport_; }
+  // The endpoint to `address`, opened now if it was not (Transport::connect).
+  PeerId connect(const std::string& address) { return transport_->connect(address); }
   const std::string& transportName() const { return transportName_; }
   const std::string& localAddress() const { return address_; }
   const Clock& clock() const { return clock_; }
@@ -135,15 +139,21 @@ class Runtime {
   // Ends every op in flight for which `why` gives a failure.
   void endOps(const std::function<Status(const Op&)>& why, Ending ending);
 
-  // Peers found gone (turning thread): by endpoint, what was seen, since when, and whether the
-  // supervisor has told the groups that have it.
+  // Peers found gone (turning thread), by address: what was seen, and since when. A peer is a
+  // process: once gone, it is gone for every group that has it.
   struct Lost {
     std::string why;
     TimePoint since;
-    bool announced = false;
   };
-  std::map<PeerId, Lost>& lost() { return lost_; }
-  bool isLost(PeerId peer) const { return peer >= 0 && lost_.count(peer) > 0; }
+  const std::map<std::string, Lost>& lost() const { return lost_; }
+  bool isLost(const std::string& address) const { return lost_.count(address) > 0; }
+  // Counts the process at `address` gone (found here, or another rank's word); true when it was
+  // not known before. `told`: the groups are told by whoever counts it (another rank's news);
+  // otherwise it is due for telling once the grace period has passed (dueToTell).
+  bool markLost(const std::string& address, const std::string& why, bool told = false);
+  // The peers found gone here whose grace period has passed and whose groups were not told yet,
+  // each once: (address, what was seen).
+  std::vector<std::pair<std::string, std::string>> dueToTell();
   // Why `op` cannot go on ("rank 2 is gone: ..."): a peer of its group lost for the grace
   // period; ok while every peer lives.
   Status lostPeerOf(const Op& op) const;
@@ -152,6 +162,8 @@ class Runtime {
   static constexpr std::chrono::milliseconds kLostGrace{50};
   // Watches `identity` (a process on this host) as `peer`: its exit counts as lost at once.
   void watch(PeerId peer, const ProcessIdentity& identity) { watch_.watch(peer, identity); }
+  // The heartbeats (heartbeat.h): which peers this process beats and watches.
+  Heartbeat& heartbeat() { return heartbeat_; }
 
   // Diagnostics: ops in flight; failed ops kept until the transport lets go of their requests.
   size_t activeOps() const { return activeCount_.load(); }
@@ -166,6 +178,8 @@ class Runtime {
   bool housekeep();
   void wake();
 
+  // Before the transport: destroyed after it, which may still complete their requests.
+  Heartbeat heartbeat_;
   std::unique_ptr<Transport> transport_;
   std::string address_;
   std::string transportName_;
@@ -198,7 +212,8 @@ class Runtime {
   };
   std::list<Orphaned> orphans_;
   PeerWatch watch_;
-  std::map<PeerId, Lost> lost_;
+  std::map<std::string, Lost> lost_;
+  std::deque<std::string> untold_;  // lost here, in the order found, groups not told yet
   static constexpr std::chrono::milliseconds kHousekeeping{1};
   TimePoint lastHousekeeping_{};
   bool activeSinceHousekeeping_ = false;  // a turn did something after the last housekeeping

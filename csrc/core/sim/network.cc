@@ -87,6 +87,9 @@ SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
   busyUntil_.assign(n, 0);
   turnAt_.assign(n, kNever);
   dead_.assign(n, false);
+  stallUntil_.assign(n, 0);
+  slowRank_.assign(n, 1.0);
+  slowNic_.assign(hosts, 1.0);
   pairs_.resize(n);
   endpointsOf_.resize(n);
   shmOut_.assign(n, SimLink{});
@@ -113,7 +116,9 @@ TimePoint SimNetwork::timeOf(int rank) const {
 }
 
 void SimNetwork::charge(double seconds) {
-  if (turning_ >= 0 && seconds > 0) local_ += static_cast<int64_t>(std::ceil(seconds * 1e9));
+  if (turning_ >= 0 && seconds > 0) {
+    local_ += static_cast<int64_t>(std::ceil(seconds * slowRank_[turning_] * 1e9));
+  }
 }
 
 void SimNetwork::push(int64_t at, Kind kind, int rank, int other, uint64_t index) {
@@ -128,9 +133,30 @@ void SimNetwork::wake(int rank, TimePoint at) {
   push(t, Kind::kTurn, rank);
 }
 
-void SimNetwork::kill(int rank, TimePoint at) { push(ns(at), Kind::kKill, rank); }
+void SimNetwork::kill(const std::vector<int>& ranks, TimePoint at) {
+  batches_.push_back(ranks);
+  push(ns(at), Kind::kKill, -1, -1, batches_.size() - 1);
+}
 
 void SimNetwork::cut(int a, int b, TimePoint at) { push(ns(at), Kind::kCut, a, b); }
+
+void SimNetwork::partition(const std::vector<int>& side, TimePoint at) {
+  batches_.push_back(side);
+  push(ns(at), Kind::kPartition, -1, -1, batches_.size() - 1);
+}
+
+void SimNetwork::stall(int rank, TimePoint from, TimePoint until) {
+  push(ns(from), Kind::kStall, rank, -1, static_cast<uint64_t>(ns(until)));
+}
+
+void SimNetwork::slow(int rank, double factor) { slowRank_.at(rank) = factor; }
+
+void SimNetwork::slowLink(int host, double factor) { slowNic_.at(host) = factor; }
+
+bool SimNetwork::severed(int a, int b) const {
+  if (!side_.empty() && side_[a] != side_[b]) return true;
+  return !cuts_.empty() && cuts_.count({std::min(a, b), std::max(a, b)}) > 0;
+}
 
 int SimNetwork::levelBetween(int a, int b) const {
   const int ha = spec_.hostOf[a], hb = spec_.hostOf[b];
@@ -146,7 +172,14 @@ void SimNetwork::lose(int rank, int peer, int64_t at) { push(at, Kind::kLost, ra
 
 void SimNetwork::connected(int from, int to) {
   endpointsOf_[from].insert(to);
-  if (dead_[to]) lose(from, to, ns(now_) + latencyNs(levelBetween(from, to)));
+  // A connection to a dead process on a live host is refused (its host answers).
+  if (!dead_[to] || severed(from, to)) return;
+  for (int r = 0; r < size(); ++r) {
+    if (spec_.hostOf[r] == spec_.hostOf[to] && !dead_[r]) {
+      lose(from, to, ns(now_) + latencyNs(levelBetween(from, to)));
+      return;
+    }
+  }
 }
 
 int SimNetwork::endpoints(int rank) const { return static_cast<int>(endpointsOf_[rank].size()); }
@@ -224,12 +257,12 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
     hops[count++] = {&shmOut_[m.from], hostBw};
     hops[count++] = {&shmIn_[m.to], hostBw};
   } else {
-    hops[count++] = {&nicOut_[hf], nicBw};
+    hops[count++] = {&nicOut_[hf], nicBw / slowNic_[hf]};
     if (level == 2) {
       hops[count++] = {&upOut_[spec_.rackOf[hf]], rackBw};
       hops[count++] = {&upIn_[spec_.rackOf[ht]], rackBw};
     }
-    hops[count++] = {&nicIn_[ht], nicBw};
+    hops[count++] = {&nicIn_[ht], nicBw / slowNic_[ht]};
   }
   size_t packet = level == 0 ? spec_.hostPacketBytes : spec_.packetBytes;
   bool free = true;
@@ -279,9 +312,7 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
       case Kind::kArrive: {
         Message m = std::move(inFlight_[e.index]);
         freeMessages_.push_back(e.index);
-        if (dead_[m.to] || cuts_.count({std::min(m.from, m.to), std::max(m.from, m.to)})) {
-          break;
-        }
+        if (dead_[m.to] || severed(m.from, m.to)) break;
         mix(&digest_, static_cast<uint64_t>(e.at));
         mix(&digest_, (static_cast<uint64_t>(m.from) << 32) | static_cast<uint32_t>(m.to));
         mix(&digest_, m.tag);
@@ -304,6 +335,10 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
       case Kind::kTurn: {
         if (dead_[e.rank] || e.at != turnAt_[e.rank]) break;
         turnAt_[e.rank] = kNever;
+        if (stallUntil_[e.rank] > e.at) {  // stalled: turned when it resumes, if it does
+          if (stallUntil_[e.rank] != kNever) wake(e.rank, point(stallUntil_[e.rank]));
+          break;
+        }
         if (busyUntil_[e.rank] > e.at) {
           wake(e.rank, point(busyUntil_[e.rank]));
           break;
@@ -317,28 +352,40 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         break;
       }
       case Kind::kKill: {
-        if (dead_[e.rank]) break;
-        dead_[e.rank] = true;
-        ++deaths_;
-        for (int r = 0; r < size(); ++r) {
-          if (!dead_[r] && endpointsOf_[r].count(e.rank)) {
-            lose(r, e.rank, e.at + latencyNs(levelBetween(r, e.rank)));
+        const std::vector<int>& ranks = batches_[e.index];
+        for (int r : ranks) {
+          if (!dead_[r]) ++deaths_;
+          dead_[r] = true;
+        }
+        for (int d : ranks) {
+          // A host still running closes the dead process's connections (and its pidfd fires
+          // for the ranks beside it); a host that died tells no one.
+          const int host = spec_.hostOf[d];
+          bool hostUp = false;
+          for (int r = 0; r < size() && !hostUp; ++r) hostUp = spec_.hostOf[r] == host && !dead_[r];
+          if (!hostUp) continue;
+          for (int r = 0; r < size(); ++r) {
+            if (dead_[r] || severed(r, d)) continue;
+            if (spec_.hostOf[r] == host || endpointsOf_[r].count(d)) {
+              lose(r, d, e.at + latencyNs(levelBetween(r, d)));
+            }
           }
         }
         break;
       }
-      case Kind::kCut: {
+      case Kind::kCut:
         cuts_.insert({std::min(e.rank, e.other), std::max(e.rank, e.other)});
-        const int64_t at = e.at + latencyNs(levelBetween(e.rank, e.other));
-        if (endpointsOf_[e.rank].count(e.other)) lose(e.rank, e.other, at);
-        if (endpointsOf_[e.other].count(e.rank)) lose(e.other, e.rank, at);
         break;
-      }
+      case Kind::kPartition:
+        if (side_.empty()) side_.assign(size(), 0);
+        for (int r : batches_[e.index]) side_[r] = 1;
+        break;
+      case Kind::kStall:
+        stallUntil_[e.rank] = static_cast<int64_t>(e.index);
+        break;
       case Kind::kLost: {
         if (dead_[e.rank]) break;
-        const bool killed = dead_[e.other];
-        transports_[e.rank]->lost(
-            e.other, killed ? "the process died (simulated)" : "the link was cut (simulated)");
+        transports_[e.rank]->lost(e.other, "the process died (simulated)");
         wake(e.rank, now_);
         break;
       }
@@ -399,7 +446,9 @@ bool SimTransport::progress() {
 
 void SimTransport::lost(int peerRank, const std::string& why) {
   auto it = byRank_.find(peerRank);
-  if (it != byRank_.end()) lost_.emplace_back(it->second, why);
+  // Told without an endpoint (a pidfd of a process on this host): one for the report.
+  const PeerId id = it != byRank_.end() ? it->second : connect("sim:" + std::to_string(peerRank));
+  lost_.emplace_back(id, why);
 }
 
 std::vector<std::pair<PeerId, std::string>> SimTransport::lostPeers() {

@@ -22,10 +22,19 @@
 // sends leave then, and what arrives meanwhile waits for it. The same inputs give the same
 // events in the same order, bit for bit.
 //
-// Faults. kill(rank, at): from then on the rank is never turned, what is sent to it is dropped,
-// and every rank holding an endpoint to it learns so one latency later (as a transport error);
-// a rank that connects to it later, one latency after it connects. cut(a, b, at): messages
-// between the two ranks are dropped from then on, and both learn it one latency later.
+// Faults, as the world makes them, and what the transport sees of each:
+//   kill(ranks, at): the ranks stop: never turned again, what is sent to them dropped. Where a
+//     host keeps running (not every rank of it died) its kernel closes the dead processes'
+//     connections: a rank holding an endpoint to one learns it one latency later (a transport
+//     error), a rank that connects to it later one latency after it connects; the host's other
+//     ranks learn it one host latency later (a pidfd). Where the whole host died nothing tells
+//     anyone: only ddl's heartbeats (runtime/heartbeat.h) and timeouts find it.
+//   cut(a, b, at) and partition(side, at): messages between the two ranks, or between the side
+//     and the rest, are dropped from then on. Nothing tells anyone (a cut cable sends no reset).
+//   stall(rank, from, until): the rank is not turned in between (what arrives waits for it);
+//     until TimePoint::max(): never again, though it is not dead.
+//   slow(rank, factor): the rank's copies and reductions take `factor` times as long.
+//   slowLink(host, factor): the host's NIC moves bytes `factor` times as slowly.
 #pragma once
 
 #include <algorithm>
@@ -180,10 +189,17 @@ class SimNetwork {
 
   // Asks for `rank` to be turned at `at` (no earlier than now).
   void wake(int rank, TimePoint at);
-  void kill(int rank, TimePoint at);
+  void kill(int rank, TimePoint at) { kill(std::vector<int>{rank}, at); }
+  void kill(const std::vector<int>& ranks, TimePoint at);
   void cut(int a, int b, TimePoint at);
+  void partition(const std::vector<int>& side, TimePoint at);
+  void stall(int rank, TimePoint from, TimePoint until);
+  void slow(int rank, double factor);
+  void slowLink(int host, double factor);
   bool dead(int rank) const { return dead_[rank]; }
   int deaths() const { return deaths_; }
+  // Whether a message from a to b would be dropped now (a cut or a partition between them).
+  bool severed(int a, int b) const;
 
   // Handles events in time order until `done()` holds (checked after each event), the queue is
   // empty, or virtual time would pass `limit`. Returns whether done() held.
@@ -207,7 +223,17 @@ class SimNetwork {
   double busiestLink(int level) const;
 
  private:
-  enum class Kind : uint8_t { kArrive, kSent, kTurn, kKill, kLost, kCut, kPacket };
+  enum class Kind : uint8_t {
+    kArrive,
+    kSent,
+    kTurn,
+    kKill,
+    kLost,
+    kCut,
+    kPacket,
+    kPartition,
+    kStall
+  };
   struct Event {
     int64_t at;  // ns
     uint64_t order;
@@ -239,6 +265,10 @@ class SimNetwork {
   std::vector<bool> dead_;
   int deaths_ = 0;
   std::set<std::pair<int, int>> cuts_;
+  std::vector<int> side_;                   // by rank, once partitioned (0: the rest)
+  std::vector<std::vector<int>> batches_;   // kKill, kPartition: the ranks, by event index
+  std::vector<int64_t> stallUntil_;         // by rank (kStall: index the end)
+  std::vector<double> slowRank_, slowNic_;  // factors, by rank and by host
   std::vector<std::set<int>> endpointsOf_;  // by rank: the ranks it connected to
   // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in.
   std::vector<SimLink> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
@@ -288,6 +318,9 @@ class SimTransport : public Transport {
   std::vector<std::pair<PeerId, std::string>> lostPeers() override;
   std::string name() const override { return "sim"; }
   size_t endpoints() const override { return peers_.size(); }
+  std::string addressOf(PeerId peer) const override {
+    return "sim:" + std::to_string(peers_.at(static_cast<size_t>(peer)));
+  }
 
   // Network side.
   void arrive(Delivered message) { inbox_.push_back(std::move(message)); }

@@ -53,47 +53,72 @@ std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
   return calls;
 }
 
-// The shrink after the kill, then the collectives on the group it formed.
+// The shrink after the kill, as a job makes it: each survivor excludes the ranks its group knows
+// are gone; where an attempt fails because the views differ or a member turns out gone (the
+// news was still on its way), the survivors try again a moment later with what they know then;
+// one that holds no quorum gives up. Then the collectives on the group it formed.
 void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report) {
   const int n = cluster.size();
   const std::chrono::milliseconds limit = request.cluster.timeout * 2;
-  std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
   std::vector<std::shared_ptr<Communicator>> derived(n);
-  auto fail = [report](int r, const std::string& why) {
-    if (report->shrinkError.empty()) report->shrinkError = "rank " + std::to_string(r) + ": " + why;
-  };
+  std::vector<bool> trying(n, false);
+  for (int r = 0; r < n; ++r) trying[r] = !cluster.network().dead(r);
+  std::string lastError;
   const TimePoint began = cluster.network().now();
-  for (int r = 0; r < n; ++r) {
-    if (cluster.network().dead(r)) continue;
-    Communicator& comm = cluster.comm(r);
-    try {
-      pending[r] = comm.beginShrink(comm.goneRanks());
-    } catch (const Error& e) {
-      fail(r, e.what());
+  for (int attempt = 0; attempt < SimRequest::kShrinkAttempts; ++attempt) {
+    if (attempt > 0) {  // a moment for the news
+      cluster.runUntil([] { return false; }, std::chrono::milliseconds(100));
     }
+    std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+    for (int r = 0; r < n; ++r) {
+      if (!trying[r]) continue;
+      Communicator& comm = cluster.comm(r);
+      try {
+        pending[r] = comm.beginShrink(comm.goneRanks());
+      } catch (const Error& e) {
+        trying[r] = false;  // no quorum, or arguments refused: this rank gives up
+        lastError = "rank " + std::to_string(r) + ": " + e.what();
+      }
+    }
+    cluster.runUntil(
+        [&] {
+          return std::all_of(pending.begin(), pending.end(),
+                             [](const auto& d) { return !d || d->work->done(); });
+        },
+        limit);
+    bool again = false;
+    for (int r = 0; r < n; ++r) {
+      if (!pending[r]) continue;
+      try {
+        derived[r] = Communicator::finishDerivation(*pending[r]);
+        trying[r] = false;
+      } catch (const Error& e) {
+        lastError = "rank " + std::to_string(r) + ": " + e.what();
+        const StatusKind kind = e.kind();
+        trying[r] = kind == StatusKind::kMismatch || kind == StatusKind::kPeerLost;
+        again = again || trying[r];
+      }
+    }
+    report->shrinkAttempts = attempt + 1;
+    if (!again) break;
   }
-  cluster.runUntil(
-      [&] {
-        return std::all_of(pending.begin(), pending.end(),
-                           [](const auto& d) { return !d || d->work->done(); });
-      },
-      limit);
   report->shrinkMicros = micros(began, cluster.network().now());
   std::set<uint32_t> ids;
   std::vector<Communicator*> members(n, nullptr);
   for (int r = 0; r < n; ++r) {
-    if (!pending[r]) continue;
-    try {
-      derived[r] = Communicator::finishDerivation(*pending[r]);
-      ids.insert(derived[r]->id());
-      members[r] = derived[r].get();
-      report->shrinkMembers = derived[r]->size();
-    } catch (const Error& e) {
-      fail(r, e.what());
-    }
+    if (!derived[r]) continue;
+    ids.insert(derived[r]->id());
+    members[r] = derived[r].get();
+    report->shrinkMembers = derived[r]->size();
   }
   report->shrinkGroups = static_cast<int>(ids.size());
-  if (ids.size() != 1) return;
+  auto fail = [report](const std::string& why) {
+    if (report->shrinkError.empty()) report->shrinkError = why;
+  };
+  if (ids.size() != 1) {
+    fail(lastError);
+    return;
+  }
   for (const SimCall& call : afterShrink(request, report->shrinkMembers)) {
     SimCallBuffers buffers(call, report->shrinkMembers, request.cluster.payload);
     SimCluster::Outcome outcome = cluster.run(
@@ -106,11 +131,11 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
       std::string wrong = outcome.errors[r];
       if (wrong.empty()) wrong = buffers.check(members[r]->rank());
       if (!wrong.empty()) {
-        fail(r, call.describe() + ": " + wrong);
+        fail("rank " + std::to_string(r) + ": " + call.describe() + ": " + wrong);
         right = false;
       }
     }
-    if (!outcome.finished) fail(-1, call.describe() + " did not end");
+    if (!outcome.finished) fail(call.describe() + " did not end");
     if (right) ++report->shrinkOpsOk;
   }
 }
@@ -183,7 +208,7 @@ SimReport simulate(const SimRequest& request) {
     const TimePoint began = cluster.network().now();
     const auto at = std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::duration<double, std::micro>(faultFree * request.killFraction));
-    for (int r : killed) cluster.network().kill(r, began + at);
+    cluster.network().kill(std::vector<int>(killed.begin(), killed.end()), began + at);
     report.killedAtMicros = std::chrono::duration<double, std::micro>(at).count();
     SimCluster::Outcome outcome = cluster.run(
         [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
@@ -211,7 +236,13 @@ SimReport simulate(const SimRequest& request) {
         outcome.ended[r] = next.ended[r];
       }
     }
-    // A survivor names the set when its group knows every rank of it is gone.
+    // A survivor names the set when its group knows every rank of it is gone: counted once the
+    // bound has passed since the kill (the news may still travel after the ops ended).
+    const TimePoint bound = began + at + request.newsBound;
+    if (cluster.network().now() < bound) {
+      cluster.runUntil([] { return false; }, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 bound - cluster.network().now()));
+    }
     for (int r = 0; r < cluster.size(); ++r) {
       if (killed.count(r)) continue;
       ++report.survivors;
@@ -238,7 +269,7 @@ SimReport simulate(const SimRequest& request) {
       }
       ++report.named;
       if (report.firstError.empty()) report.firstError = error;
-      report.namedByMicros = std::max(report.namedByMicros, micros(began, *knewAll));
+      report.namedByMicros = std::max(report.namedByMicros, micros(began + at, *knewAll));
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
     if (request.shrink) shrinkAndGoOn(request, cluster, &report);

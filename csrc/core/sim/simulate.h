@@ -28,6 +28,10 @@ struct SimRequest {
   // and run kShrinkOps collectives of mixed kinds on the group they formed.
   bool shrink = false;
   static constexpr int kShrinkOps = 20;
+  static constexpr int kShrinkAttempts = 5;
+  // Every survivor should know every killed rank within this much virtual time of the kill:
+  // the heartbeat's timeout (the default, 2 s) and a second for the news.
+  std::chrono::milliseconds newsBound{3000};
 };
 
 struct SimReport {
@@ -48,8 +52,8 @@ struct SimReport {
   double busiest[3] = {0, 0, 0};
   bool checked = false;  // results compared with the reference (payload on)
   std::string mismatch;  // the first wrong result, "" when every rank's is right
-  // With ranks killed: of the survivors, how many know every rank of the set is gone, by when
-  // (from the op's start), and how many messages the failure caused (notices).
+  // With ranks killed: of the survivors, how many know every rank of the set is gone (within
+  // newsBound), by when (from the kill), and how many messages the failure caused (notices).
   int survivors = 0;
   int named = 0;
   double namedByMicros = 0;
@@ -65,6 +69,7 @@ struct SimReport {
   int shrinkMembers = 0;
   double shrinkMicros = 0;
   int shrinkOpsOk = 0;
+  int shrinkAttempts = 0;
   std::string shrinkError;  // the first failure of the shrink or of a collective after it
   // Survivors whose op ended well (the dead rank's part had reached them): they are counted by
   // the error of their next call (a barrier), which the failed group refuses.

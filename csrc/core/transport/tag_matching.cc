@@ -4,7 +4,35 @@
 #include <cstring>
 #include <string>
 
+#include "../base/tag.h"
+
 namespace ddl {
+namespace {
+
+using Index = std::unordered_map<uint64_t, std::deque<uint64_t>>;
+
+// The first arrival in `index` under `key` still waiting (entries taken another way dropped).
+uint64_t front(Index& index, uint64_t key, const std::map<uint64_t, Delivered>& waiting) {
+  auto it = index.find(key);
+  if (it == index.end()) return UINT64_MAX;
+  std::deque<uint64_t>& q = it->second;
+  while (!q.empty() && !waiting.count(q.front())) q.pop_front();
+  if (q.empty()) {
+    index.erase(it);
+    return UINT64_MAX;
+  }
+  return q.front();
+}
+
+// Drops `arrival` from the front of `index` under `key` where it stands there.
+void drop(Index& index, uint64_t key, uint64_t arrival) {
+  auto it = index.find(key);
+  if (it == index.end()) return;
+  if (!it->second.empty() && it->second.front() == arrival) it->second.pop_front();
+  if (it->second.empty()) index.erase(it);
+}
+
+}  // namespace
 
 void TagMatcher::complete(const Posted& recv, const Delivered& message) {
   recv.req->senderTag = message.tag;
@@ -19,41 +47,101 @@ void TagMatcher::complete(const Posted& recv, const Delivered& message) {
   recv.req->complete();
 }
 
+std::map<uint64_t, Delivered>::iterator TagMatcher::findWaiting(uint64_t tag, uint64_t mask) {
+  Index* index = mask == tag::kMatchAll           ? &byTag_
+                 : mask == tag::kAnySource        ? &byAnySource_
+                 : mask == tag::kGroupAndSlot     ? &byGroupSlot_
+                 : mask == tag::kGroupAndSequence ? &byGroupSequence_
+                                                  : nullptr;
+  if (index != nullptr) {
+    const uint64_t arrival = front(*index, tag & mask, waiting_);
+    return arrival == UINT64_MAX ? waiting_.end() : waiting_.find(arrival);
+  }
+  return std::find_if(waiting_.begin(), waiting_.end(),
+                      [&](const auto& entry) { return (entry.second.tag & mask) == (tag & mask); });
+}
+
+void TagMatcher::take(std::map<uint64_t, Delivered>::iterator it) {
+  const uint64_t arrival = it->first, t = it->second.tag;
+  drop(byTag_, t, arrival);
+  drop(byAnySource_, t & tag::kAnySource, arrival);
+  drop(byGroupSlot_, t & tag::kGroupAndSlot, arrival);
+  drop(byGroupSequence_, t & tag::kGroupAndSequence, arrival);
+  waiting_.erase(it);
+}
+
 bool TagMatcher::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_t bytes,
                                 Request* req) {
-  auto it = std::find_if(unexpected_.begin(), unexpected_.end(),
-                         [&](const Delivered& m) { return (m.tag & mask) == (tag & mask); });
-  if (it == unexpected_.end()) return false;
-  Delivered message = std::move(*it);
-  unexpected_.erase(it);
-  complete(Posted{tag, mask, data, bytes, req}, message);
+  auto it = findWaiting(tag, mask);
+  if (it == waiting_.end()) return false;
+  Delivered message = std::move(it->second);
+  take(it);
+  complete(Posted{tag, mask, data, bytes, req, 0}, message);
   return true;
 }
 
 void TagMatcher::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) {
-  if (!receiveArrived(tag, mask, data, bytes, req)) {
-    posted_.push_back(Posted{tag, mask, data, bytes, req});
+  if (receiveArrived(tag, mask, data, bytes, req)) return;
+  const Posted posted{tag, mask, data, bytes, req, posts_++};
+  if (mask == tag::kMatchAll) {
+    exact_[tag].push_back(posted);
+    exactTag_[req] = tag;
+  } else {
+    masked_.push_back(posted);
   }
+  ++postedCount_;
 }
 
 void TagMatcher::arrive(Delivered message) {
-  auto it = std::find_if(posted_.begin(), posted_.end(), [&](const Posted& r) {
+  // The oldest posted receive it matches: of those posted for its tag exactly, and of the masked.
+  auto exact = exact_.find(message.tag);
+  const uint64_t exactOrder = exact != exact_.end() ? exact->second.front().order : UINT64_MAX;
+  auto masked = std::find_if(masked_.begin(), masked_.end(), [&](const Posted& r) {
     return (message.tag & r.mask) == (r.tag & r.mask);
   });
-  if (it == posted_.end()) {
-    unexpected_.push_back(std::move(message));
+  const uint64_t maskedOrder = masked != masked_.end() ? masked->order : UINT64_MAX;
+  if (exactOrder == UINT64_MAX && maskedOrder == UINT64_MAX) {
+    const uint64_t arrival = arrivals_++;
+    byTag_[message.tag].push_back(arrival);
+    byAnySource_[message.tag & tag::kAnySource].push_back(arrival);
+    byGroupSlot_[message.tag & tag::kGroupAndSlot].push_back(arrival);
+    byGroupSequence_[message.tag & tag::kGroupAndSequence].push_back(arrival);
+    waiting_.emplace(arrival, std::move(message));
     return;
   }
-  const Posted recv = *it;
-  posted_.erase(it);
+  Posted recv;
+  if (exactOrder < maskedOrder) {
+    recv = exact->second.front();
+    exact->second.pop_front();
+    if (exact->second.empty()) exact_.erase(exact);
+    exactTag_.erase(recv.req);
+  } else {
+    recv = *masked;
+    masked_.erase(masked);
+  }
+  --postedCount_;
   complete(recv, message);
 }
 
 bool TagMatcher::withdraw(Request* req) {
-  auto it =
-      std::find_if(posted_.begin(), posted_.end(), [&](const Posted& r) { return r.req == req; });
-  if (it == posted_.end()) return false;
-  posted_.erase(it);
+  auto masked =
+      std::find_if(masked_.begin(), masked_.end(), [req](const Posted& r) { return r.req == req; });
+  if (masked != masked_.end()) {
+    masked_.erase(masked);
+    --postedCount_;
+    return true;
+  }
+  auto tagged = exactTag_.find(req);
+  if (tagged == exactTag_.end()) return false;
+  auto it = exact_.find(tagged->second);
+  exactTag_.erase(tagged);
+  if (it == exact_.end()) return false;
+  auto found = std::find_if(it->second.begin(), it->second.end(),
+                            [req](const Posted& r) { return r.req == req; });
+  if (found == it->second.end()) return false;
+  it->second.erase(found);
+  if (it->second.empty()) exact_.erase(it);
+  --postedCount_;
   return true;
 }
 
@@ -64,7 +152,9 @@ bool TagMatcher::cancel(Request* req) {
 }
 
 void TagMatcher::discard(uint64_t tag, uint64_t mask) {
-  std::erase_if(unexpected_, [&](const Delivered& m) { return (m.tag & mask) == (tag & mask); });
+  for (auto it = findWaiting(tag, mask); it != waiting_.end(); it = findWaiting(tag, mask)) {
+    take(it);
+  }
 }
 
 }  // namespace ddl

@@ -2,10 +2,17 @@
 // process (loopback/, sim/): a new receive takes the oldest matching message that arrived with no
 // receive posted, an arriving message the oldest matching receive, and (as the transports deliver
 // one sender's messages in send order) messages from one sender match in send order.
+//
+// Indexed, so that thousands of messages waiting (an all_to_all of a thousand simulated ranks
+// posts a thousand receives a rank) cost a lookup each, not a scan: posted receives by their
+// exact tag (the masked ones, a few, in a list), messages waiting by their tag under each mask
+// the engine uses (exact, any source, group and slot, group and sequence); others are scanned.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "transport.h"
@@ -32,6 +39,9 @@ class TagMatcher {
   bool withdraw(Request* req);
   // Drops the unexpected messages that match.
   void discard(uint64_t tag, uint64_t mask);
+  // Messages waiting for a receive, receives waiting for a message.
+  size_t unexpected() const { return waiting_.size(); }
+  size_t posted() const { return postedCount_; }
 
  private:
   struct Posted {
@@ -40,10 +50,24 @@ class TagMatcher {
     void* data;
     size_t capacity;
     Request* req;
+    uint64_t order;  // when it was posted
   };
   static void complete(const Posted& recv, const Delivered& message);
-  std::deque<Delivered> unexpected_;
-  std::deque<Posted> posted_;
+  // The oldest waiting message under `mask` matching `tag` (waiting_.end(): none).
+  std::map<uint64_t, Delivered>::iterator findWaiting(uint64_t tag, uint64_t mask);
+  void take(std::map<uint64_t, Delivered>::iterator it);
+  // Posted receives: exact tags by tag (in post order), masked ones in post order.
+  std::unordered_map<uint64_t, std::deque<Posted>> exact_;
+  std::unordered_map<Request*, uint64_t> exactTag_;  // the tag each exact receive waits under
+  std::vector<Posted> masked_;
+  uint64_t posts_ = 0;
+  size_t postedCount_ = 0;
+  // Messages with no receive yet, by arrival, and indices of their arrivals by masked tag
+  // (entries of messages taken another way are dropped when met).
+  std::map<uint64_t, Delivered> waiting_;
+  uint64_t arrivals_ = 0;
+  std::unordered_map<uint64_t, std::deque<uint64_t>> byTag_, byAnySource_, byGroupSlot_,
+      byGroupSequence_;
 };
 
 }  // namespace ddl

@@ -61,6 +61,8 @@ class Transport {
   virtual std::string localAddress() = 0;
   // Endpoints are keyed by address: connecting twice to one address returns the same PeerId.
   virtual PeerId connect(const std::string& address) = 0;
+  // The address an endpoint was opened to.
+  virtual std::string addressOf(PeerId peer) const = 0;
 
   virtual void send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) = 0;
   virtual void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req) = 0;

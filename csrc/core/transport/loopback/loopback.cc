@@ -49,6 +49,13 @@ PeerId LoopbackTransport::connect(const std::string& address) {
   return id;
 }
 
+std::string LoopbackTransport::addressOf(PeerId peer) const {
+  for (const auto& [address, id] : peerIds_) {
+    if (id == peer) return address;
+  }
+  return "";
+}
+
 uint64_t LoopbackTransport::allocateWindow(size_t bytes, void** base, std::string* key) {
   if (refuseWindows_) return 0;
   std::shared_ptr<char[]> memory(new char[std::max<size_t>(bytes, 1)]);

@@ -50,6 +50,7 @@ class LoopbackTransport : public Transport {
   int wakeFd() override { return eventFd_; }
   std::string name() const override { return "loopback"; }
   size_t endpoints() const override { return peers_.size(); }
+  std::string addressOf(PeerId peer) const override;
   // Windows are heap memory of the one process, found through the fabric by key. refuseWindows
   // (true) makes this transport behave as one whose peers cannot map each other (tests of the
   // fallback).

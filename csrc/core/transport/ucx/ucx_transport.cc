@@ -181,6 +181,7 @@ PeerId UcxTransport::connect(const std::string& address) {
   auto* e = new Endpoint();
   e->transport = this;
   e->id = static_cast<PeerId>(endpoints_.size());
+  e->address = address;
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -40,6 +40,10 @@ class UcxTransport : public Transport {
   uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
   void releaseWindow(uint64_t id) override;
   std::vector<std::pair<PeerId, std::string>> lostPeers() override;
+  std::string addressOf(PeerId peer) const override {
+    return peer >= 0 && static_cast<size_t>(peer) < endpoints_.size() ? endpoints_[peer]->address
+                                                                      : "";
+  }
   std::string name() const override;
   std::vector<std::string> devices() const override;
   size_t endpoints() const override { return endpoints_.size(); }
@@ -50,6 +54,7 @@ class UcxTransport : public Transport {
   struct Endpoint {
     UcxTransport* transport = nullptr;
     PeerId id = -1;
+    std::string address;
     ucp_ep_h ep = nullptr;
     ucs_status_t failure = UCS_OK;  // set by the error handler when the peer is gone
   };

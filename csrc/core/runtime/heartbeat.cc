@@ -1,0 +1,113 @@
+#include "heartbeat.h"
+
+#include <algorithm>
+
+#include "../base/tag.h"
+
+namespace ddl {
+namespace {
+
+// Under the agreements' group id (no group holds it), sequence 0, a step of their own.
+constexpr uint64_t kBeatTag =
+    tag::make(tag::kAgreementGroup, 0, tag::slot(tag::kControlPhase, tag::kHeartbeatStep), 0);
+
+}  // namespace
+
+uint64_t Heartbeat::idOf(const std::string& address) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : address) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void Heartbeat::beat(const std::string& address, PeerId peer) {
+  auto [it, added] = targets_.emplace(address, Target{peer, 0});
+  ++it->second.uses;
+}
+
+void Heartbeat::unbeat(const std::string& address) {
+  auto it = targets_.find(address);
+  if (it != targets_.end() && --it->second.uses <= 0) targets_.erase(it);
+}
+
+void Heartbeat::watch(const std::string& address, TimePoint now) {
+  auto [it, added] = watched_.emplace(idOf(address), Watched{address, now, 0});
+  ++it->second.uses;
+  if (!it->second.reported) nextSilence_ = std::min(nextSilence_, it->second.heard + timeout_);
+}
+
+void Heartbeat::unwatch(const std::string& address) {
+  auto it = watched_.find(idOf(address));
+  if (it != watched_.end() && --it->second.uses <= 0) watched_.erase(it);
+}
+
+void Heartbeat::receive(Transport& transport, TimePoint now) {
+  while (true) {
+    if (receiving_) {
+      if (!receiving_->done) return;  // still arriving
+      if (!receiving_->failed() && receiving_->receivedBytes == sizeof(inbox_)) {
+        auto it = watched_.find(inbox_);
+        if (it != watched_.end()) it->second.heard = std::max(it->second.heard, now);
+      }
+      receiving_.reset();
+    }
+    auto req = std::make_unique<Request>();
+    if (!transport.receiveArrived(kBeatTag, tag::kGroupAndSlot, &inbox_, sizeof(inbox_),
+                                  req.get())) {
+      return;
+    }
+    receiving_ = std::move(req);
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& transport,
+                                                                 TimePoint now,
+                                                                 const IsLost& lost) {
+  std::vector<std::pair<std::string, std::string>> silent;
+  if (!on()) return silent;
+  receive(transport, now);
+  std::erase_if(sent_, [](const auto& s) { return s->request.done; });
+  if (now >= nextBeat_) {
+    nextBeat_ = now + period_;
+    for (const auto& [address, target] : targets_) {
+      if (lost(address)) continue;
+      auto& s = sent_.emplace_back(std::make_unique<Sent>());
+      s->id = self_;
+      transport.send(target.peer, kBeatTag, &s->id, sizeof(s->id), &s->request);
+    }
+  }
+  nextSilence_ = TimePoint::max();
+  for (auto& [id, w] : watched_) {
+    if (w.reported) continue;
+    if (now - w.heard < timeout_) {
+      nextSilence_ = std::min(nextSilence_, w.heard + timeout_);
+      continue;
+    }
+    w.reported = true;
+    if (lost(w.address)) continue;
+    silent.emplace_back(
+        w.address,
+        "it sent no heartbeat for " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::milliseconds>(now - w.heard).count()) +
+            " ms (the process or its host stopped, or the link to it is cut)");
+  }
+  return silent;
+}
+
+TimePoint Heartbeat::next() const {
+  if (!on()) return TimePoint::max();
+  // A peer heard since is looked at then, and found alive: no harm in the early look.
+  return std::min(targets_.empty() ? TimePoint::max() : nextBeat_, nextSilence_);
+}
+
+void Heartbeat::stop(Transport& transport) {
+  if (receiving_ && !receiving_->done) transport.cancel(receiving_.get());
+  for (auto& s : sent_) {
+    if (!s->request.done) transport.cancel(&s->request);
+  }
+}
+
+}  // namespace ddl

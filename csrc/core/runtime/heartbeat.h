@@ -1,0 +1,97 @@
+// Heartbeats: how a process learns in bounded time that a peer has stopped, on any transport.
+// UCX reports a peer gone when a connection fails: at once for a process that died on a live
+// host (its kernel closes the connection), but for a host that lost power, a cut cable or a
+// stopped process only when TCP's retransmissions give up (minutes with the kernel's defaults)
+// or UCX's keepalive notices (20 s by default, and not on every transport). So ddl's runtime
+// sends a small message of its own to a few peers every period, and counts a peer gone once
+// nothing has come from it for the timeout (TORCH_DDL_HEARTBEAT_MS, 250; and
+// TORCH_DDL_HEARTBEAT_TIMEOUT_MS, 2000, in a process and in the simulator alike).
+//
+// Whom: each group makes every rank beat its successors at distances 1, 2, 4, ... (below the
+// group's size) and watch its predecessors at those distances; a process beats and watches the
+// union over its groups, once per peer. A rank is watched by log2(P) others, so a block of dead
+// ranks however long (a host, a rack) still has live watchers: a dead rank d's predecessor at
+// the first distance beyond the block is alive. Cost: log2(P) messages of 8 bytes per period
+// per process, the same endpoints the notice trees use.
+//
+// A beat carries the sender's id (a digest of its address), which the receiver maps back to the
+// peer it watches. Beats are taken from the transport's unexpected messages (no receive is ever
+// posted for them) once per housekeeping period.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../base/clock.h"
+#include "../transport/transport.h"
+
+namespace ddl {
+
+class Heartbeat {
+ public:
+  // `period` 0: off (nothing is sent, nobody is counted gone).
+  Heartbeat(std::chrono::milliseconds period, std::chrono::milliseconds timeout)
+      : period_(period), timeout_(timeout) {}
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  bool on() const { return period_.count() > 0; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // The process's own address (its beats carry its digest).
+  void setSelf(const std::string& address) { self_ = idOf(address); }
+  // Counted uses: beat `peer` (at `address`); watch `address` (heard from now on, at `now`).
+  void beat(const std::string& address, PeerId peer);
+  void unbeat(const std::string& address);
+  void watch(const std::string& address, TimePoint now);
+  void unwatch(const std::string& address);
+
+  // Takes the beats that arrived, sends what is due, and returns the watched peers silent for
+  // the timeout (each once) with the words that say so. `lost(address)`: peers known gone
+  // already (not beaten, not reported again).
+  using IsLost = std::function<bool(const std::string&)>;
+  std::vector<std::pair<std::string, std::string>> tick(Transport& transport, TimePoint now,
+                                                        const IsLost& lost);
+  // When tick must run next (TimePoint::max(): never).
+  TimePoint next() const;
+  // Lets go of what the transport holds (before it closes).
+  void stop(Transport& transport);
+
+  // The digest beats carry for `address` (FNV-1a: the same in every process).
+  static uint64_t idOf(const std::string& address);
+
+ private:
+  void receive(Transport& transport, TimePoint now);
+
+  const std::chrono::milliseconds period_;
+  const std::chrono::milliseconds timeout_;
+  uint64_t self_ = 0;
+  struct Target {
+    PeerId peer;
+    int uses;
+  };
+  std::map<std::string, Target> targets_;  // by address
+  struct Watched {
+    std::string address;
+    TimePoint heard;
+    int uses;
+    bool reported = false;
+  };
+  std::map<uint64_t, Watched> watched_;  // by id
+  TimePoint nextBeat_ = TimePoint::min();
+  TimePoint nextSilence_ = TimePoint::max();  // the earliest a watched peer may fall silent
+  // Beats in flight: the 8 bytes live here until the transport is done with them.
+  struct Sent {
+    Request request;
+    uint64_t id = 0;
+  };
+  std::vector<std::unique_ptr<Sent>> sent_;
+  uint64_t inbox_ = 0;
+  std::unique_ptr<Request> receiving_;
+};
+
+}  // namespace ddl
