@@ -458,22 +458,23 @@ TEST(BlockPlan, RegularGridsGoLevelByLevelAndCheckOut) {
   for (const Shape& shape : shapes()) {
     Topology t = simulated(shape.hostOf, shape.rackOf);
     for (bool reduceScatter : {false, true}) {
-      std::vector<BlockStage> stages = planBlockStages(t, reduceScatter);
+      BlockPlan plan = planBlockStages(t, reduceScatter);
+      const std::vector<BlockStage>& stages = plan.stages;
       SCOPED_TRACE(t.describe());
       if (t.hosts() < 2 || !gridOf(t).regular) {
         EXPECT_TRUE(stages.empty());
         continue;
       }
       ASSERT_FALSE(stages.empty());
-      EXPECT_NO_THROW(checkBlockStages(stages, t.size, reduceScatter));
+      EXPECT_NO_THROW(checkBlockStages(plan, t.size, reduceScatter));
       // Reduce-scatter reduces within the host first; allgather crosses hosts first.
       if (gridOf(t).dims[0] > 1) {
         EXPECT_EQ(reduceScatter ? stages.front().dimension : stages.back().dimension, 0);
       }
     }
   }
-  std::vector<BlockStage> bad = planBlockStages(simulated({0, 0, 1, 1}), false);
-  std::swap(bad[0], bad[1]);  // spreading in the host before anything arrived
+  BlockPlan bad = planBlockStages(simulated({0, 0, 1, 1}), false);
+  std::swap(bad.stages[0], bad.stages[1]);  // spreading in the host before anything arrived
   EXPECT_THROW(checkBlockStages(bad, 4, false), Error);
 }
 

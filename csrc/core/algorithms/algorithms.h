@@ -77,11 +77,9 @@ Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSett
 // allgather_grid.cc, reduce_scatter_grid.cc: level by level over a regular grid (block_plan.h):
 // the arguments of allgatherRing and reduceScatterRing, and the stages.
 Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,
-                   std::shared_ptr<const std::vector<BlockStage>> stages,
-                   PipelineSettings settings);
+                   std::shared_ptr<const BlockPlan> stages, PipelineSettings settings);
 Task reduceScatterGrid(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const std::vector<BlockStage>> stages,
-                       PipelineSettings settings);
+                       std::shared_ptr<const BlockPlan> stages, PipelineSettings settings);
 
 // allgather_varying.cc: every rank contributes `bytes` of its own choosing; afterwards
 // out->data holds all blocks in rank order, block r at [offsets[r], offsets[r + 1]).

@@ -92,7 +92,7 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
 }
 
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const std::vector<BlockStage>> stages) {
+                       std::shared_ptr<const BlockPlan> stages) {
   if (!stages->empty()) {
     co_await reduceScatterGrid(op, data, count, type, reduce, stages, pipelineSettings(op));
   } else {

@@ -41,7 +41,7 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan);
 // reduce_scatter over a grid of stages when there are any, else the flat ring.
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const std::vector<BlockStage>> stages);
+                       std::shared_ptr<const BlockPlan> stages);
 Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, ReduceOp reduce,
                 int root);
 

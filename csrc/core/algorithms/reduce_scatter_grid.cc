@@ -2,7 +2,8 @@
 // the blocks this rank keeps, so the network carries N(H-1)/H per host link and direction.
 //
 // 1. The buffer holds P blocks; block r is the one rank r keeps.
-// 2. For each stage in order, run this rank's rings of it together: the reducing half of the
+// 2. For each stage in order, run this rank's rings of it together (kRingWindow at a time): the
+// reducing half of the
 //    ring pipeline (ring_pipeline.h) leaves position p with block p summed over the ring's
 //    ranks. A stage starts when the previous one is done here.
 // 3. After the last stage block rank() holds every rank's contribution.
@@ -14,26 +15,26 @@
 namespace ddl {
 
 Task reduceScatterGrid(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const std::vector<BlockStage>> stages,
-                       PipelineSettings settings) {
+                       std::shared_ptr<const BlockPlan> stages, PipelineSettings settings) {
   if (op.size() == 1 || count == 0) co_return;
   const size_t es = elementSize(type);
-  for (const BlockStage& stage : *stages) {
-    std::vector<std::unique_ptr<RingPipeline>> pipelines;
-    for (const BlockRing& ring : stage.rings) {
-      if (RingPlan{ring.order}.positionOf(op.rank()) < 0) continue;
-      const int n = static_cast<int>(ring.order.size());
+  for (size_t stage = 0; stage < stages->stages.size(); ++stage) {
+    const BlockStage& s = stages->stages[stage];
+    const int ring = s.ringOf[op.rank()];
+    if (ring < 0) continue;
+    co_await runPipelinesWindowed(op, s.combinations, kRingWindow, [&, stage, ring](size_t q) {
+      const BlockRing r = stages->ring(stage, ring, q);
+      const int n = static_cast<int>(r.order.size());
       RingSchedule schedule;
-      schedule.ring = RingPlan{ring.order};
-      schedule.stepBase = ring.firstStep;
+      schedule.ring = RingPlan{r.order};
+      schedule.stepBase = r.firstStep;
       schedule.steps = n - 1;
       schedule.reduceSteps = n - 1;
       schedule.shift = -1;  // position p ends holding chunk p
-      for (int b : ring.blocks) schedule.chunks.push_back(Range{b * count, count});
-      pipelines.push_back(std::make_unique<RingPipeline>(
-          op, std::move(schedule), data, type, reduce, settings.segmentBytes / es, settings.depth));
-    }
-    co_await runPipelines(op, std::move(pipelines));
+      for (int b : r.blocks) schedule.chunks.push_back(Range{b * count, count});
+      return std::make_unique<RingPipeline>(op, std::move(schedule), data, type, reduce,
+                                            settings.segmentBytes / es, settings.depth);
+    });
   }
 }
 

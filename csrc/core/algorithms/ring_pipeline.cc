@@ -176,4 +176,20 @@ Task runPipelines(Op& op, std::vector<std::unique_ptr<RingPipeline>> pipelines) 
   }
 }
 
+Task runPipelinesWindowed(Op& op, size_t count, size_t window,
+                          std::function<std::unique_ptr<RingPipeline>(size_t)> make) {
+  std::vector<std::unique_ptr<RingPipeline>> running;
+  size_t next = 0;
+  while (true) {
+    while (running.size() < window && next < count) running.push_back(make(next++));
+    bool done = true;
+    for (auto& p : running) done = p->advance() && done;
+    if (done && next == count) break;
+    const size_t before = running.size();
+    std::erase_if(running, [](const auto& p) { return p->done(); });
+    if (running.size() < before && next < count) continue;  // room: make the next at once
+    co_await op.next();
+  }
+}
+
 }  // namespace ddl

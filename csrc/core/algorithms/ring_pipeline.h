@@ -23,6 +23,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,7 @@ class RingPipeline {
   // step has been sent and received, and the link is idle. Nothing completed on the link since
   // the pipeline last could not move: it still cannot, and that is found without a call (a
   // multi-lane op wakes every lane's pipelines for each message of any of them).
+  bool done() const { return done_; }
   bool advance() {
     if (done_) return true;
     if (stuckAt_ >= 0 && *activity_ == stuckAt_) return false;
@@ -107,5 +109,13 @@ class RingPipeline {
 // Advances pipelines that run at once until every one is done; the coroutine sleeps until any of
 // the op's messages completes.
 Task runPipelines(Op& op, std::vector<std::unique_ptr<RingPipeline>> pipelines);
+
+// The same for `count` pipelines made by `make(i)` in order, at most `window` at a time (a rank
+// of a block plan's last stage runs one ring per combination of the coordinates above: P / H of
+// them, whose messages all in flight at once would be P^2 / H over the ranks). Every member of
+// a ring makes its rings in the same order, so the lowest one not done is running on all.
+Task runPipelinesWindowed(Op& op, size_t count, size_t window,
+                          std::function<std::unique_ptr<RingPipeline>(size_t)> make);
+inline constexpr size_t kRingWindow = 32;
 
 }  // namespace ddl

@@ -1,8 +1,6 @@
 #include "block_plan.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
 #include <string>
 
 #include "../base/tag.h"
@@ -29,108 +27,160 @@ void binomial(const std::vector<int>& ranks, int v, TreePlace& place) {
 
 }  // namespace
 
-std::vector<BlockStage> planBlockStages(const Topology& t, bool reduceScatter) {
-  if (t.hosts() < 2) return {};
+BlockPlan planBlockStages(const Topology& t, bool reduceScatter) {
+  BlockPlan plan;
+  if (t.hosts() < 2) return plan;
   const Grid grid = gridOf(t);
-  if (!grid.regular) return {};
-  std::map<std::vector<int>, int> rankAt;
-  for (int r = 0; r < t.size; ++r) rankAt[grid.coords[r]] = r;
+  if (!grid.regular) return plan;
+  plan.dims = grid.dims;
+  plan.coords = grid.coords;
+  size_t places = 1;
+  for (int d : grid.dims) places *= static_cast<size_t>(d);
+  if (places != static_cast<size_t>(t.size)) return {};
+  plan.rankAt.assign(places, -1);
+  for (int r = 0; r < t.size; ++r) {
+    const size_t at = plan.placeOf(grid.coords[r]);
+    if (plan.rankAt[at] != -1) return {};
+    plan.rankAt[at] = r;
+  }
   std::vector<int> dims;
   for (int k = 0; k < static_cast<int>(grid.dims.size()); ++k) {
     if (grid.dims[k] > 1) dims.push_back(k);
   }
   if (!reduceScatter) std::reverse(dims.begin(), dims.end());
-  std::vector<BlockStage> stages;
   uint32_t nextStep = 0;
   for (int j : dims) {
     BlockStage stage;
     stage.dimension = j;
-    // Every combination of the coordinates above j.
-    std::vector<int> above;
     for (int k : dims) {
-      if (k > j) above.push_back(k);
+      if (k > j) stage.above.push_back(k);
     }
-    size_t combinations = 1;
-    for (int k : above) combinations *= static_cast<size_t>(grid.dims[k]);
+    for (int k : stage.above) stage.combinations *= static_cast<size_t>(grid.dims[k]);
+    stage.rings = dimensionRings(t, grid, j);
+    stage.ringOf.assign(t.size, -1);
     // The dimension rings of a stage have no rank in common: each numbers its rings' steps from
     // the stage's base (the rings of one, over the same ranks, need ranges apart), so the steps
     // grow with a ring's share of the job, not with the number of hosts.
-    const uint32_t base = nextStep;
-    uint32_t end = base;
-    for (const std::vector<int>& ring : dimensionRings(t, grid, j)) {
-      nextStep = base;
-      for (size_t index = 0; index < combinations; ++index) {
-        BlockRing br;
-        br.order = ring;
-        size_t rest = index;
-        for (int position = 0; position < static_cast<int>(ring.size()); ++position) {
-          std::vector<int> c = grid.coords[ring[0]];
-          c[j] = grid.coords[ring[position]][j];
-          size_t q = rest;
-          for (int k : above) {
-            c[k] = static_cast<int>(q % grid.dims[k]);
-            q /= grid.dims[k];
-          }
-          br.blocks.push_back(rankAt.at(c));
-        }
-        br.firstStep = nextStep;
-        nextStep += static_cast<uint32_t>(ring.size() - 1);
-        stage.rings.push_back(std::move(br));
-      }
-      end = std::max(end, nextStep);
+    stage.firstStep = nextStep;
+    uint64_t end = nextStep;
+    for (size_t i = 0; i < stage.rings.size(); ++i) {
+      for (int r : stage.rings[i]) stage.ringOf[r] = static_cast<int>(i);
+      end = std::max<uint64_t>(end, nextStep + stage.combinations * (stage.rings[i].size() - 1));
     }
-    nextStep = end;
-    if (!stage.rings.empty()) stages.push_back(std::move(stage));
+    if (end > tag::kMaxSteps) return {};
+    nextStep = static_cast<uint32_t>(end);
+    if (!stage.rings.empty()) plan.stages.push_back(std::move(stage));
   }
-  if (nextStep > tag::kMaxSteps) return {};
-  checkBlockStages(stages, t.size, reduceScatter);
-  return stages;
+  checkBlockStages(plan, t.size, reduceScatter);
+  return plan;
 }
 
-void checkBlockStages(const std::vector<BlockStage>& stages, int size, bool reduceScatter) {
-  // Allgather: which blocks each rank holds. Reduce-scatter: per rank and block, over how many
-  // ranks its partial sum runs (absent: not held).
-  std::vector<std::set<int>> holds(size);
-  std::vector<std::map<int, int>> sums(size);
-  for (int r = 0; r < size; ++r) {
-    holds[r].insert(r);
-    for (int b = 0; b < size; ++b) sums[r][b] = 1;
+size_t BlockPlan::placeOf(const std::vector<int>& c) const {
+  size_t at = 0, stride = 1;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    at += static_cast<size_t>(c[k]) * stride;
+    stride *= static_cast<size_t>(dims[k]);
   }
-  for (const BlockStage& stage : stages) {
-    for (const BlockRing& ring : stage.rings) {
-      const size_t n = ring.order.size();
-      if (n < 2 || ring.blocks.size() != n) throw Error("ddl: block plan ring is malformed");
-      for (size_t p = 0; p < n; ++p) {
-        int r = ring.order[p];
+  return at;
+}
+
+BlockRing BlockPlan::ring(size_t stage, int index, size_t q) const {
+  const BlockStage& s = stages.at(stage);
+  const std::vector<int>& order = s.rings.at(index);
+  BlockRing ring;
+  ring.order = order;
+  ring.firstStep = s.firstStep + static_cast<uint32_t>(q * (order.size() - 1));
+  std::vector<int> c = coords.at(order[0]);
+  for (int k : s.above) {
+    c[k] = static_cast<int>(q % static_cast<size_t>(dims[k]));
+    q /= static_cast<size_t>(dims[k]);
+  }
+  for (int r : order) {
+    c[s.dimension] = coords.at(r)[s.dimension];
+    ring.blocks.push_back(rankAt.at(placeOf(c)));
+  }
+  return ring;
+}
+
+std::vector<BlockRing> BlockPlan::ringsOf(size_t stage, int rank) const {
+  const BlockStage& s = stages.at(stage);
+  std::vector<BlockRing> rings;
+  if (rank < 0 || rank >= static_cast<int>(s.ringOf.size()) || s.ringOf[rank] < 0) return rings;
+  for (size_t q = 0; q < s.combinations; ++q) rings.push_back(ring(stage, s.ringOf[rank], q));
+  return rings;
+}
+
+void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter) {
+  for (const BlockStage& stage : plan.stages) {
+    if (static_cast<int>(stage.ringOf.size()) != size) {
+      throw Error("ddl: block plan stage has no ring index for every rank");
+    }
+    for (size_t i = 0; i < stage.rings.size(); ++i) {
+      if (stage.rings[i].size() < 2) throw Error("ddl: block plan ring is malformed");
+      for (int r : stage.rings[i]) {
         if (r < 0 || r >= size) throw Error("ddl: block plan names rank " + std::to_string(r));
-        if (reduceScatter) {
-          for (int b : ring.blocks) {
-            if (!sums[r].count(b)) {
-              throw Error("ddl: block plan reduces block " + std::to_string(b) + " on rank " +
-                          std::to_string(r) + ", which gave it away");
-            }
-          }
-        } else if (!holds[r].count(ring.blocks[p])) {
-          throw Error("ddl: block plan has rank " + std::to_string(r) + " send block " +
-                      std::to_string(ring.blocks[p]) + " it does not hold");
+        if (stage.ringOf[r] != static_cast<int>(i)) {
+          throw Error("ddl: block plan puts rank " + std::to_string(r) + " in two rings");
         }
-      }
-      if (reduceScatter) {
-        for (size_t p = 0; p < n; ++p) {
-          int total = 0;
-          for (int r : ring.order) total += sums[r].at(ring.blocks[p]);
-          for (int r : ring.order) sums[r].erase(ring.blocks[p]);
-          sums[ring.order[p]][ring.blocks[p]] = total;
-        }
-      } else {
-        for (int r : ring.order) holds[r].insert(ring.blocks.begin(), ring.blocks.end());
       }
     }
   }
-  for (int r = 0; r < size; ++r) {
-    bool ok = reduceScatter ? sums[r].count(r) && sums[r].at(r) == size
-                            : static_cast<int>(holds[r].size()) == size;
-    if (!ok) throw Error("ddl: block plan leaves rank " + std::to_string(r) + " incomplete");
+  // The blocks are followed a batch at a time, so that the check holds a bounded number of
+  // counts whatever P: per rank and block of the batch, allgather: whether the rank holds the
+  // block; reduce-scatter: over how many ranks its partial sum runs (0: not held).
+  constexpr size_t kCounts = size_t{1} << 20;
+  const int batch = static_cast<int>(std::max<size_t>(64, kCounts / static_cast<size_t>(size)));
+  std::vector<int32_t> held;
+  for (int first = 0; first < size; first += batch) {
+    const int width = std::min(batch, size - first);
+    held.assign(static_cast<size_t>(size) * width, reduceScatter ? 1 : 0);
+    auto at = [&](int r, int b) -> int32_t& {
+      return held[static_cast<size_t>(r) * width + (b - first)];
+    };
+    if (!reduceScatter) {
+      for (int b = first; b < first + width; ++b) at(b, b) = 1;
+    }
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const BlockStage& stage = plan.stages[s];
+      for (size_t i = 0; i < stage.rings.size(); ++i) {
+        for (size_t q = 0; q < stage.combinations; ++q) {
+          const BlockRing ring = plan.ring(s, static_cast<int>(i), q);
+          const size_t n = ring.order.size();
+          for (size_t p = 0; p < n; ++p) {
+            const int b = ring.blocks[p];
+            if (b < 0 || b >= size) throw Error("ddl: block plan names block " + std::to_string(b));
+            if (b < first || b >= first + width) continue;
+            if (reduceScatter) {
+              int32_t total = 0;
+              for (int r : ring.order) {
+                if (at(r, b) == 0) {
+                  throw Error("ddl: block plan reduces block " + std::to_string(b) + " on rank " +
+                              std::to_string(r) + ", which gave it away");
+                }
+                total += at(r, b);
+                at(r, b) = 0;
+              }
+              at(ring.order[p], b) = total;
+            } else {
+              if (at(ring.order[p], b) == 0) {
+                throw Error("ddl: block plan has rank " + std::to_string(ring.order[p]) +
+                            " send block " + std::to_string(b) + " it does not hold");
+              }
+              for (int r : ring.order) at(r, b) = 1;
+            }
+          }
+        }
+      }
+    }
+    for (int r = 0; r < size; ++r) {
+      bool ok = true;
+      if (reduceScatter) {
+        ok = r < first || r >= first + width || at(r, r) == size;
+      } else {
+        for (int b = first; b < first + width && ok; ++b) ok = at(r, b) == 1;
+      }
+      if (!ok) throw Error("ddl: block plan leaves rank " + std::to_string(r) + " incomplete");
+    }
   }
 }
 

@@ -9,6 +9,10 @@
 // above j = q and those below j equal to the ring's. Over each host link and direction an
 // allgather or reduce-scatter then carries N(H-1)/H bytes, where a flat ring in host order
 // carries N(P-1)/P.
+//
+// Spelled out, stage j holds P times the combinations above j ring positions (P^2 / H for the
+// first): too many at thousands of ranks. So the plan keeps the grid and each stage's dimension
+// rings, O(P) in all, and each rank spells out its own rings when it runs them (ringsOf).
 #pragma once
 
 #include <cstdint>
@@ -24,18 +28,39 @@ struct BlockRing {
                             // with; reduce-scatter: at the end)
   uint32_t firstStep = 0;   // tag steps [firstStep, firstStep + n - 1)
 };
+
 struct BlockStage {
   int dimension = 0;
-  std::vector<BlockRing> rings;
+  std::vector<std::vector<int>> rings;  // the dimension rings, group ranks by position
+  std::vector<int> ringOf;              // by rank: its dimension ring (-1: none)
+  std::vector<int> above;               // the dimensions above this one, with more than one place
+  size_t combinations = 1;              // of the coordinates above
+  uint32_t firstStep = 0;               // combination q of a ring of n: steps from
+                                        // firstStep + q (n - 1)
+};
+
+struct BlockPlan {
+  std::vector<int> dims;                 // the grid's
+  std::vector<std::vector<int>> coords;  // by rank
+  std::vector<int> rankAt;               // by coordinates, mixed radix (dimension 0 fastest)
+  std::vector<BlockStage> stages;
+  bool empty() const { return stages.empty(); }
+  size_t placeOf(const std::vector<int>& coordinates) const;  // its index in rankAt
+  // Combination q of the stage's ring `ring`.
+  BlockRing ring(size_t stage, int ring, size_t q) const;
+  // The rings `rank` runs in the stage, in order of combination.
+  std::vector<BlockRing> ringsOf(size_t stage, int rank) const;
 };
 
 // Empty when there is nothing to gain or it cannot be planned: one host, an irregular grid (the
 // flat ring serves those), or more steps than the tag holds.
-std::vector<BlockStage> planBlockStages(const Topology& topology, bool reduceScatter);
+BlockPlan planBlockStages(const Topology& topology, bool reduceScatter);
 
-// Throws ddl::Error unless replaying the stages leaves (allgather) every rank with every block,
-// or (reduce-scatter) rank r with block r summed over every rank.
-void checkBlockStages(const std::vector<BlockStage>& stages, int size, bool reduceScatter);
+// Throws ddl::Error unless replaying the stages, spelled out as the ranks run them, leaves
+// (allgather) every rank with every block, or (reduce-scatter) rank r with block r summed over
+// every rank. O(P) memory: one block followed at a time, through the one ring of each stage
+// that carries it.
+void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter);
 
 // This rank's place in the broadcast tree from `root`: binomial among one leader per host (the
 // root on its host, elsewhere the host's lowest rank), then binomial within each host from its

@@ -58,12 +58,12 @@ std::shared_ptr<const AllreducePlan> PlanBook::allreduce(size_t count, size_t el
   return plan;
 }
 
-std::shared_ptr<const std::vector<BlockStage>> PlanBook::blockStages(bool reduceScatter) {
+std::shared_ptr<const BlockPlan> PlanBook::blockStages(bool reduceScatter) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& stages = stages_[reduceScatter ? 1 : 0];
   if (!stages) {
-    stages = std::make_shared<const std::vector<BlockStage>>(
-        hierarchical_ ? planBlockStages(topology_, reduceScatter) : std::vector<BlockStage>{});
+    stages = std::make_shared<const BlockPlan>(
+        hierarchical_ ? planBlockStages(topology_, reduceScatter) : BlockPlan{});
   }
   return stages;
 }

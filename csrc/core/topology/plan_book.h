@@ -30,7 +30,7 @@ class PlanBook {
   // The allreduce plan for `count` elements of `elementSize` bytes (the latest kCache sizes kept).
   std::shared_ptr<const AllreducePlan> allreduce(size_t count, size_t elementSize);
   // The level-by-level stages of reduce-scatter or allgather (empty: the flat ring).
-  std::shared_ptr<const std::vector<BlockStage>> blockStages(bool reduceScatter);
+  std::shared_ptr<const BlockPlan> blockStages(bool reduceScatter);
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 
@@ -42,7 +42,7 @@ class PlanBook {
   const bool hierarchical_;
   std::mutex mutex_;
   std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;
-  std::shared_ptr<const std::vector<BlockStage>> stages_[2];
+  std::shared_ptr<const BlockPlan> stages_[2];
 };
 
 }  // namespace ddl
