@@ -81,11 +81,11 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_DEBUG_FILE", "",
      "where the log goes (%h: host name, %p: process id); empty: standard error"},
     {"TORCH_DDL_HEARTBEAT_MS", "250",
-     "every this many milliseconds a process sends each of a few peers (its successors at "
-     "distances 1, 2, 4, ... in each group) an 8-byte heartbeat; 0: none (a stopped process or a "
-     "lost host is then found only by the transport or the op timeout)"},
+     "every this many milliseconds a process sends each of a few peers (its successors and "
+     "predecessors at distances 1, 2, 4, ... in each group) an 8-byte heartbeat; 0: none (a "
+     "stopped process or a lost host is then found only by the transport or the op timeout)"},
     {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "2000",
-     "a watched peer (a predecessor at such a distance) silent this long is counted gone: its "
+     "a watched peer (one at such a distance) silent this long is counted gone: its "
      "groups fail naming it, on every rank, and the news spreads to the others"},
 };
 

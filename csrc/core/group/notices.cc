@@ -79,6 +79,18 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
 
 namespace {
 
+// A rank's successors and predecessors at distances 1, 2, 4, ... in a group of n: whom it beats
+// and watches.
+std::set<int> neighbours(int rank, int n) {
+  std::set<int> peers;
+  for (int step = 1; step < n; step <<= 1) {
+    peers.insert((rank + step) % n);
+    peers.insert((rank + n - step) % n);
+  }
+  peers.erase(rank);
+  return peers;
+}
+
 std::string joinRanks(const std::set<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
@@ -146,19 +158,17 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   if (group->size < 2) return;
   call([&] {
     controls_.push_back(control);
-    // Heartbeats: this rank beats its successors at distances 2^k and watches its predecessors.
+    // Heartbeats: this rank beats and watches its successors and predecessors at distances 2^k.
     Heartbeat& heartbeat = runtime_.heartbeat();
     if (!heartbeat.on()) return;
-    const int n = group->size;
-    for (int step = 1; step < n; step <<= 1) {
-      const int next = (group->rank + step) % n, prev = (group->rank + n - step) % n;
+    for (int peer : neighbours(group->rank, group->size)) {
       try {
-        heartbeat.beat(group->addresses[next], group->peer(next));
-        control->beats.push_back(group->addresses[next]);
+        heartbeat.beat(group->addresses[peer], group->peer(peer));
+        control->beats.push_back(group->addresses[peer]);
       } catch (const Error&) {  // no endpoint can be made: it is found gone by its watchers
       }
-      heartbeat.watch(group->addresses[prev], runtime_.clock().now());
-      control->watches.push_back(group->addresses[prev]);
+      heartbeat.watch(group->addresses[peer], runtime_.clock().now());
+      control->watches.push_back(group->addresses[peer]);
     }
   });
 }
@@ -372,12 +382,22 @@ void Engine::floodNews(GroupControl& control) {
   notice.gone = group.state->gone();
   notice.text = control.newsWhy;
   const std::string bytes = notice.encode();
+  // To the nearest rank not known gone at distance 2^k or more, each way: the survivors stay
+  // linked whatever block of relays died (a dead host's ring neighbours skip past it).
   const int n = group.size;
+  std::set<int> to;
   for (int step = 1; step < n; step <<= 1) {
-    const int to = (group.rank + step) % n;
-    if (std::binary_search(notice.gone.begin(), notice.gone.end(), to)) continue;
-    sendNoticeTo(control, notice, bytes, to);
+    for (int way : {1, -1}) {
+      for (int d = step; d < n; ++d) {
+        const int r = ((group.rank + way * d) % n + n) % n;
+        if (std::binary_search(notice.gone.begin(), notice.gone.end(), r)) continue;
+        to.insert(r);
+        break;
+      }
+    }
   }
+  to.erase(group.rank);
+  for (int r : to) sendNoticeTo(control, notice, bytes, r);
 }
 
 void Engine::tellGone(GroupControl& control, int rank) {

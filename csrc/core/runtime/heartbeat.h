@@ -7,12 +7,13 @@
 // nothing has come from it for the timeout (TORCH_DDL_HEARTBEAT_MS, 250; and
 // TORCH_DDL_HEARTBEAT_TIMEOUT_MS, 2000, in a process and in the simulator alike).
 //
-// Whom: each group makes every rank beat its successors at distances 1, 2, 4, ... (below the
-// group's size) and watch its predecessors at those distances; a process beats and watches the
-// union over its groups, once per peer. A rank is watched by log2(P) others, so a block of dead
-// ranks however long (a host, a rack) still has live watchers: a dead rank d's predecessor at
-// the first distance beyond the block is alive. Cost: log2(P) messages of 8 bytes per period
-// per process, the same endpoints the notice trees use.
+// Whom: each group makes every rank beat and watch its successors and predecessors at distances
+// 1, 2, 4, ... (below the group's size); a process beats and watches the union over its groups,
+// once per peer. A rank is watched by up to 2 log2(P) others, on both sides, so any block of dead
+// ranks shorter than half the group (a host, a rack) still has live watchers at its edges. Where
+// more die at once, a dead rank may have none; the survivors, without a quorum then, still learn
+// that the group failed from the ranks that were watched. Cost: 2 log2(P) messages of 8 bytes per
+// period per process, the same endpoints the news uses.
 //
 // A beat carries the sender's id (a digest of its address), which the receiver maps back to the
 // peer it watches. Beats are taken from the transport's unexpected messages (no receive is ever

@@ -75,20 +75,9 @@ void onRecv(void* ucxRequest, ucs_status_t status, const ucp_tag_recv_info_t* in
 UcxTransport::UcxTransport() {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  // A connection to another host whose peer is unreachable fails in under 2 s: data unacknowledged
-  // for 1.5 s (three retransmissions lost in a row), or an idle connection whose keepalive probes
-  // (after 1 s, every 0.25 s, 2 of them) go unanswered. A stopped peer's kernel still
-  // acknowledges, so it is left to the op's timeout. Where the user set one of these UCX
-  // variables, theirs stands.
-  for (const auto& [name, value] :
-       std::vector<std::pair<const char*, const char*>>{{"TCP_USER_TIMEOUT", "1.5s"},
-                                                        {"TCP_KEEPIDLE", "1s"},
-                                                        {"TCP_KEEPINTVL", "0.25s"},
-                                                        {"TCP_KEEPCNT", "2"}}) {
-    if (std::getenv((std::string("UCX_") + name).c_str()) == nullptr) {
-      ucp_config_modify(config, name, value);  // an older UCX without it keeps its default
-    }
-  }
+  // UCX's TCP timers are left at their defaults: a peer that stops answering (a lost host, a cut
+  // link, a stopped process) is found by ddl's heartbeats (runtime/heartbeat.h), on every
+  // transport, within TORCH_DDL_HEARTBEAT_TIMEOUT_MS.
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   // RMA: memory mapped for peers on the host (shared windows, see transport.h).
