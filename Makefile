@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale scale-real bench-scaling test-torch-next bench-data bench-easgd
+.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next bench-data bench-easgd
 
 all: build
 
@@ -81,16 +81,20 @@ test-python: build $(CLUSTER_TOOLS)
 # 2 - 3 s; SIGSTOP; the mismatch matrix; one rank's bad arguments; abort; torchrun restarts of
 # the example (5); PowerSGD and waiting callbacks against gloo; adoption under a memory limit;
 # shrink: a random rank killed, then shrink_group and 20 collectives against gloo (30 trials on
-# one host, 30 across emulated hosts), and the example's --survive under 3 torchrun nodes.
+# one host, 30 across emulated hosts), and the example's --survive under 3 torchrun nodes; a
+# whole host lost among three and the link between two hosts cut, 30 trials each (UCX's TCP
+# timers at their defaults: the heartbeats find it; the quorum side shrinks, the other is refused).
 faults: build $(CLUSTER_TOOLS)
 	DDL_FAULT_TRIALS=$${DDL_FAULT_TRIALS:-30} DDL_CLUSTER_FAULT_TRIALS=$${DDL_CLUSTER_FAULT_TRIALS:-30} \
 	DDL_RESTART_TRIALS=$${DDL_RESTART_TRIALS:-5} DDL_SHRINK_TRIALS=$${DDL_SHRINK_TRIALS:-30} \
+	DDL_CUT_TRIALS=$${DDL_CUT_TRIALS:-30} \
 	$(PY) -m pytest -q -p no:cacheprovider -rA \
 	  tests/python/test_faults.py tests/python/test_errors.py tests/python/test_adoption.py \
 	  tests/python/test_shrink.py tests/python/test_survive.py \
 	  "tests/python/test_cluster.py::test_random_rank_of_two_hosts_dies_then_the_survivors_shrink_and_go_on" \
 	  "tests/python/test_cluster.py::test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective" \
 	  "tests/python/test_cluster.py::test_a_rank_on_another_host_that_dies_or_is_cut_off_fails_the_survivors_in_seconds" \
+	  "tests/python/test_cluster.py::test_a_host_cut_off_the_quorum_side_shrinks_and_goes_on_the_other_is_refused" \
 	  "tests/python/test_launch.py::test_the_example_resumes_after_a_rank_fails_under_torchrun_restarts" \
 	  "tests/python/test_launch.py::test_torchrun_restarts_a_job_whose_rank_failed" \
 	  "tests/python/test_launch.py::test_destroy_and_init_again_in_the_same_processes" \
@@ -165,6 +169,20 @@ sim-scale: build
 	set -o pipefail; $(PY) benchmarks/sim_vs_model.py | tee benchmarks/results/sim_vs_model.txt
 	set -o pipefail; $(PY) benchmarks/sim_vs_model.py --candidates --max-colors 2 \
 	  | tee benchmarks/results/sim_vs_model_candidates.txt
+
+# The fault campaign (docs/faults.md): 10 000 scenarios drawn from seed 1, 8 to 1 024 ranks,
+# every invariant checked; then the bars of scale: a host of 1 024 ranks killed, two halves of 512
+# partitioned, each followed by the shrink (under an hour).
+campaign: build
+	@mkdir -p benchmarks/results
+	set -o pipefail; $(PY) -m torch_ddl.sim --campaign $${DDL_CAMPAIGN:-10000} --seed $${DDL_CAMPAIGN_SEED:-1} \
+	  | tee benchmarks/results/campaign.txt
+	set -o pipefail; for run in "--ranks 1024 --bytes 16M --kill 516-519@0.5 --shrink" \
+	    "--ranks 512 --bytes 1M --partition 256-511@0.5 --shrink"; do \
+	  echo "python -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8"; \
+	  TORCH_DDL_TRACE_ENTRIES=0 $(PY) -m torch_ddl.sim $$run --ranks-per-host 4 --hosts-per-rack 8 \
+	    || exit 1; \
+	done | tee benchmarks/results/campaign_scale.txt
 
 # The scaling study (docs/scaling.md): DDP's weak-scaling efficiency for ResNet-50/101 from 4 to
 # 1 024 GPUs, from the simulator, beside three published results (about an hour; cached).

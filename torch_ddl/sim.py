@@ -10,6 +10,17 @@ collective and prints, last, one line:
     python -m torch_ddl.sim --ranks 1024 --bytes 100M --kill 517@0.5    # a rank dies mid-op
     python -m torch_ddl.sim --ranks 1024 --bytes 16M --kill 516-519@0.5 --shrink
                                   # a host of 4 dies; the survivors shrink and go on
+    python -m torch_ddl.sim --ranks 512 --partition 256-511@0.5 --shrink
+                                  # two halves: the one with rank 0 goes on, the other fails
+    python -m torch_ddl.sim --ranks 64 --stall 9@0.5:5000   # rank 9 stops turning for 5 s
+    python -m torch_ddl.sim --ranks 64 --slow 9:10 --slow-link 3:4  # a slow rank, a slow NIC
+    python -m torch_ddl.sim --campaign 10000 --seed 1       # the fault campaign (docs/faults.md)
+    python -m torch_ddl.sim --scenario 3bde7e46dc889404     # one scenario of it, alone
+
+A campaign draws whole scenarios from its seed (a machine, a sequence of ops, faults, the
+survivors' response), runs each on the real engine and checks every invariant; its last line is
+
+    CAMPAIGN scenarios=N hangs=H wrong=W unnamed=U split=S slow_news=L over_budget=B wall_s=T
 
 Link figures use TORCH_DDL_LINKS's syntax (dimension:latency:bandwidth; 0 within a host, 1
 between hosts of a rack, 2 between racks): the planner and the network see the same machine.
@@ -70,6 +81,26 @@ def parse_kill(text):
     return ranks, at
 
 
+def parse_stall(text):
+    """RANK@FRACTION[:MS]: MS omitted, the rank never turns again."""
+    match = re.fullmatch(r"\s*(\d+)\s*@\s*([0-9.]+)\s*(?::\s*(\d+)\s*)?", text)
+    if not match or not 0 <= float(match.group(2)) <= 1:
+        raise argparse.ArgumentTypeError(
+            f"--stall {text}: give RANK@FRACTION[:MS], e.g. 9@0.5:5000 (MS omitted: for good)")
+    return int(match.group(1)), float(match.group(2)), (
+        float(match.group(3)) if match.group(3) else -1.0)
+
+
+def parse_factor(flag):
+    def parse(text):
+        match = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.]+)\s*", text)
+        if not match or float(match.group(2)) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text}: give WHICH:FACTOR with FACTOR at least 1, e.g. 9:10")
+        return int(match.group(1)), float(match.group(2))
+    return parse
+
+
 def describe_ranks(ranks):
     """[516, 517, 518, 519, 7] -> '7,516-519'."""
     ranks, out, i = sorted(ranks), [], 0
@@ -108,6 +139,20 @@ def main(argv=None):
     p.add_argument("--kill", type=parse_kill, default=None, metavar="RANKS@FRACTION",
                    help="the ranks (a rank, a list or a range: 517, 3,9, 516-519) die at once "
                         "when FRACTION of the fault-free op's time has passed")
+    p.add_argument("--partition", type=parse_kill, default=None, metavar="RANKS@FRACTION",
+                   help="cut these ranks off from the rest (quietly) at FRACTION of the op")
+    p.add_argument("--stall", type=parse_stall, default=None, metavar="RANK@FRACTION[:MS]",
+                   help="the rank stops turning for MS milliseconds (omitted: for good)")
+    p.add_argument("--slow", type=parse_factor("--slow"), default=None, metavar="RANK:FACTOR",
+                   help="the rank computes FACTOR times slower")
+    p.add_argument("--slow-link", type=parse_factor("--slow-link"), default=None,
+                   metavar="HOST:FACTOR", help="the host's NIC is FACTOR times slower")
+    p.add_argument("--campaign", type=int, default=0, metavar="N",
+                   help="run N scenarios drawn from --seed, checking every invariant")
+    p.add_argument("--max-ranks", type=int, default=1024,
+                   help="a campaign passes over scenarios drawn larger")
+    p.add_argument("--scenario", default=None, metavar="SEED",
+                   help="replay one scenario of a campaign by its seed (hex)")
     p.add_argument("--shrink", action="store_true",
                    help="after --kill, the survivors shrink the group (each excluding the ranks "
                         "it knows are gone) and run 20 collectives of mixed kinds on it")
@@ -115,6 +160,10 @@ def main(argv=None):
     p.add_argument("--verbose", action="store_true", help="creation and failure details")
     args = p.parse_args(argv)
 
+    if args.scenario is not None:
+        return run_scenario(args.scenario)
+    if args.campaign:
+        return run_campaign(args.campaign, args.seed, args.max_ranks, args.verbose)
     host_sizes = [int(h) for h in args.hosts.split(",") if h.strip()] if args.hosts else []
     ranks = sum(host_sizes) if host_sizes else args.ranks
     if ranks < 1:
@@ -126,8 +175,23 @@ def main(argv=None):
         p.error(f"--kill {describe_ranks(kill_ranks)}: there are {ranks} ranks")
     if len(kill_ranks) >= ranks:
         p.error(f"--kill {describe_ranks(kill_ranks)}: no rank would survive")
-    if args.shrink and not kill_ranks:
-        p.error("--shrink needs --kill (the survivors of a fault shrink)")
+    side, side_fraction = args.partition if args.partition else ([], 0.5)
+    if any(r >= ranks for r in side):
+        p.error(f"--partition {describe_ranks(side)}: there are {ranks} ranks")
+    if side and len(side) >= ranks:
+        p.error(f"--partition {describe_ranks(side)}: the other side would be empty")
+    if args.shrink and not (kill_ranks or side or args.stall):
+        p.error("--shrink needs a fault (--kill, --partition or --stall): its survivors shrink")
+    faults = {}
+    if side:
+        faults.update(partition_ranks=side, partition_fraction=side_fraction)
+    if args.stall:
+        faults.update(stall_rank=args.stall[0], stall_fraction=args.stall[1],
+                      stall_ms=args.stall[2])
+    if args.slow:
+        faults.update(slow_rank=args.slow[0], slow_factor=args.slow[1])
+    if args.slow_link:
+        faults.update(slow_host=args.slow_link[0], slow_host_factor=args.slow_link[1])
     try:
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
@@ -135,7 +199,7 @@ def main(argv=None):
             copy_bw=args.copy_bw, payload=payload, timeout_ms=args.timeout_ms,
             collective=args.collective, bytes=args.bytes, seed=args.seed, kill_ranks=kill_ranks,
             kill_fraction=kill_fraction, shrink=args.shrink, algo=args.algo, colors=args.colors, rings=args.rings,
-            waves=args.waves))
+            waves=args.waves, **faults))
     except ValueError as error:
         print(f"torch_ddl.sim: {error}", file=sys.stderr)
         return 2
@@ -158,6 +222,13 @@ def main(argv=None):
                 print(f"not knowing every rank of {killed}: {r['unnamed_error']}")
         print(f"KILL ranks={killed} named={r['named']} of {r['survivors']} "
               f"by_us={r['named_by_us']:.1f} failure_messages={r['failure_messages']}")
+    if side:
+        print(f"PARTITION ranks={describe_ranks(side)} named={r['named']} of {r['survivors']} "
+              f"by_us={r['named_by_us']:.1f} failure_messages={r['failure_messages']}")
+    if args.stall:
+        how = "for good" if args.stall[2] < 0 else f"for {args.stall[2]:.0f} ms"
+        print(f"STALL rank={args.stall[0]} {how.replace(' ', '_')} named={r['named']} of "
+              f"{r['survivors']} by_us={r['named_by_us']:.1f}")
     if args.shrink:
         if args.verbose:
             print(f"shrink: {r['shrink_attempts']} attempt(s)")
@@ -171,6 +242,48 @@ def main(argv=None):
           f"model_us={r['model_us']:.1f} store_requests={r['store_requests']} "
           f"max_endpoints={r['max_endpoints']} messages={r['messages']} wall_s={r['wall_s']:.2f}")
     return 1 if (r["checked"] and r["mismatch"]) or failed else 0
+
+
+def replay_command(seed):
+    return f"python -m torch_ddl.sim --scenario {seed:016x}"
+
+
+def describe_result(r):
+    return (f"scenario {r['seed']:016x}: {r['why'] or 'every invariant holds'}\n"
+            f"  {r['description']}\n  replay: {replay_command(r['seed'])}")
+
+
+def run_scenario(text):
+    try:
+        seed = int(text, 16)
+    except ValueError:
+        print(f"torch_ddl.sim: --scenario {text}: give the scenario's seed in hex", file=sys.stderr)
+        return 2
+    r = _C.scenario(seed)
+    print(describe_result(r))
+    news = f" news_us={r['news_us']:.1f}" if r["news_us"] else ""
+    print(f"SCENARIO seed={seed:016x} ranks={r['ranks']} failed={int(r['failed'])} "
+          f"groups={r['groups']} members={r['shrink_ranks']}{news} "
+          f"failure_messages={r['failure_messages']} max_endpoints={r['max_endpoints']} "
+          f"digest={r['digest']:016x}")
+    return 1 if r["failed"] else 0
+
+
+def run_campaign(count, seed, max_ranks, verbose):
+    def progress(i, r):
+        if verbose or r["failed"]:
+            print(f"{i}: {describe_result(r)}" if r["failed"] else
+                  f"{i}: scenario {r['seed']:016x} ok ({r['ranks']} ranks)", flush=True)
+    report = _C.campaign(seed, count, max_ranks, progress)
+    print(f"{'fault':<10} {'scenarios':>9} {'failed':>6}")
+    for kind, scenarios, failed in report["kinds"]:
+        print(f"{kind:<10} {scenarios:>9} {failed:>6}")
+    print(f"TRACE digest={report['digest']:016x}")
+    print(f"CAMPAIGN scenarios={report['scenarios']} hangs={report['hangs']} "
+          f"wrong={report['wrong']} unnamed={report['unnamed']} split={report['split']} "
+          f"slow_news={report['slow_news']} over_budget={report['over_budget']} "
+          f"wall_s={report['wall_s']:.1f}")
+    return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":

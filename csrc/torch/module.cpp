@@ -5,10 +5,10 @@
 #include "../core/base/config.h"
 #include "../core/group/engine.h"
 #include "../core/runtime/trace.h"
-#include "../core/sim/simulate.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
+#include "sim_bindings.hpp"
 
 namespace py = pybind11;
 
@@ -116,75 +116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     });
   });
 
-  // The simulated cluster (torch_ddl.sim): one run, as a dict of its figures.
-  m.def("simulate", [](const py::dict& a) {
-    ddl::SimRequest q;
-    q.cluster.hostSizes = a["host_sizes"].cast<std::vector<int>>();
-    q.cluster.ranks = a["ranks"].cast<int>();
-    q.cluster.ranksPerHost = a["ranks_per_host"].cast<int>();
-    q.cluster.hostsPerRack = a["hosts_per_rack"].cast<int>();
-    q.cluster.links = a["links"].cast<std::string>();
-    q.cluster.reduceBandwidth = a["reduce_bw"].cast<double>();
-    q.cluster.copyBandwidth = a["copy_bw"].cast<double>();
-    q.cluster.payload = a["payload"].cast<bool>();
-    q.cluster.timeout = std::chrono::milliseconds(a["timeout_ms"].cast<int64_t>());
-    q.collective = a["collective"].cast<std::string>();
-    q.bytes = a["bytes"].cast<size_t>();
-    q.seed = a["seed"].cast<uint64_t>();
-    q.killRanks = a["kill_ranks"].cast<std::vector<int>>();
-    q.shrink = a.contains("shrink") && a["shrink"].cast<bool>();
-    q.killFraction = a["kill_fraction"].cast<double>();
-    ddl::PlanRequest plan = ddl::Communicator::planRequest();
-    const std::string algo = a["algo"].cast<std::string>();
-    const std::optional<ddl::AllreduceAlgorithm> named = ddl::allreduceAlgorithmNamed(algo);
-    if (!named || *named == ddl::AllreduceAlgorithm::kTrivial) {
-      throw py::value_error("unknown algorithm '" + algo + "'");
-    }
-    plan.algorithm = *named;
-    plan.colors = a["colors"].cast<int>();
-    plan.waves = a["waves"].cast<int>();
-    if (a.contains("rings")) plan.rings = a["rings"].cast<int>();
-    q.cluster.plan = plan;
-    ddl::SimReport r;
-    {
-      py::gil_scoped_release released;
-      r = valueErrors([&] { return ddl::simulate(q); });
-    }
-    py::dict out;
-    out["ranks"] = r.ranks;
-    out["algo"] = r.algorithm;
-    out["bytes"] = r.bytes;
-    out["sim_us"] = r.simMicros;
-    out["model_us"] = r.modelMicros;
-    out["store_requests"] = r.storeRequests;
-    out["max_endpoints"] = r.maxEndpoints;
-    out["messages"] = r.messages;
-    out["creation_messages"] = r.creationMessages;
-    out["creation_us"] = r.creationMicros;
-    out["events"] = r.events;
-    out["digest"] = r.digest;
-    out["busiest"] = py::make_tuple(r.busiest[0], r.busiest[1], r.busiest[2]);
-    out["checked"] = r.checked;
-    out["mismatch"] = r.mismatch;
-    out["survivors"] = r.survivors;
-    out["named"] = r.named;
-    out["named_by_us"] = r.namedByMicros;
-    out["failure_messages"] = r.failureMessages;
-    out["killed_at_us"] = r.killedAtMicros;
-    out["completed"] = r.completed;
-    out["kill_digest"] = r.killDigest;
-    out["shrink_groups"] = r.shrinkGroups;
-    out["shrink_members"] = r.shrinkMembers;
-    out["shrink_us"] = r.shrinkMicros;
-    out["shrink_ops_ok"] = r.shrinkOpsOk;
-    out["shrink_ops"] = ddl::SimRequest::kShrinkOps;
-    out["shrink_error"] = r.shrinkError;
-    out["shrink_attempts"] = r.shrinkAttempts;
-    out["first_error"] = r.firstError;
-    out["unnamed_error"] = r.unnamedError;
-    out["wall_s"] = r.wallSeconds;
-    return out;
-  });
+  ddl::defineSimulator(m);
 
   m.def("config_table", [] {
     py::list rows;

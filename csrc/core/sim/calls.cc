@@ -18,6 +18,7 @@ bool inputPerBlock(const std::string& c) {
 }
 
 bool outputPerBlock(const std::string& c) {
+  if (c == "sendrecv") return false;
   return c == "allgather" || c == "gather" || c == "alltoall";
 }
 
@@ -62,20 +63,42 @@ size_t SimCallBuffers::blocksOut() const {
 
 float SimCallBuffers::input(int rank, size_t i) const { return valueOf(call_.seed, rank, i); }
 
-std::shared_ptr<Work> SimCallBuffers::start(Communicator& comm, CallOptions options) {
+std::shared_ptr<Work> SimCallBuffers::start(Communicator& comm, CallOptions options,
+                                            const SimCall* other) {
   const int r = comm.rank();
-  void* in = payload_ ? static_cast<void*>(in_[r].data()) : SimMemory::placeholder(0);
-  void* out = payload_ ? static_cast<void*>(out_[r].data()) : SimMemory::placeholder(0);
-  const DataType f = DataType::kFloat32;
-  const std::string& c = call_.collective;
-  const size_t k = call_.count;
+  const SimCall& call = other != nullptr ? *other : call_;
+  // A call that differs gets buffers of its own size (its result is not checked).
+  std::vector<float>* scratch = nullptr;
+  if (other != nullptr && payload_) {
+    auto held = std::make_shared<std::vector<std::vector<float>>>(
+        2, std::vector<float>(std::max(call.count, call_.count) * (size_ + 1), 0.0f));
+    options.work->retain(held);
+    scratch = held->data();
+  }
+  void* in = scratch != nullptr ? static_cast<void*>(scratch[0].data())
+             : payload_         ? static_cast<void*>(in_[r].data())
+                                : SimMemory::placeholder(0);
+  void* out = scratch != nullptr ? static_cast<void*>(scratch[1].data())
+              : payload_         ? static_cast<void*>(out_[r].data())
+                                 : SimMemory::placeholder(0);
+  const DataType f = call.type;
+  const std::string& c = call.collective;
+  const size_t k = call.count;
+  if (c == "sendrecv") {
+    const int n = comm.size();
+    if (n < 2) return comm.barrier(options);
+    std::vector<Communicator::Transfer> transfers(2);
+    transfers[0] = {true, in, k * sizeof(float), (r + 1) % n, 7};
+    transfers[1] = {false, out, k * sizeof(float), (r + n - 1) % n, 7};
+    return comm.pointToPoint(std::move(transfers), options);
+  }
   if (c == "allreduce") return comm.allreduce(in, k, f, ReduceOp::kSum, options);
-  if (c == "broadcast") return comm.broadcast(in, k, f, call_.root, options);
+  if (c == "broadcast") return comm.broadcast(in, k, f, call.root, options);
   if (c == "allgather") return comm.allgather(in, out, k, f, options);
   if (c == "reduce_scatter") return comm.reduceScatter(in, k, f, ReduceOp::kSum, options);
-  if (c == "reduce") return comm.reduce(in, out, k, f, ReduceOp::kSum, call_.root, options);
-  if (c == "gather") return comm.gather(in, out, k, f, call_.root, options);
-  if (c == "scatter") return comm.scatter(in, out, k, f, call_.root, options);
+  if (c == "reduce") return comm.reduce(in, out, k, f, ReduceOp::kSum, call.root, options);
+  if (c == "gather") return comm.gather(in, out, k, f, call.root, options);
+  if (c == "scatter") return comm.scatter(in, out, k, f, call.root, options);
   if (c == "barrier") return comm.barrier(options);
   if (c == "alltoall") {
     AlltoallLayout layout;
@@ -111,7 +134,9 @@ std::string SimCallBuffers::check(int r) const {
   };
   for (size_t i = 0; i < k; ++i) {
     float got = 0, want = 0;
-    if (c == "allreduce") {
+    if (c == "sendrecv") {
+      got = out_[r][i], want = input((r + n - 1) % n, i);
+    } else if (c == "allreduce") {
       got = in_[r][i], want = sum(i);
     } else if (c == "broadcast") {
       got = in_[r][i], want = input(call_.root, i);

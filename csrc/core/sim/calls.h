@@ -13,12 +13,14 @@
 namespace ddl {
 
 struct SimCall {
-  // allreduce, broadcast, allgather, reduce_scatter, reduce, gather, scatter, alltoall, barrier
+  // allreduce, broadcast, allgather, reduce_scatter, reduce, gather, scatter, alltoall, barrier,
+  // and sendrecv (point to point: each rank sends to the next and receives from the previous)
   std::string collective = "allreduce";
   size_t count = 0;  // float32 elements (per rank and block where each rank has blocks)
   int root = 0;
   uint64_t seed = 1;
-  std::string describe() const;  // "allreduce of 1024 floats"
+  DataType type = DataType::kFloat32;  // what the call says (the bytes are float32's)
+  std::string describe() const;        // "allreduce of 1024 floats"
 };
 
 // The collectives SimCall knows.
@@ -28,8 +30,10 @@ class SimCallBuffers {
  public:
   // The buffers of a group of `size` ranks (with payload; without, addresses nothing may touch).
   SimCallBuffers(const SimCall& call, int size, bool payload);
-  // What rank `rank` (of the group) calls on `comm`.
-  std::shared_ptr<Work> start(Communicator& comm, CallOptions options);
+  // What rank `rank` (of the group) calls on `comm`: this call, or `other` where that rank's
+  // call differs (a rank that disagrees; its result is not checked).
+  std::shared_ptr<Work> start(Communicator& comm, CallOptions options,
+                              const SimCall* other = nullptr);
   // The first wrong element of `rank`'s result, "" when it is right (or nothing was carried).
   std::string check(int rank) const;
 

@@ -171,6 +171,7 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
   outcome.began = network_->now();
   outcome.ended.resize(n);
   outcome.errors.resize(n);
+  outcome.statuses.resize(n);
   std::vector<std::shared_ptr<Work>> works(n);
   // The hooks may run after this returns (a dead rank's op ends when its engine is destroyed).
   auto ended = std::make_shared<std::vector<std::optional<TimePoint>>>(n);
@@ -190,18 +191,71 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
   // Checked after every event: a count, and a look at each rank only while no more ops run than
   // ranks have died (the dead never end theirs).
   auto allEnded = [&] {
-    if (*running > network_->deaths()) return false;
+    if (!waitFor && *running > network_->deaths()) return false;
     for (int r = 0; r < n; ++r) {
-      if (works[r] && !works[r]->done() && !network_->dead(r)) return false;
+      if (works[r] && !works[r]->done() && !network_->dead(r) && (!waitFor || waitFor(r))) {
+        return false;
+      }
     }
     return true;
   };
   outcome.finished = network_->run(allEnded, outcome.began + limit);
   outcome.ended = *ended;
   for (int r = 0; r < n; ++r) {
-    if (works[r] && works[r]->done() && works[r]->failed()) outcome.errors[r] = works[r]->error();
+    if (works[r] && works[r]->done()) {
+      outcome.statuses[r] = works[r]->status();
+      if (works[r]->failed()) outcome.errors[r] = works[r]->error();
+    }
   }
   return outcome;
+}
+
+SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::milliseconds limit) {
+  const int n = size();
+  Shrink result;
+  result.groups.resize(n);
+  auto waited = [this](int r) { return !waitFor || waitFor(r); };
+  for (int attempt = 0; attempt < Shrink::kAttempts; ++attempt) {
+    if (attempt > 0) runUntil([] { return false; }, std::chrono::milliseconds(100));  // news
+    std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+    for (int r = 0; r < n; ++r) {
+      if (!trying[r]) continue;
+      try {
+        pending[r] = comm(r).beginShrink(comm(r).goneRanks());
+      } catch (const Error& e) {
+        trying[r] = false;  // no quorum, or arguments refused: this rank gives up
+        result.lastError = "rank " + std::to_string(r) + ": " + e.what();
+      }
+    }
+    runUntil(
+        [&] {
+          for (int r = 0; r < n; ++r) {
+            if (pending[r] && waited(r) && !pending[r]->work->done()) return false;
+          }
+          return true;
+        },
+        limit);
+    bool again = false;
+    for (int r = 0; r < n; ++r) {
+      if (!pending[r]) continue;
+      if (!pending[r]->work->done()) {
+        result.unfinished.push_back(r);
+        trying[r] = false;
+        continue;
+      }
+      try {
+        result.groups[r] = Communicator::finishDerivation(*pending[r]);
+        trying[r] = false;
+      } catch (const Error& e) {
+        result.lastError = "rank " + std::to_string(r) + ": " + e.what();
+        trying[r] = e.kind() == StatusKind::kMismatch || e.kind() == StatusKind::kPeerLost;
+        again = again || trying[r];
+      }
+    }
+    result.attempts = attempt + 1;
+    if (!again) break;
+  }
+  return result;
 }
 
 }  // namespace ddl

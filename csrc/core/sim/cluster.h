@@ -63,6 +63,7 @@ class SimCluster {
     TimePoint began;
     std::vector<std::optional<TimePoint>> ended;  // by rank; empty where it has not
     std::vector<std::string> errors;              // by rank; "" for success
+    std::vector<Status> statuses;                 // by rank: how each op ended
     bool finished = false;                        // every live rank's op ended
   };
   using Start = std::function<std::shared_ptr<Work>(int rank, Communicator&, CallOptions)>;
@@ -73,8 +74,24 @@ class SimCluster {
               std::chrono::milliseconds limit);
   // Runs the event loop until `done()` holds or `limit` of virtual time has passed.
   bool runUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
+  // Ranks whose op runs on: not dead, and not stalled for good (a rank the run must wait for).
+  std::function<bool(int)> waitFor;
   // The group of every rank (createGroup), by cluster rank.
   std::vector<Communicator*> members();
+
+  // The survivors of a failed group shrink, as a job does: each rank in `trying` excludes the
+  // ranks its group knows are gone; where an attempt fails because the views differ or a member
+  // turns out gone (the news was still on its way), it tries again a moment later with what it
+  // knows then; one without a quorum gives up. Each attempt runs until every shrink that
+  // `waitFor` waits for has ended, or `limit`.
+  struct Shrink {
+    static constexpr int kAttempts = 5;
+    std::vector<std::shared_ptr<Communicator>> groups;  // by cluster rank (null: none formed)
+    std::vector<int> unfinished;                        // ranks whose shrink never ended
+    int attempts = 0;
+    std::string lastError;  // "rank R: why"
+  };
+  Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit);
 
   // The most endpoints any rank has opened.
   int maxEndpoints() const;

@@ -53,55 +53,20 @@ std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
   return calls;
 }
 
-// The shrink after the kill, as a job makes it: each survivor excludes the ranks its group knows
-// are gone; where an attempt fails because the views differ or a member turns out gone (the
-// news was still on its way), the survivors try again a moment later with what they know then;
-// one that holds no quorum gives up. Then the collectives on the group it formed.
+// The shrink after the kill, as a job makes it (SimCluster::shrink), then the collectives on the
+// group it formed.
 void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report) {
   const int n = cluster.size();
   const std::chrono::milliseconds limit = request.cluster.timeout * 2;
-  std::vector<std::shared_ptr<Communicator>> derived(n);
   std::vector<bool> trying(n, false);
-  for (int r = 0; r < n; ++r) trying[r] = !cluster.network().dead(r);
-  std::string lastError;
-  const TimePoint began = cluster.network().now();
-  for (int attempt = 0; attempt < SimRequest::kShrinkAttempts; ++attempt) {
-    if (attempt > 0) {  // a moment for the news
-      cluster.runUntil([] { return false; }, std::chrono::milliseconds(100));
-    }
-    std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
-    for (int r = 0; r < n; ++r) {
-      if (!trying[r]) continue;
-      Communicator& comm = cluster.comm(r);
-      try {
-        pending[r] = comm.beginShrink(comm.goneRanks());
-      } catch (const Error& e) {
-        trying[r] = false;  // no quorum, or arguments refused: this rank gives up
-        lastError = "rank " + std::to_string(r) + ": " + e.what();
-      }
-    }
-    cluster.runUntil(
-        [&] {
-          return std::all_of(pending.begin(), pending.end(),
-                             [](const auto& d) { return !d || d->work->done(); });
-        },
-        limit);
-    bool again = false;
-    for (int r = 0; r < n; ++r) {
-      if (!pending[r]) continue;
-      try {
-        derived[r] = Communicator::finishDerivation(*pending[r]);
-        trying[r] = false;
-      } catch (const Error& e) {
-        lastError = "rank " + std::to_string(r) + ": " + e.what();
-        const StatusKind kind = e.kind();
-        trying[r] = kind == StatusKind::kMismatch || kind == StatusKind::kPeerLost;
-        again = again || trying[r];
-      }
-    }
-    report->shrinkAttempts = attempt + 1;
-    if (!again) break;
+  for (int r = 0; r < n; ++r) {
+    trying[r] = !cluster.network().dead(r) && !(r == request.stallRank && request.stallMillis < 0);
   }
+  const TimePoint began = cluster.network().now();
+  SimCluster::Shrink shrink = cluster.shrink(trying, limit);
+  const std::vector<std::shared_ptr<Communicator>>& derived = shrink.groups;
+  const std::string& lastError = shrink.lastError;
+  report->shrinkAttempts = shrink.attempts;
   report->shrinkMicros = micros(began, cluster.network().now());
   std::set<uint32_t> ids;
   std::vector<Communicator*> members(n, nullptr);
@@ -140,6 +105,27 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
   }
 }
 
+// The slow rank and link of the request (they are part of the machine, in every run).
+void slowDown(const SimRequest& request, SimCluster& cluster) {
+  if (request.slowRank >= 0) {
+    if (request.slowRank >= cluster.size()) {
+      throw Error("ddl: cannot slow rank " + std::to_string(request.slowRank) + " of " +
+                      std::to_string(cluster.size()),
+                  StatusKind::kInvalidArgument);
+    }
+    cluster.network().slow(request.slowRank, request.slowFactor);
+  }
+  if (request.slowLinkHost >= 0) {
+    const int hosts = static_cast<int>(cluster.layout().rackOf.size());
+    if (request.slowLinkHost >= hosts) {
+      throw Error("ddl: cannot slow the link of host " + std::to_string(request.slowLinkHost) +
+                      ": there are " + std::to_string(hosts),
+                  StatusKind::kInvalidArgument);
+    }
+    cluster.network().slowLink(request.slowLinkHost, request.slowLinkFactor);
+  }
+}
+
 }  // namespace
 
 SimReport simulate(const SimRequest& request) {
@@ -151,6 +137,7 @@ SimReport simulate(const SimRequest& request) {
   double faultFree = 0;
   {
     SimCluster cluster(request.cluster);
+    slowDown(request, cluster);
     report.ranks = cluster.size();
     const TimePoint created = cluster.network().now();
     cluster.createGroup();
@@ -191,24 +178,55 @@ SimReport simulate(const SimRequest& request) {
       }
     }
   }
-  if (!request.killRanks.empty()) {
+  if (request.faulted()) {
     SimCluster cluster(request.cluster);
+    slowDown(request, cluster);
     std::set<int> killed(request.killRanks.begin(), request.killRanks.end());
-    for (int r : killed) {
+    const std::set<int> side(request.partitionRanks.begin(), request.partitionRanks.end());
+    auto valid = [&](int r, const char* what) {
       if (r < 0 || r >= cluster.size()) {
-        throw Error(
-            "ddl: cannot kill rank " + std::to_string(r) + " of " + std::to_string(cluster.size()),
-            StatusKind::kInvalidArgument);
+        throw Error("ddl: cannot " + std::string(what) + " rank " + std::to_string(r) + " of " +
+                        std::to_string(cluster.size()),
+                    StatusKind::kInvalidArgument);
       }
+    };
+    for (int r : killed) valid(r, "kill");
+    for (int r : side) valid(r, "cut off");
+    if (request.stallRank >= 0) valid(request.stallRank, "stall");
+    const bool stalledForGood = request.stallRank >= 0 && request.stallMillis < 0;
+    if (stalledForGood) {
+      cluster.waitFor = [&request](int r) { return r != request.stallRank; };
     }
     cluster.createGroup();
     SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
     const uint64_t noticesBefore = cluster.network().messagesOfSlot(noticeSlot);
     const TimePoint began = cluster.network().now();
-    const auto at = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::duration<double, std::micro>(faultFree * request.killFraction));
-    cluster.network().kill(std::vector<int>(killed.begin(), killed.end()), began + at);
+    auto atFraction = [&](double fraction) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double, std::micro>(faultFree * fraction));
+    };
+    // The first fault's time, from which the news is counted.
+    std::chrono::nanoseconds at = std::chrono::nanoseconds::max();
+    if (!killed.empty()) {
+      at = atFraction(request.killFraction);
+      cluster.network().kill(std::vector<int>(killed.begin(), killed.end()), began + at);
+    }
+    if (!side.empty()) {
+      at = std::min(at, atFraction(request.partitionFraction));
+      cluster.network().partition(request.partitionRanks,
+                                  began + atFraction(request.partitionFraction));
+    }
+    if (request.stallRank >= 0) {
+      const TimePoint from = began + atFraction(request.stallFraction);
+      at = std::min(at, atFraction(request.stallFraction));
+      cluster.network().stall(
+          request.stallRank, from,
+          stalledForGood
+              ? TimePoint::max()
+              : from + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::duration<double, std::milli>(request.stallMillis)));
+    }
     report.killedAtMicros = std::chrono::duration<double, std::micro>(at).count();
     SimCluster::Outcome outcome = cluster.run(
         [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
@@ -217,7 +235,8 @@ SimReport simulate(const SimRequest& request) {
     // dead ranks' data was in) raises at its next call: the group has failed. Each makes one.
     std::vector<int> finished;
     for (int r = 0; r < cluster.size(); ++r) {
-      if (!killed.count(r) && outcome.ended[r] && outcome.errors[r].empty()) {
+      if (!killed.count(r) && outcome.ended[r] &&
+          outcome.errors[r].empty()) {  // (not a stalled one)
         finished.push_back(r);
         const std::string wrong = buffers.check(r);
         if (!wrong.empty() && report.mismatch.empty()) report.mismatch = wrong;
@@ -243,33 +262,43 @@ SimReport simulate(const SimRequest& request) {
       cluster.runUntil([] { return false; }, std::chrono::duration_cast<std::chrono::milliseconds>(
                                                  bound - cluster.network().now()));
     }
+    // What rank r should know gone: the killed ranks; across a partition, the other side; the
+    // stalled rank.
+    auto toKnow = [&](int r) {
+      std::set<int> gone = killed;
+      if (!side.empty()) {
+        for (int q = 0; q < cluster.size(); ++q) {
+          if (side.count(q) != side.count(r)) gone.insert(q);
+        }
+      }
+      if (request.stallRank >= 0 && r != request.stallRank) gone.insert(request.stallRank);
+      return gone;
+    };
     for (int r = 0; r < cluster.size(); ++r) {
       if (killed.count(r)) continue;
       ++report.survivors;
       const Communicator& comm = cluster.comm(r);
       const std::string& error = outcome.errors[r];
-      std::optional<TimePoint> knewAll = began;
+      TimePoint knewAll = began;
       int known = 0;
-      for (int k : killed) {
+      const std::set<int> gone = toKnow(r);
+      for (int k : gone) {
         std::optional<TimePoint> since = comm.goneSince(k);
-        if (!since) {
-          knewAll.reset();
-          continue;
-        }
+        if (!since) continue;
         ++known;
-        if (knewAll) knewAll = std::max(*knewAll, *since);
+        knewAll = std::max(knewAll, *since);
       }
-      if (!knewAll) {
+      if (known < static_cast<int>(gone.size())) {
         if (report.unnamedError.empty()) {
           report.unnamedError = "rank " + std::to_string(r) + " knows " + std::to_string(known) +
-                                " of the " + std::to_string(killed.size()) +
+                                " of the " + std::to_string(gone.size()) +
                                 " ranks: " + (error.empty() ? "no error" : error);
         }
         continue;
       }
       ++report.named;
       if (report.firstError.empty()) report.firstError = error;
-      report.namedByMicros = std::max(report.namedByMicros, micros(began + at, *knewAll));
+      report.namedByMicros = std::max(report.namedByMicros, micros(began + at, knewAll));
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
     if (request.shrink) shrinkAndGoOn(request, cluster, &report);

@@ -24,11 +24,27 @@ struct SimRequest {
   // no fault).
   std::vector<int> killRanks;
   double killFraction = 0.5;
-  // After the kill, the survivors shrink the group, each excluding the ranks it knows are gone,
+  // Ranks cut off from the rest (quietly: nothing fails, heartbeats find it) at
+  // `partitionFraction` of the op's time.
+  std::vector<int> partitionRanks;
+  double partitionFraction = 0.5;
+  // A rank that stops turning at `stallFraction` of the op's time for `stallMillis` (< 0: for
+  // good); -1: none.
+  int stallRank = -1;
+  double stallFraction = 0.5;
+  double stallMillis = -1;
+  // A rank that computes `slowFactor` times slower, a host whose NIC is `slowLinkFactor` times
+  // slower, from the start (-1: none): they cost time, and nothing fails.
+  int slowRank = -1;
+  double slowFactor = 1;
+  int slowLinkHost = -1;
+  double slowLinkFactor = 1;
+  bool faulted() const { return !killRanks.empty() || !partitionRanks.empty() || stallRank >= 0; }
+  // After the fault, the survivors shrink the group, each excluding the ranks it knows are gone,
   // and run kShrinkOps collectives of mixed kinds on the group they formed.
   bool shrink = false;
   static constexpr int kShrinkOps = 20;
-  static constexpr int kShrinkAttempts = 5;
+  static constexpr int kShrinkAttempts = SimCluster::Shrink::kAttempts;
   // Every survivor should know every killed rank within this much virtual time of the kill:
   // the heartbeat's timeout (the default, 2 s) and a second for the news.
   std::chrono::milliseconds newsBound{3000};
@@ -54,6 +70,8 @@ struct SimReport {
   std::string mismatch;  // the first wrong result, "" when every rank's is right
   // With ranks killed: of the survivors, how many know every rank of the set is gone (within
   // newsBound), by when (from the kill), and how many messages the failure caused (notices).
+  // With a partition: of all ranks, how many know every rank of the other side gone; with a
+  // stall, of the others, how many know the stalled rank gone.
   int survivors = 0;
   int named = 0;
   double namedByMicros = 0;

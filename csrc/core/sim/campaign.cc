@@ -1,0 +1,432 @@
+#include "campaign.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include "../base/tag.h"
+
+namespace ddl {
+namespace {
+
+using Wall = std::chrono::steady_clock;
+
+double micros(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double, std::micro>(to - from).count();
+}
+
+TimePoint after(TimePoint t, double us) {
+  return t + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::duration<double, std::micro>(us));
+}
+
+bool among(const std::vector<int>& ranks, int r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
+// The call a disagreeing rank makes instead of `call`.
+SimCall disagreeing(const SimCall& call, const std::string& how, int ranks) {
+  SimCall other = call;
+  if (how == "collective") {
+    other.collective = call.collective == "allreduce" ? "broadcast" : "allreduce";
+    if (call.collective == "barrier" || call.collective == "sendrecv") other.count = 3;
+  } else if (how == "dtype" && call.collective != "barrier" && call.collective != "sendrecv" &&
+             call.collective != "alltoall") {  // (those move bytes: no type to differ on)
+    other.type = DataType::kInt32;
+  } else if (how == "root" && (call.collective == "broadcast" || call.collective == "reduce" ||
+                               call.collective == "gather" || call.collective == "scatter")) {
+    other.root = (call.root + 1) % ranks;
+  } else {
+    other.count = call.count + 1;
+  }
+  return other;
+}
+
+class Run {
+ public:
+  explicit Run(const Scenario& s) : s_(s), cluster_(s.cluster) {
+    result_.seed = s.seed;
+    result_.description = s.describe();
+    result_.ranks = cluster_.size();
+  }
+
+  ScenarioResult go() {
+    cluster_.createGroup();
+    const int n = cluster_.size();
+    cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
+    std::vector<Communicator*> members = cluster_.members();
+    const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
+    const uint64_t abortSlot = tag::slot(tag::kControlPhase, tag::kAgreementAbortStep);
+    auto failureMessages = [&] {
+      return cluster_.network().messagesOfSlot(noticeSlot) +
+             cluster_.network().messagesOfSlot(abortSlot);
+    };
+    const uint64_t messagesBefore = failureMessages();
+    for (size_t i = 0; i < s_.ops.size(); ++i) {
+      strike(static_cast<int>(i));
+      runOp(members, s_.ops[i], static_cast<int>(i), "op " + std::to_string(i));
+    }
+    checkNews();
+    if (s_.shrink) shrink();
+    result_.failureMessages = failureMessages() - messagesBefore;
+    int costly = 0;  // faults that cost messages (slowness costs none)
+    for (const Fault& f : struck_) {
+      costly += f.kind != Fault::Kind::kSlowRank && f.kind != Fault::Kind::kSlowLink;
+    }
+    const double budget = 20.0 * n * std::log2(std::max(n, 2)) * std::max(costly, 1);
+    if (static_cast<double>(result_.failureMessages) > budget) {
+      broke(result_.overBudget, std::to_string(result_.failureMessages) +
+                                    " failure messages, over 20 P log2 P a fault (" +
+                                    std::to_string(static_cast<uint64_t>(budget)) + ")");
+    }
+    result_.maxEndpoints = cluster_.maxEndpoints();
+    bool everyone = false;
+    for (const SimCall& c : s_.ops) {
+      everyone |=
+          c.collective == "alltoall" || c.collective == "gather" || c.collective == "scatter";
+    }
+    for (const SimCall& c : s_.after) {
+      everyone |=
+          c.collective == "alltoall" || c.collective == "gather" || c.collective == "scatter";
+    }
+    // A group's: heartbeats and news both ways at distances 2^k, a tree, recursive doubling and
+    // the agreements' successors (5 log2 P), a grid's row and column (2 sqrt P), and the
+    // multidimensional rings: two neighbours a lane, colour and level, where a rank alone on its
+    // host carries every lane of its host's level (16 times the largest host). The group a
+    // shrink forms numbers its ranks anew and has as many again.
+    const double log2n = std::ceil(std::log2(std::max(n, 2)));
+    const int largestHost =
+        *std::max_element(s_.cluster.hostSizes.begin(), s_.cluster.hostSizes.end());
+    const int groups = result_.groups > 0 ? 2 : 1;
+    const int endpoints = everyone
+                              ? n
+                              : groups * static_cast<int>(5 * log2n + 2 * std::ceil(std::sqrt(n)) +
+                                                          16 * largestHost + 8);
+    if (result_.maxEndpoints > endpoints) {
+      broke(result_.overBudget, "a rank opened " + std::to_string(result_.maxEndpoints) +
+                                    " endpoints, over " + std::to_string(endpoints));
+    }
+    result_.digest = cluster_.network().digest();
+    return result_;
+  }
+
+ private:
+  void broke(bool& flag, const std::string& why) {
+    flag = true;
+    if (result_.why.empty()) result_.why = why;
+  }
+
+  // The faults of op `i`, at their times after it starts.
+  void strike(int i) {
+    pointToPoint_ = s_.ops[i].collective == "sendrecv";
+    SimNetwork& net = cluster_.network();
+    const TimePoint start = net.now();
+    disagree_.clear();
+    for (const Fault& f : s_.faults) {
+      if (f.op != i) continue;
+      const TimePoint at = after(start, f.micros);
+      struck_.push_back(f);
+      switch (f.kind) {
+        case Fault::Kind::kKill:
+        case Fault::Kind::kKillHost:
+        case Fault::Kind::kKillRack:
+          net.kill(f.ranks, at);
+          for (int r : f.ranks) {
+            if (dead_.insert(r).second) killedAt_[r] = at;
+          }
+          break;
+        case Fault::Kind::kCut:
+          net.cut(f.ranks[0], f.ranks[1], at);
+          cutOff_ = true;
+          break;
+        case Fault::Kind::kPartition:
+          net.partition(f.ranks, at);
+          cutOff_ = true;
+          break;
+        case Fault::Kind::kStall:
+          net.stall(f.ranks[0], at, f.millis < 0 ? TimePoint::max() : after(at, f.millis * 1000));
+          if (f.millis < 0) frozen_.insert(f.ranks[0]);
+          stalled_.insert(f.ranks[0]);
+          break;
+        case Fault::Kind::kSlowRank:
+          net.slow(f.ranks[0], f.factor);
+          break;
+        case Fault::Kind::kSlowLink:
+          net.slowLink(f.host, f.factor);
+          break;
+        case Fault::Kind::kDisagree:
+          disagree_[f.ranks[0]] = f.how;
+          pointToPointDisagreed_ |= pointToPoint_;
+          break;
+      }
+    }
+  }
+
+  // Whether a failure of rank r with `status` names a fault that struck by now. `clusterOf`
+  // maps the group's ranks, which the status names, to the cluster's.
+  bool names(int r, const Status& status, const std::vector<int>& clusterOf) const {
+    const StatusKind k = status.kind;
+    auto meets = [&](const std::vector<int>& culprits) {
+      if (among(culprits, r)) return true;
+      for (int q : status.ranks) {
+        if (q >= 0 && q < static_cast<int>(clusterOf.size()) && among(culprits, clusterOf[q])) {
+          return true;
+        }
+      }
+      return false;
+    };
+    for (const Fault& f : struck_) {
+      switch (f.kind) {
+        case Fault::Kind::kKill:
+        case Fault::Kind::kKillHost:
+        case Fault::Kind::kKillRack:
+          if (k == StatusKind::kPeerLost && meets(f.ranks)) return true;
+          break;
+        case Fault::Kind::kCut:
+        case Fault::Kind::kPartition:
+        case Fault::Kind::kStall: {
+          // Found by the heartbeats (a peer lost on the other side, or this rank counted gone
+          // by the others) or by a timeout, whose waits may lead through ranks not at fault.
+          if (k == StatusKind::kTimeout) return true;
+          std::vector<int> culprits = f.ranks;
+          if (f.kind == Fault::Kind::kPartition && among(f.ranks, r)) {
+            culprits.clear();
+            for (int q = 0; q < cluster_.size(); ++q) {
+              if (!among(f.ranks, q)) culprits.push_back(q);
+            }
+          }
+          if ((k == StatusKind::kPeerLost || k == StatusKind::kPartitioned) && meets(culprits)) {
+            return true;
+          }
+          break;
+        }
+        case Fault::Kind::kDisagree:
+          if (k == StatusKind::kMismatch || k == StatusKind::kInvalidArgument) return true;
+          // Sends and receives carry no call to compare: a collective called against them
+          // waits out its timeout, naming the ranks that never started it.
+          if (k == StatusKind::kTimeout && pointToPointDisagreed_) return true;
+          break;
+        case Fault::Kind::kSlowRank:
+        case Fault::Kind::kSlowLink:
+          break;
+      }
+    }
+    return false;
+  }
+
+  // One op on `members` (by cluster rank); its checks under `what`.
+  void runOp(const std::vector<Communicator*>& members, SimCall call, int index,
+             const std::string& what) {
+    int size = 0;
+    std::vector<int> clusterOf(members.size(), -1);
+    for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+      if (members[r] == nullptr) continue;
+      ++size;
+      clusterOf[members[r]->rank()] = r;
+    }
+    call.root %= size;  // a shrunk group's ranks
+    // Kept for the whole scenario: an op that did not end may still write into them.
+    buffers_.push_back(std::make_unique<SimCallBuffers>(call, size, s_.cluster.payload));
+    SimCallBuffers& buffers = *buffers_.back();
+    std::map<int, SimCall> others;
+    for (const auto& [rank, how] : disagree_) {
+      if (members[rank] != nullptr) others[rank] = disagreeing(call, how, size);
+    }
+    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    SimCluster::Outcome outcome = cluster_.run(
+        members,
+        [&](int r, Communicator& comm, CallOptions options) {
+          auto other = others.find(r);
+          return buffers.start(comm, options, other == others.end() ? nullptr : &other->second);
+        },
+        limit);
+    (void)index;
+    for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+      if (members[r] == nullptr || dead_.count(r) || frozen_.count(r)) continue;
+      const std::string who = what + " (" + call.describe() + ") on rank " + std::to_string(r);
+      if (!outcome.ended[r]) {
+        broke(result_.hang, who + " did not end within " + std::to_string(limit.count()) + " ms");
+        continue;
+      }
+      const Status& status = outcome.statuses[r];
+      if (status.ok()) {
+        if (others.count(r)) continue;  // it called something else: nothing to check
+        const std::string wrong = buffers.check(members[r]->rank());
+        if (!wrong.empty()) broke(result_.wrong, who + " returned " + wrong);
+      } else if (!names(r, status, clusterOf)) {
+        broke(result_.unnamed, who + " failed without naming a fault that struck: " +
+                                   std::string(statusKindName(status.kind)) + ": " + status.detail);
+      }
+    }
+  }
+
+  // Every survivor knows every dead rank within the bound of the kill (where nothing cut it off).
+  //
+  // Where more than half the ranks die at once, a dead rank may have no live watcher (all its
+  // predecessors at distances 2^k dead too) and the survivors hold no quorum: they cannot go on,
+  // and the bound is that each knows the group failed (some rank gone) in time.
+  void checkNews() {
+    if (dead_.empty()) return;
+    TimePoint last = TimePoint::min();
+    for (const auto& [rank, at] : killedAt_) last = std::max(last, at);
+    const TimePoint bound = last + SimRequest().newsBound;
+    SimNetwork& net = cluster_.network();
+    if (net.now() < bound) {
+      cluster_.runUntil([] { return false; },
+                        std::chrono::duration_cast<std::chrono::milliseconds>(bound - net.now()) +
+                            std::chrono::milliseconds(1));
+    }
+    if (cutOff_ || !stalled_.empty()) return;  // a rank cut off or stalled cannot hear it
+    const int n = cluster_.size();
+    const int survivors = n - static_cast<int>(dead_.size());
+    const bool quorum = 2 * survivors > n || (2 * survivors == n && !dead_.count(0));
+    const std::string within =
+        " within " + std::to_string(SimRequest().newsBound.count()) + " ms of its death";
+    for (int r = 0; r < n; ++r) {
+      if (dead_.count(r)) continue;
+      bool knowsOne = false;
+      for (int k : dead_) {
+        std::optional<TimePoint> since = cluster_.comm(r).goneSince(k);
+        const TimePoint died = killedAt_.at(k);
+        const bool inTime = since && *since <= died + SimRequest().newsBound;
+        knowsOne |= inTime;
+        if (inTime) result_.newsMicros = std::max(result_.newsMicros, micros(died, *since));
+        if (quorum && !inTime) {
+          broke(result_.slowNews, "rank " + std::to_string(r) + " did not know rank " +
+                                      std::to_string(k) + " was gone" + within);
+          return;
+        }
+      }
+      if (!knowsOne) {
+        broke(result_.slowNews,
+              "rank " + std::to_string(r) + " knew none of the dead ranks gone" + within);
+        return;
+      }
+    }
+  }
+
+  // The survivors of a failed group shrink, as a job does: each excluding the ranks it knows
+  // are gone, again a moment later while the views differ; without a quorum, or with nobody
+  // known gone (a timeout names no one), a rank gives up. Then the ops after, on that group.
+  void shrink() {
+    const int n = cluster_.size();
+    std::vector<bool> trying(n, false);
+    bool anyFailed = false;
+    for (int r = 0; r < n; ++r) {
+      if (dead_.count(r) || frozen_.count(r)) continue;
+      Communicator& comm = cluster_.comm(r);
+      // A rank that knows peers gone shrinks, whatever failed first (a mismatch may have come
+      // before the news); one whose group failed with nobody known gone gives up.
+      const bool lost = !comm.goneRanks().empty();
+      const Status& first = comm.firstFailure().status;
+      if (!lost && (first.ok() || first.kind == StatusKind::kMismatch)) continue;
+      anyFailed = true;
+      trying[r] = lost;
+    }
+    if (!anyFailed) return;
+    cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
+    SimCluster::Shrink shrink =
+        cluster_.shrink(trying, s_.cluster.timeout + std::chrono::milliseconds(8000));
+    for (int r : shrink.unfinished) {
+      if (!frozen_.count(r))
+        broke(result_.hang, "rank " + std::to_string(r) + "'s shrink did not end");
+    }
+    const std::vector<std::shared_ptr<Communicator>>& derived = shrink.groups;
+    // Exactly one group may go on; and where no one was cut off, every survivor is in it.
+    std::set<uint32_t> ids;
+    std::vector<Communicator*> members(n, nullptr);
+    for (int r = 0; r < n; ++r) {
+      if (!derived[r]) continue;
+      ids.insert(derived[r]->id());
+      members[r] = derived[r].get();
+      result_.shrinkRanks = derived[r]->size();
+    }
+    result_.groups = static_cast<int>(ids.size());
+    if (ids.size() > 1) {
+      broke(result_.split, std::to_string(ids.size()) + " groups went on after the shrink");
+      return;
+    }
+    int survivors = 0;
+    for (int r = 0; r < n; ++r) survivors += !dead_.count(r) && !frozen_.count(r);
+    // (With nobody dead the group failed by a timeout, which names no one: the job gives up.)
+    const bool clean = !dead_.empty() && !cutOff_ && stalled_.empty();
+    const bool quorum = 2 * survivors > n || (2 * survivors == n && !dead_.count(0));
+    if (clean && quorum && (ids.empty() || result_.shrinkRanks != survivors)) {
+      broke(result_.split,
+            "the " + std::to_string(survivors) + " survivors, of one view, " +
+                (ids.empty() ? std::string("formed no group")
+                             : "formed a group of " + std::to_string(result_.shrinkRanks)));
+      return;
+    }
+    if (ids.empty()) return;
+    disagree_.clear();
+    for (size_t i = 0; i < s_.after.size(); ++i) {
+      runOp(members, s_.after[i], -1, "after the shrink, op " + std::to_string(i));
+    }
+  }
+
+  const Scenario& s_;
+  std::vector<std::unique_ptr<SimCallBuffers>> buffers_;  // outlive the cluster's ops
+  SimCluster cluster_;
+  ScenarioResult result_;
+  std::vector<Fault> struck_;
+  std::set<int> dead_, frozen_, stalled_;
+  bool cutOff_ = false;
+  bool pointToPoint_ = false;            // the op running is sendrecv
+  bool pointToPointDisagreed_ = false;   // a rank called a collective against sends and receives
+  std::map<int, TimePoint> killedAt_;    // by dead rank
+  std::map<int, std::string> disagree_;  // this op's, by rank
+};
+
+}  // namespace
+
+ScenarioResult runScenario(const Scenario& scenario) {
+  try {
+    return Run(scenario).go();
+  } catch (const std::exception& e) {
+    ScenarioResult r;
+    r.seed = scenario.seed;
+    r.description = scenario.describe();
+    r.unnamed = true;
+    r.why = std::string("the run threw: ") + e.what();
+    return r;
+  }
+}
+
+CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limits,
+                           const std::function<void(int, const ScenarioResult&)>& progress) {
+  const auto start = Wall::now();
+  CampaignReport report;
+  uint64_t draw = 0;
+  for (int i = 0; i < count; ++i) {
+    Scenario s = drawScenario(scenarioSeed(seed, draw++));
+    while (s.cluster.hostSizes.size() > 0 && s.ranks() > limits.maxRanks) {
+      s = drawScenario(scenarioSeed(seed, draw++));
+    }
+    const ScenarioResult r = runScenario(s);
+    ++report.scenarios;
+    report.hangs += r.hang;
+    report.wrong += r.wrong;
+    report.unnamed += r.unnamed;
+    report.split += r.split;
+    report.slowNews += r.slowNews;
+    report.overBudget += r.overBudget;
+    std::array<bool, kFaultKinds> kinds{};
+    for (const Fault& f : s.faults) kinds[static_cast<int>(f.kind)] = true;
+    for (int k = 0; k < kFaultKinds; ++k) {
+      report.withKind[k] += kinds[k];
+      report.failedWithKind[k] += kinds[k] && r.failed();
+    }
+    if (r.failed()) report.failures.push_back(r);
+    report.digest = (report.digest ^ r.digest) * 0x100000001b3ull + static_cast<uint64_t>(i);
+    if (progress) progress(i, r);
+  }
+  report.wallSeconds = std::chrono::duration<double>(Wall::now() - start).count();
+  return report;
+}
+
+}  // namespace ddl

@@ -1,0 +1,62 @@
+// The fault campaign: scenarios (scenario.h) run on the real engine in the simulator and checked
+// against invariants rather than expected outputs. A scenario fails when one breaks, and says
+// which:
+//   hang      an op of a live rank did not end by its deadline;
+//   wrong     an op that succeeded returned something other than the reference result;
+//   unnamed   an op that failed does not name its cause (the kind and the ranks of a fault that
+//             struck: the dead ranks, the mismatch, the side cut off), or failed with none;
+//   split     the survivors that shrank did not form exactly one group, or both sides of a
+//             partition went on;
+//   slow_news a survivor did not know every dead rank within the bound (SimRequest::newsBound);
+//   over_budget a fault cost more than 20 P log2 P failure messages, or a rank opened more
+//             endpoints than its ops need: 5 log2 P + 2 sqrt P + 16 H + 8 a group (H the largest
+//             host; campaign.cc says what each term is for), P where an all_to_all, gather or
+//             scatter talks to every rank.
+// Every scenario replays from its seed alone: python -m torch_ddl.sim --scenario SEED.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "scenario.h"
+#include "simulate.h"
+
+namespace ddl {
+
+struct ScenarioResult {
+  uint64_t seed = 0;
+  std::string description;
+  bool hang = false, wrong = false, unnamed = false, split = false, slowNews = false,
+       overBudget = false;
+  std::string why;  // the first invariant broken, in words ("" when none)
+  uint64_t digest = 0;
+  int ranks = 0;
+  double newsMicros = 0;  // the last survivor to know every dead rank, from the kill
+  uint64_t failureMessages = 0;
+  int maxEndpoints = 0;
+  int groups = 0;       // formed by the shrink
+  int shrinkRanks = 0;  // the ranks that formed it
+  bool failed() const { return hang || wrong || unnamed || split || slowNews || overBudget; }
+};
+
+ScenarioResult runScenario(const Scenario& scenario);
+
+struct CampaignReport {
+  int scenarios = 0;
+  int hangs = 0, wrong = 0, unnamed = 0, split = 0, slowNews = 0, overBudget = 0;
+  // By fault kind: scenarios with it, and of them the ones that failed.
+  std::array<int, kFaultKinds> withKind{}, failedWithKind{};
+  std::vector<ScenarioResult> failures;
+  double wallSeconds = 0;
+  uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest
+  int failed() const { return static_cast<int>(failures.size()); }
+};
+
+// `count` scenarios drawn from `seed`; `progress(index, result)` after each (may be empty).
+CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limits,
+                           const std::function<void(int, const ScenarioResult&)>& progress);
+
+}  // namespace ddl

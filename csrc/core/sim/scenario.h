@@ -1,0 +1,64 @@
+// A fault scenario: one world drawn from one seed (FoundationDB's simulation, TigerBeetle's
+// VOPR): the machine (ranks, hosts of uneven sizes, racks), a sequence of operations (a training
+// step's buckets, barriers, all_to_all, sends and receives), the faults and when they strike,
+// and how the survivors respond. Everything random comes from the seed, so the seed alone
+// replays the scenario, bit for bit (sim/campaign.h runs and checks it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "calls.h"
+#include "cluster.h"
+
+namespace ddl {
+
+struct Fault {
+  enum class Kind : uint8_t {
+    kKill,       // one process dies (its host lives on: its connections are reset)
+    kKillHost,   // a whole host dies (nobody is told: heartbeats find it)
+    kKillRack,   // every host of a rack dies
+    kCut,        // the link between two ranks is cut (quietly)
+    kPartition,  // the machine splits into two sides that cannot talk (quietly)
+    kStall,      // a rank stops turning for `millis`, then resumes (or never: millis < 0)
+    kSlowRank,   // a rank computes `factor` times slower
+    kSlowLink,   // a host's NIC is `factor` times slower
+    kDisagree,   // a rank calls something else in op `op` (`how`: collective, size, dtype, root)
+  };
+  Kind kind = Kind::kKill;
+  std::vector<int> ranks;  // killed, one side, stalled, slow or disagreeing (a cut: its two ends)
+  int op = 0;              // the op during which it strikes
+  double micros = 0;       // after that op started (virtual)
+  double millis = 0;       // a stall's length
+  double factor = 1;       // a slow rank's or link's
+  int host = -1;           // a slow link's
+  std::string how;         // a disagreement's
+  std::string describe() const;  // "kill 5-7 (host 1) in op 2 at 120 us"
+};
+const char* faultKindName(Fault::Kind kind);
+inline constexpr int kFaultKinds = static_cast<int>(Fault::Kind::kDisagree) + 1;
+
+struct Scenario {
+  uint64_t seed = 0;  // the scenario's own: it alone draws everything below
+  ClusterSpec cluster;
+  std::vector<SimCall> ops;  // in order
+  std::vector<Fault> faults;
+  bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
+  std::vector<SimCall> after;  // on the group the shrink formed
+  int ranks() const;
+  std::string describe() const;
+};
+
+// A campaign's limits: scenarios drawn larger are passed over (the next seed is drawn).
+struct ScenarioLimits {
+  int maxRanks = 1024;
+};
+
+// The seed of the `index`-th draw of the campaign of `campaignSeed`. A scenario is its seed's
+// alone (most worlds small: 2 % are drawn from 129 to 1 024 ranks), so that
+// `python -m torch_ddl.sim --scenario SEED` replays it.
+uint64_t scenarioSeed(uint64_t campaignSeed, uint64_t index);
+Scenario drawScenario(uint64_t seed);
+
+}  // namespace ddl
