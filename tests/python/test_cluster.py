@@ -5,6 +5,7 @@ namespaces refused)."""
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,6 +120,53 @@ def test_random_rank_of_two_hosts_dies_at_a_random_point_of_a_random_collective(
         assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
         assert "NOTICED" in out, out[-2000:]
         print(f"rank {rank}:", [line for line in out.splitlines() if "NOTICED" in line][0])
+
+
+CUT_TRIALS = int(os.environ.get("DDL_CUT_TRIALS", "1"))
+CUT_WORKER = str(Path(__file__).with_name("cluster_cut_worker.py"))
+
+
+def simulated_detection(hosts, cut, op):
+    """What the simulator predicts for the same shape: when every rank knows the other side gone
+    (seconds after the cut), from python -m torch_ddl.sim's PARTITION line."""
+    collective = {"all_reduce": "allreduce", "broadcast": "broadcast", "all_gather": "allgather",
+                  "reduce_scatter": "reduce_scatter"}[op]
+    out = subprocess.run(
+        [sys.executable, "-m", "torch_ddl.sim", "--hosts", ",".join(map(str, hosts)), "--bytes",
+         "4M", "--collective", collective, "--partition", f"{cut}@0.5", "--links",
+         "0:2us:5GB,1:60us:117MB", "--timeout-ms", "60000"],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    line = [l for l in out.splitlines() if l.startswith("PARTITION ")][0]
+    return float(line.split("by_us=")[1].split()[0]) / 1e6
+
+
+# A whole host lost among three (its link down, its processes alive: half the ranks with rank 0
+# go on), and the link between two hosts cut (the host with rank 0 has the majority): the quorum
+# side names the other, shrinks and goes on; the other side is refused. UCX's TCP timers are at
+# their defaults: the heartbeats find it.
+@pytest.mark.parametrize("trial", range(CUT_TRIALS))
+@pytest.mark.parametrize("hosts,cut", [([1, 1, 2], "2,3"), ([2, 1], "2")],
+                         ids=["host-lost-among-three", "link-cut-between-two"])
+def test_a_host_cut_off_the_quorum_side_shrinks_and_goes_on_the_other_is_refused(
+        hosts, cut, trial, tmp_path):
+    op = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"][trial % 4]
+    before = 1 + (trial * 7) % 5
+    predicted = simulated_detection(hosts, cut, op)
+    with Cluster(len(hosts), hosts, rate="1gbit") as cluster:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for name in ("UCX_TCP_USER_TIMEOUT", "UCX_TCP_KEEPIDLE", "UCX_TCP_KEEPINTVL",
+                     "UCX_TCP_KEEPCNT"):
+            env.pop(name, None)
+        results = cluster.launch([sys.executable, CUT_WORKER, "--cut", cut, "--op", op,
+                                  "--stamp", str(tmp_path / "stamp"), "--before", str(before)],
+                                 env=env, timeout=120)
+    print(f"hosts of {hosts} ranks, {cut} cut off after {before} x {op}; the simulator "
+          f"predicts every rank knows within {predicted:.3f} s")
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+        want = "REFUSED" if str(rank) in cut.split(",") else "SHRUNK"
+        assert want in out, out[-2000:]
+        print(f"rank {rank}:", [l for l in out.splitlines() if l.startswith(("NOTICED", want))])
 
 
 SHRINK_TRIALS = int(os.environ.get("DDL_SHRINK_TRIALS", "2"))
