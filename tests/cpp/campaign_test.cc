@@ -59,6 +59,11 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x95903f372df0f761, "the same, after a slow link"},
     {0xd26956599f19b8b2, "a rank alone on its host carries every lane: many ring endpoints"},
     {0xdaac6c5975fdba0a, "the group a shrink forms opens its own endpoints"},
+    {0x6b99b14d6aceddba, "multidim on uneven racks: one rank's closing rings reach 245 of 273"},
+    {0xd5066107a7e696ad, "the same on 939 ranks of uneven hosts: 334 endpoints"},
+    {0x02201bedd848140c, "a shrunk group of 797 whose multidim plan needs 16 386 tag steps"},
+    {0x0e210b1286fc0d03, "a cut: a rank left out, asked to leave out the other end, failed the"
+                         " agreement of the ranks that stay after their rank 0 had decided"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -22,13 +22,20 @@ struct Listening {
   uint64_t attempt;
   const std::set<uint64_t>* ended;
   std::string buffer = std::string(kAbortBytes, '\0');
+  const std::vector<int>* excluded = nullptr;  // sorted: ranks this one leaves out
   Request* request = nullptr;
   // Whether a word of this attempt arrived; one of another attempt is dropped and the next
-  // listened for.
+  // listened for. So is one from a rank this one leaves out: whatever that rank was asked, the
+  // group formed here is not its (the ranks that stay agree without it; a campaign found one
+  // left out, asked to leave out another, failing every other rank's agreement while the new
+  // rank 0 had already decided).
   bool heard(Op& op) {
     while (request->done) {
       uint64_t theirs = 0;
-      if (!request->failed() && request->receivedBytes >= sizeof(theirs)) {
+      const int from = static_cast<int>(tag::source(request->senderTag));
+      const bool outsider =
+          excluded != nullptr && std::binary_search(excluded->begin(), excluded->end(), from);
+      if (!request->failed() && request->receivedBytes >= sizeof(theirs) && !outsider) {
         std::memcpy(&theirs, buffer.data(), sizeof(theirs));
         if (theirs == attempt || ended == nullptr || !ended->count(theirs)) return true;
       }
@@ -171,6 +178,7 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
   auto abort = std::make_shared<Listening>();
   abort->attempt = agreement.attempt;
   abort->ended = agreement.ended;
+  abort->excluded = &agreement.excluded;
   op.work->retain(abort);
   abort->request = op.recvAny(kAbortSlot, abort->buffer.data(), abort->buffer.size());
   std::vector<DeriveCard> cards;

@@ -115,4 +115,11 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
 // over every rank.
 void checkPlan(const AllreducePlan& plan, int size);
 
+// Whether some rank of a multidim plan talks to more than `most` distinct peers (its rings'
+// neighbours). O(P most) memory: a rank's count stops once over.
+bool talksToMoreThan(const AllreducePlan& plan, int size, int most);
+// The tag steps the busiest lane of a multidim plan needs (checkPlan refuses more than
+// tag::kMaxSteps).
+uint64_t stepsNeeded(const AllreducePlan& plan);
+
 }  // namespace ddl

@@ -10,6 +10,42 @@
 
 namespace ddl {
 
+bool talksToMoreThan(const AllreducePlan& plan, int size, int most) {
+  std::vector<std::vector<int>> peers(size);
+  auto meet = [&](int r, int q) {
+    std::vector<int>& p = peers[r];
+    if (r == q || std::find(p.begin(), p.end(), q) != p.end()) return false;
+    p.push_back(q);
+    return static_cast<int>(p.size()) > most;
+  };
+  for (const Lane& lane : plan.lanes) {
+    for (const Stage& stage : lane.stages) {
+      for (const StageRing& ring : stage.rings) {
+        const size_t n = ring.order.size();
+        for (size_t i = 0; i < n; ++i) {
+          const int r = ring.order[i], next = ring.order[(i + 1) % n];
+          if (r < 0 || r >= size || next < 0 || next >= size) continue;
+          if (meet(r, next) || meet(next, r)) return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+uint64_t stepsNeeded(const AllreducePlan& plan) {
+  uint64_t most = 0;
+  for (const Lane& lane : plan.lanes) {
+    for (const Stage& stage : lane.stages) {
+      for (const StageRing& ring : stage.rings) {
+        if (ring.order.size() < 2) continue;
+        most = std::max<uint64_t>(most, uint64_t{ring.firstStep} + 2 * (ring.order.size() - 1));
+      }
+    }
+  }
+  return most;
+}
+
 void checkPlan(const AllreducePlan& plan, int size) {
   if (plan.algorithm != AllreduceAlgorithm::kMultiDim) return;
   size_t covered = 0;

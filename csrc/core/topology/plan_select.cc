@@ -97,6 +97,21 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       if (static_cast<size_t>(dims) > 0) multiDimChoices();
       break;
   }
+  if (request.algorithm == A::kAuto) {
+    // Auto passes over a multidim plan in which a rank talks to more peers than two a lane and
+    // level and a few: on an irregular machine the closing stage's rings can run through a
+    // scattered rank of each block, a different one for each piece, and one rank then opens an
+    // endpoint to most of the group (245 of 273 on 137 hosts of 2 and 1 in racks of 4: a
+    // campaign's finding). The cost model does not price endpoints; the flat ring or the
+    // leaders serve such a machine. So does it pass over one whose irregular closing stage
+    // needs more tag steps than a tag holds (798 ranks on 323 uneven hosts, shrunk: 16 386).
+    std::erase_if(out, [&](const AllreducePlan& plan) {
+      if (plan.algorithm != A::kMultiDim) return false;
+      if (stepsNeeded(plan) > tag::kMaxSteps) return true;
+      const int most = 2 * static_cast<int>(plan.lanes.size()) * (dims + 1) + 16;
+      return talksToMoreThan(plan, t.size, most);
+    });
+  }
   for (AllreducePlan& plan : out) plan.predicted = predictSeconds(plan, t, links);
   // The cheapest first; among equals the earlier (simpler) one.
   std::stable_sort(out.begin(), out.end(), [](const AllreducePlan& a, const AllreducePlan& b) {
