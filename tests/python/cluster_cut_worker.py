@@ -47,15 +47,13 @@ def main():
     others = [r for r in range(size) if r not in cut]
     inside = rank in cut
     call = fault_call(args.op, size)
-    for _ in range(args.before):
-        call()
-    if rank == cut[0]:
-        # The cut ranks are one host's: the lowest takes its link down.
-        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, timeout=10)
-        with open(args.stamp, "w") as f:
-            f.write(repr(time.time()))
-    try:
-        for _ in range(100000):
+    try:  # a rank may still be in its calls before the cut when it comes
+        for i in range(100000):
+            if i == args.before and rank == cut[0]:
+                # The cut ranks are one host's: the lowest takes its link down.
+                subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, timeout=10)
+                with open(args.stamp, "w") as f:
+                    f.write(repr(time.time()))
             call()
         raise SystemExit("the cut was never noticed")
     except RuntimeError as error:

@@ -78,6 +78,59 @@ def test_bad_input_says_what_is_wrong():
     code, _, err = sim("--ranks", "8", "--kill", "3-1@0.5")
     assert code != 0 and "give RANKS@FRACTION" in err
     code, _, err = sim("--ranks", "8", "--shrink")
-    assert code != 0 and "--shrink needs --kill" in err
+    assert code != 0 and "--shrink needs a fault" in err
+    code, _, err = sim("--ranks", "8", "--partition", "0-7@0.5")
+    assert code != 0 and "the other side would be empty" in err
+    code, _, err = sim("--ranks", "8", "--stall", "3@2")
+    assert code != 0 and "give RANK@FRACTION[:MS]" in err
+    code, _, err = sim("--ranks", "8", "--slow", "3:0.5")
+    assert code != 0 and "FACTOR at least 1" in err
+    code, _, err = sim("--ranks", "8", "--slow", "9:2")
+    assert code != 0 and "cannot slow rank 9 of 8" in err
+    code, _, err = sim("--scenario", "xyz")
+    assert code != 0 and "seed in hex" in err
     code, _, err = sim("--ranks", "8", "--bytes", "lots")
     assert code != 0 and "'lots' is not a size" in err
+
+
+def test_a_partition_leaves_one_group_the_side_with_rank_0_of_half():
+    code, lines, err = sim("--ranks", "32", "--ranks-per-host", "4", "--bytes", "64K",
+                           "--partition", "16-31@0.5", "--shrink")
+    assert code == 0, (err, lines)
+    part = [l for l in lines if l.startswith("PARTITION")]
+    assert part and re.match(r"PARTITION ranks=16-31 named=32 of 32 by_us=[\d.]+ ", part[0]), lines
+    # Every rank knows the other side gone within the heartbeat's timeout and a little.
+    assert 2.0e6 <= float(part[0].split("by_us=")[1].split()[0]) < 3.0e6, part
+    assert [l for l in lines if l.startswith("SHRINK groups=1 members=16 ")], lines
+
+
+def test_a_stalled_rank_is_named_and_a_slow_one_only_costs_time():
+    code, lines, err = sim("--ranks", "16", "--bytes", "64K", "--stall", "5@0.5:4000")
+    assert code == 0, (err, lines)
+    assert [l for l in lines if re.match(r"STALL rank=5 for_4000_ms named=16 of 16 ", l)], lines
+    times = []
+    for extra in ([], ["--slow", "5:20"], ["--slow-link", "1:20"]):
+        code, lines, err = sim("--ranks", "16", "--ranks-per-host", "4", "--bytes", "1M", *extra)
+        assert code == 0 and "CHECK payload=ok" in lines, (err, lines)
+        times.append(float(SIM_LINE.match(lines[-1])[4]))
+    assert times[1] > 1.5 * times[0] and times[2] > 1.5 * times[0], times
+
+
+CAMPAIGN_LINE = re.compile(r"CAMPAIGN scenarios=(\d+) hangs=0 wrong=0 unnamed=0 split=0 "
+                           r"slow_news=0 over_budget=0 wall_s=[\d.]+$")
+
+
+def test_a_campaign_checks_every_scenario_and_replays_from_its_seed():
+    runs = [sim("--campaign", "12", "--seed", "7", "--max-ranks", "64") for _ in range(2)]
+    for code, lines, err in runs:
+        assert code == 0, (err, lines)
+        assert CAMPAIGN_LINE.match(lines[-1]) and lines[-1].startswith("CAMPAIGN scenarios=12 ")
+    # The same lines, but for the wall time.
+    assert runs[0][1][:-1] == runs[1][1][:-1]
+    assert [l for l in runs[0][1] if l.startswith("TRACE digest=")]
+    code, lines, err = sim("--scenario", "1b65edfaacb24d12")
+    assert code == 0, (err, lines)
+    assert lines[0].startswith("scenario 1b65edfaacb24d12: every invariant holds")
+    assert "  replay: python -m torch_ddl.sim --scenario 1b65edfaacb24d12" in lines
+    assert re.match(r"SCENARIO seed=1b65edfaacb24d12 ranks=25 failed=0 groups=1 members=24 ",
+                    lines[-1]), lines
