@@ -19,21 +19,15 @@ Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,
   char* mine = base + static_cast<size_t>(op.rank()) * bytes;
   if (bytes > 0 && in != mine) op.memory().copy(mine, in, bytes);
   if (op.size() == 1 || bytes == 0) co_return;
-  for (size_t stage = 0; stage < stages->stages.size(); ++stage) {
-    const BlockStage& s = stages->stages[stage];
-    const int ring = s.ringOf[op.rank()];
-    if (ring < 0) continue;
-    co_await runPipelinesWindowed(op, s.combinations, kRingWindow, [&, stage, ring](size_t q) {
-      const BlockRing r = stages->ring(stage, ring, q);
-      RingSchedule schedule;
-      schedule.ring = RingPlan{r.order};
-      schedule.stepBase = r.firstStep;
-      schedule.steps = static_cast<int>(r.order.size()) - 1;
-      for (int b : r.blocks) schedule.chunks.push_back(Range{b * bytes, bytes});
-      return std::make_unique<RingPipeline>(op, std::move(schedule), out, DataType::kUInt8,
-                                            ReduceOp::kSum, settings.segmentBytes, settings.depth);
-    });
-  }
+  co_await runBlockPlan(op, stages, [&](const BlockRing& r) {
+    RingSchedule schedule;
+    schedule.ring = RingPlan{r.order};
+    schedule.stepBase = r.firstStep;
+    schedule.steps = static_cast<int>(r.order.size()) - 1;
+    for (int b : r.blocks) schedule.chunks.push_back(Range{b * bytes, bytes});
+    return std::make_unique<RingPipeline>(op, std::move(schedule), out, DataType::kUInt8,
+                                          ReduceOp::kSum, settings.segmentBytes, settings.depth);
+  });
 }
 
 }  // namespace ddl

@@ -18,24 +18,18 @@ Task reduceScatterGrid(Op& op, void* data, size_t count, DataType type, ReduceOp
                        std::shared_ptr<const BlockPlan> stages, PipelineSettings settings) {
   if (op.size() == 1 || count == 0) co_return;
   const size_t es = elementSize(type);
-  for (size_t stage = 0; stage < stages->stages.size(); ++stage) {
-    const BlockStage& s = stages->stages[stage];
-    const int ring = s.ringOf[op.rank()];
-    if (ring < 0) continue;
-    co_await runPipelinesWindowed(op, s.combinations, kRingWindow, [&, stage, ring](size_t q) {
-      const BlockRing r = stages->ring(stage, ring, q);
-      const int n = static_cast<int>(r.order.size());
-      RingSchedule schedule;
-      schedule.ring = RingPlan{r.order};
-      schedule.stepBase = r.firstStep;
-      schedule.steps = n - 1;
-      schedule.reduceSteps = n - 1;
-      schedule.shift = -1;  // position p ends holding chunk p
-      for (int b : r.blocks) schedule.chunks.push_back(Range{b * count, count});
-      return std::make_unique<RingPipeline>(op, std::move(schedule), data, type, reduce,
-                                            settings.segmentBytes / es, settings.depth);
-    });
-  }
+  co_await runBlockPlan(op, stages, [&](const BlockRing& r) {
+    const int n = static_cast<int>(r.order.size());
+    RingSchedule schedule;
+    schedule.ring = RingPlan{r.order};
+    schedule.stepBase = r.firstStep;
+    schedule.steps = n - 1;
+    schedule.reduceSteps = n - 1;
+    schedule.shift = -1;  // position p ends holding chunk p
+    for (int b : r.blocks) schedule.chunks.push_back(Range{b * count, count});
+    return std::make_unique<RingPipeline>(op, std::move(schedule), data, type, reduce,
+                                          settings.segmentBytes / es, settings.depth);
+  });
 }
 
 }  // namespace ddl

@@ -192,4 +192,15 @@ Task runPipelinesWindowed(Op& op, size_t count, size_t window,
   }
 }
 
+Task runBlockPlan(Op& op, std::shared_ptr<const BlockPlan> plan,
+                  std::function<std::unique_ptr<RingPipeline>(const BlockRing&)> make) {
+  for (size_t stage = 0; stage < plan->stages.size(); ++stage) {
+    const int ring = plan->stages[stage].ringOf[op.rank()];
+    if (ring < 0) continue;
+    co_await runPipelinesWindowed(
+        op, plan->stages[stage].combinations, kRingWindow,
+        [&, stage, ring](size_t q) { return make(plan->ring(stage, ring, q)); });
+  }
+}
+
 }  // namespace ddl

@@ -30,6 +30,7 @@
 #include "../base/task.h"
 #include "../base/types.h"
 #include "../runtime/op.h"
+#include "../topology/block_plan.h"
 #include "../topology/ring_plan.h"
 #include "link.h"
 
@@ -117,5 +118,10 @@ Task runPipelines(Op& op, std::vector<std::unique_ptr<RingPipeline>> pipelines);
 Task runPipelinesWindowed(Op& op, size_t count, size_t window,
                           std::function<std::unique_ptr<RingPipeline>(size_t)> make);
 inline constexpr size_t kRingWindow = 32;
+
+// A block plan's stages in order (block_plan.h), each running this rank's rings of it, kRingWindow
+// at a time, a pipeline each as `make` builds it; a stage starts when the previous is done here.
+Task runBlockPlan(Op& op, std::shared_ptr<const BlockPlan> plan,
+                  std::function<std::unique_ptr<RingPipeline>(const BlockRing&)> make);
 
 }  // namespace ddl

@@ -335,16 +335,10 @@ class Run {
       if (!frozen_.count(r))
         broke(result_.hang, "rank " + std::to_string(r) + "'s shrink did not end");
     }
-    const std::vector<std::shared_ptr<Communicator>>& derived = shrink.groups;
     // Exactly one group may go on; and where no one was cut off, every survivor is in it.
-    std::set<uint32_t> ids;
-    std::vector<Communicator*> members(n, nullptr);
-    for (int r = 0; r < n; ++r) {
-      if (!derived[r]) continue;
-      ids.insert(derived[r]->id());
-      members[r] = derived[r].get();
-      result_.shrinkRanks = derived[r]->size();
-    }
+    const std::set<uint32_t> ids = shrink.ids();
+    const std::vector<Communicator*> members = shrink.members();
+    result_.shrinkRanks = shrink.size();
     result_.groups = static_cast<int>(ids.size());
     if (ids.size() > 1) {
       broke(result_.split, std::to_string(ids.size()) + " groups went on after the shrink");

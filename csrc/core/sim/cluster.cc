@@ -210,6 +210,27 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
   return outcome;
 }
 
+std::set<uint32_t> SimCluster::Shrink::ids() const {
+  std::set<uint32_t> ids;
+  for (const auto& g : groups) {
+    if (g) ids.insert(g->id());
+  }
+  return ids;
+}
+
+std::vector<Communicator*> SimCluster::Shrink::members() const {
+  std::vector<Communicator*> members;
+  for (const auto& g : groups) members.push_back(g.get());
+  return members;
+}
+
+int SimCluster::Shrink::size() const {
+  for (const auto& g : groups) {
+    if (g) return g->size();
+  }
+  return 0;
+}
+
 SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::milliseconds limit) {
   const int n = size();
   Shrink result;

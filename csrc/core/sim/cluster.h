@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,7 +90,11 @@ class SimCluster {
     std::vector<std::shared_ptr<Communicator>> groups;  // by cluster rank (null: none formed)
     std::vector<int> unfinished;                        // ranks whose shrink never ended
     int attempts = 0;
-    std::string lastError;  // "rank R: why"
+    std::string lastError;           // "rank R: why"
+    std::set<uint32_t> ids() const;  // of the groups formed
+    // The ranks of a group formed, by cluster rank (null: none), for run(); its size (0: none).
+    std::vector<Communicator*> members() const;
+    int size() const;
   };
   Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit);
 

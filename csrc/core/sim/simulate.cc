@@ -64,18 +64,12 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
   }
   const TimePoint began = cluster.network().now();
   SimCluster::Shrink shrink = cluster.shrink(trying, limit);
-  const std::vector<std::shared_ptr<Communicator>>& derived = shrink.groups;
   const std::string& lastError = shrink.lastError;
   report->shrinkAttempts = shrink.attempts;
   report->shrinkMicros = micros(began, cluster.network().now());
-  std::set<uint32_t> ids;
-  std::vector<Communicator*> members(n, nullptr);
-  for (int r = 0; r < n; ++r) {
-    if (!derived[r]) continue;
-    ids.insert(derived[r]->id());
-    members[r] = derived[r].get();
-    report->shrinkMembers = derived[r]->size();
-  }
+  const std::set<uint32_t> ids = shrink.ids();
+  const std::vector<Communicator*> members = shrink.members();
+  report->shrinkMembers = shrink.size();
   report->shrinkGroups = static_cast<int>(ids.size());
   auto fail = [report](const std::string& why) {
     if (report->shrinkError.empty()) report->shrinkError = why;
