@@ -64,6 +64,7 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x02201bedd848140c, "a shrunk group of 797 whose multidim plan needs 16 386 tag steps"},
     {0x0e210b1286fc0d03, "a cut: a rank left out, asked to leave out the other end, failed the"
                          " agreement of the ranks that stay after their rank 0 had decided"},
+    {0x7cdc6d19a7d9a48d, "a random half of 866 cut off: every member told every rank left out"},
   };
   // clang-format on
   for (const Found& f : found) {

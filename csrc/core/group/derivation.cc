@@ -134,9 +134,19 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   std::sort(a.excluded.begin(), a.excluded.end());
   a.what = what;
   a.timeout = timeout_;
+  // Each rank left out is told by one member (members[x % M], so that a shrink that leaves out
+  // half the group costs each member one or two words, not half the group each: a campaign
+  // found P^2 / 4 of them after a partition). One suffices: no member's card goes up before its
+  // words have left, so none decides before every left-out rank was told.
+  std::vector<int> mine;
+  for (int x : a.excluded) {
+    if (!members.empty() && members[static_cast<size_t>(x) % members.size()] == rank()) {
+      mine.push_back(x);
+    }
+  }
   std::vector<std::shared_ptr<Work>> told;
-  if (!excluded.empty()) {
-    told = tellRanks(a, a.excluded,
+  if (!mine.empty()) {
+    told = tellRanks(a, mine,
                      std::string("the ranks were asked for different groups: rank ") +
                          std::to_string(rank()) + " was asked to " + request + " (" + what +
                          "), which leaves this rank out",
