@@ -134,15 +134,27 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   std::sort(a.excluded.begin(), a.excluded.end());
   a.what = what;
   a.timeout = timeout_;
-  // Each rank left out is told by one member (members[x % M], so that a shrink that leaves out
-  // half the group costs each member one or two words, not half the group each: a campaign
-  // found P^2 / 4 of them after a partition). One suffices: no member's card goes up before its
-  // words have left, so none decides before every left-out rank was told.
+  // Each rank left out is told by the members at distances 1, 2, 4, ... from it either way (or,
+  // where none is, by members[x % M]), not by every member: a shrink that leaves out half a
+  // group of 866 cost each member an endpoint to every rank left out (P^2 / 4 words; a
+  // campaign's finding). A member tells at most 2 log2(P) ranks, and a rank left out hears from
+  // members spread round the group, so that some are in an agreement of this view when views
+  // differ (they fail at once, not at the timeout). Two groups cannot both form meanwhile: each
+  // needs a quorum (or a caller that knows the others are dead).
+  const int n = size();
+  auto isMember = [&](int r) { return std::binary_search(members.begin(), members.end(), r); };
   std::vector<int> mine;
   for (int x : a.excluded) {
-    if (!members.empty() && members[static_cast<size_t>(x) % members.size()] == rank()) {
-      mine.push_back(x);
+    bool told = false, me = false;
+    for (int step = 1; step < n && !me; step <<= 1) {
+      for (int r : {(x + step) % n, (x - step % n + n) % n}) {
+        if (!isMember(r)) continue;
+        told = true;
+        me = me || r == rank();
+      }
     }
+    if (!told && !members.empty()) me = members[static_cast<size_t>(x) % members.size()] == rank();
+    if (me) mine.push_back(x);
   }
   std::vector<std::shared_ptr<Work>> told;
   if (!mine.empty()) {
