@@ -84,14 +84,12 @@ class Run {
                                     std::to_string(static_cast<uint64_t>(budget)) + ")");
     }
     result_.maxEndpoints = cluster_.maxEndpoints();
-    bool everyone = false;
-    for (const SimCall& c : s_.ops) {
-      everyone |=
-          c.collective == "alltoall" || c.collective == "gather" || c.collective == "scatter";
-    }
-    for (const SimCall& c : s_.after) {
-      everyone |=
-          c.collective == "alltoall" || c.collective == "gather" || c.collective == "scatter";
+    bool everyone = false;  // an op that talks to every rank
+    for (const std::vector<SimCall>* calls : {&s_.ops, &s_.after}) {
+      for (const SimCall& c : *calls) {
+        everyone |=
+            c.collective == "alltoall" || c.collective == "gather" || c.collective == "scatter";
+      }
     }
     // A group's: heartbeats and news both ways at distances 2^k, a tree, recursive doubling and
     // the agreements' successors (5 log2 P), a grid's row and column (2 sqrt P), and the
@@ -122,7 +120,7 @@ class Run {
 
   // The faults of op `i`, at their times after it starts.
   void strike(int i) {
-    pointToPoint_ = s_.ops[i].collective == "sendrecv";
+    const bool pointToPoint = s_.ops[i].collective == "sendrecv";
     SimNetwork& net = cluster_.network();
     const TimePoint start = net.now();
     disagree_.clear();
@@ -160,7 +158,7 @@ class Run {
           break;
         case Fault::Kind::kDisagree:
           disagree_[f.ranks[0]] = f.how;
-          pointToPointDisagreed_ |= pointToPoint_;
+          pointToPointDisagreed_ |= pointToPoint;
           break;
       }
     }
@@ -370,7 +368,6 @@ class Run {
   std::vector<Fault> struck_;
   std::set<int> dead_, frozen_, stalled_;
   bool cutOff_ = false;
-  bool pointToPoint_ = false;            // the op running is sendrecv
   bool pointToPointDisagreed_ = false;   // a rank called a collective against sends and receives
   std::map<int, TimePoint> killedAt_;    // by dead rank
   std::map<int, std::string> disagree_;  // this op's, by rank
