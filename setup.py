@@ -8,6 +8,7 @@ which in one line, and TORCH_DDL_CUDA=0 leaves it out.
 
 import glob
 import os
+import re
 import sys
 
 from setuptools import setup
@@ -42,12 +43,24 @@ def cuda_toolkit():
     return ""
 
 
+def shared_libstdcxx():
+    """The libstdc++ that this torch runs with, to link against by its path. A compiler that
+    would link libstdc++ statically (a GCC built outside the distribution, with only the archive
+    in its own library folder) gives the extension a second copy, whose stream and locale code,
+    bound to the data of the copy torch loaded, crashes at the first std::ostringstream."""
+    if not sys.platform.startswith("linux"):
+        return []
+    with open("/proc/self/maps") as maps:
+        found = sorted(set(re.findall(r"\S*/libstdc\+\+\.so\.6[.0-9]*", maps.read())))
+    return found[:1]
+
+
 why_not = cuda_toolkit()
 common = dict(
     include_dirs=[UCX_INCLUDE],
     library_dirs=[UCX_LIB],
     libraries=["ucp", "uct", "ucs"],
-    extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"],
+    extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"] + shared_libstdcxx(),
 )
 if why_not:
     print(f"torch_ddl: building without CUDA ({why_not})")

@@ -72,3 +72,20 @@ def test_a_checkout_ahead_of_an_installed_build_uses_the_installed_extension(tmp
                     TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert alone.returncode != 0 and "pip install --no-build-isolation" in alone.stderr, \
         alone.stderr[-3000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("readelf") is None,
+                    reason="reads the extension's ELF dynamic section with readelf")
+def test_the_extension_uses_the_libstdcxx_torch_loaded():
+    # A second, static copy of libstdc++ inside the extension (a compiler whose own library
+    # folder has only the archive) crashes at the first std::ostringstream: its code runs on
+    # the data of the copy torch loaded. setup.py links the loaded one by its path.
+    needed = subprocess.run(["readelf", "-d", torch_ddl._C.__file__], capture_output=True,
+                            text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in needed, needed
+    symbols = subprocess.run(["readelf", "-W", "--dyn-syms", torch_ddl._C.__file__],
+                             capture_output=True, text=True, check=True).stdout
+    # std::locale::classic(), defined in libstdc++: present (not UND) only in a static copy.
+    own = [line for line in symbols.splitlines()
+           if line.endswith(" _ZNSt6locale7classicEv") and " UND " not in line]
+    assert not own, own
