@@ -12,6 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# World sizes the collective tests run at: 1 - 4, and those DDL_TEST_MORE_RANKS adds
+# (comma-separated, e.g. 6,8 on a machine with the cores for them).
+WORLD_SIZES = [1, 2, 3, 4] + [int(p) for p in os.environ.get("DDL_TEST_MORE_RANKS", "").split(",")
+                              if p.strip()]
+
 FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INT_TYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 ALL_TYPES = FLOAT_TYPES + INT_TYPES + [torch.bool]

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddl_testing import (ALL_TYPES, OPS, SIZES, assert_same, glibc_block, make_input, reference,
-                         run_ranks, valid)
+from ddl_testing import (ALL_TYPES, OPS, SIZES, WORLD_SIZES, assert_same, glibc_block,
+                         make_input, reference, run_ranks, valid)
 
 
 def _allreduce_all(rank, size):
@@ -106,7 +106,7 @@ def _non_contiguous_and_async(rank, size):
     assert dist.barrier(async_op=True).wait()
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", WORLD_SIZES)
 def test_all_reduce_matches_gloo(size):
     run_ranks(_allreduce_all, size)
 
@@ -254,7 +254,7 @@ def test_empty_shared_checks_its_arguments_and_frees_with_the_tensor():
     assert torch_ddl._C.shared_buffers_live() == before
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", WORLD_SIZES)
 def test_broadcast_and_all_gather_match_gloo(size):
     run_ranks(_broadcast_and_gather, size)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddl_testing import assert_same, make_input, reference, run_ranks, valid
+from ddl_testing import WORLD_SIZES, assert_same, make_input, reference, run_ranks, valid
 
 TYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int32,
          torch.int64, torch.uint8, torch.bool]
@@ -165,12 +165,12 @@ def _objects(rank, size):
     assert got[0] == f"to {rank}"
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", WORLD_SIZES)
 def test_reduce_and_reduce_scatter(size):
     run_ranks(_reductions, size)
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", WORLD_SIZES)
 def test_gather_scatter_all_to_all(size):
     warnings.simplefilter("ignore")
     run_ranks(_gather_scatter_alltoall, size)

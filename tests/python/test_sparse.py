@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddl_testing import run_ranks
+from ddl_testing import WORLD_SIZES, run_ranks
 
 
 def _sparse_input(rank, shape, sparse_dim, nnz, dtype):
@@ -63,7 +63,7 @@ def _against_gloo(rank, size):
     assert torch.equal(t, torch.full((3,), float(size)))
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("size", WORLD_SIZES)
 def test_sparse_all_reduce_matches_gloo(size):
     run_ranks(_against_gloo, size)
 
