@@ -13,8 +13,9 @@ dir=$root/build/torch-$version
 if [ ! -d "$dir/torch/include" ]; then
   mkdir -p "$dir"
   pyver=$("$py" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
-  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
-    "torch==$version" -d "$dir"
+  # (past a local cap on the versions pip may fetch: only headers are taken from it)
+  PIP_CONSTRAINT=/dev/null "$py" -m pip download -q --no-deps --only-binary=:all: \
+    --python-version "$pyver" "torch==$version" -d "$dir"
   unzip -q -o "$dir"/torch-*.whl 'torch/include/*' -d "$dir"
   rm -f "$dir"/torch-*.whl
 fi

@@ -1,5 +1,6 @@
-// Every difference between the torch versions we build against (2.11 on GPU machines, 2.13 here)
-// lives in this header, so the rest of the glue is written once.
+// Every difference between the torch versions we build against (2.11 on GPU machines, 2.13 here,
+// 2.14 and 2.15 in environments of their own) lives in this header, so the rest of the glue is
+// written once.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -40,6 +41,18 @@
 #endif
 #ifdef C10D_BACKEND_HAS_HOOKS
 #define DDL_TORCH_HAS_ABORT_HOOKS 1
+#endif
+// torch 2.14: Work::getTimeout.
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+#define DDL_TORCH_HAS_WORK_TIMEOUT 1
+#endif
+// torch 2.15 (no macro of its own): Backend::isInitialized, supportsAbortHooks, completion hooks
+// (supportsCompletionHooks, register/unregisterCompletionHook, CompletionHookArgs),
+// Work::getCompletionKey, and start/endTimeEstimate as virtuals of Backend (endTimeEstimate
+// returns float microseconds).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+#define DDL_TORCH_HAS_COMPLETION_HOOKS 1
+#include <torch/csrc/distributed/c10d/Hooks.hpp>
 #endif
 
 namespace ddl::torch_compat {

@@ -1,5 +1,6 @@
 // The Python module torch_ddl._C: the backend class and a few diagnostics for torch_ddl.info.
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "../core/base/config.h"
@@ -39,6 +40,24 @@ auto valueErrors(Fn fn) {
   }
 }
 
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+// What a recording completion hook was given: (completion key, duration in ms or None).
+struct CompletionRecord {
+  using Calls = std::vector<std::pair<uint64_t, std::optional<float>>>;
+  std::mutex mutex;
+  Calls calls;
+};
+
+// The record of each hook id, replaced when a hook of that id is registered again.
+std::map<int64_t, std::shared_ptr<CompletionRecord>>& completionRecords(
+    std::unique_lock<std::mutex>& lock) {
+  static std::mutex mutex;
+  static std::map<int64_t, std::shared_ptr<CompletionRecord>> records;
+  lock = std::unique_lock<std::mutex>(mutex);
+  return records;
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -63,6 +82,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              }
              return out;
            })
+      // The timeout the group's ops get when the call names none (set_timeout changes it).
+      .def_property_readonly(
+          "timeout", [](const ddl::ProcessGroupDDL& pg) { return pg.communicator()->timeout(); })
       // c10d's getError (torch's Python Backend has no binding for it).
       .def("get_error", &ddl::ProcessGroupDDL::getError)
       // The group's first failure as ddl's Status: kind, the ranks it names, the words, and
@@ -93,6 +115,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              out["messages"] = counts.second;
              return out;
            })
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+      // Completion hooks are C++-only in torch 2.15: a hook that records what it is given, for
+      // the tests (hook_id as registerCompletionHook's), and what it recorded.
+      .def("_record_completions",
+           [](ddl::ProcessGroupDDL& pg, int64_t hookId) {
+             auto record = std::make_shared<CompletionRecord>();
+             pg.registerCompletionHook(hookId, [record](const c10d::CompletionHookArgs& args) {
+               std::lock_guard<std::mutex> lock(record->mutex);
+               record->calls.emplace_back(args.completionKey, args.duration_ms);
+             });
+             std::unique_lock<std::mutex> lock;
+             completionRecords(lock)[hookId] = record;
+           })
+      .def_static("_recorded_completions",
+                  [](int64_t hookId) {
+                    std::shared_ptr<CompletionRecord> record;
+                    {
+                      std::unique_lock<std::mutex> lock;
+                      auto& records = completionRecords(lock);
+                      auto it = records.find(hookId);
+                      if (it == records.end()) return CompletionRecord::Calls{};
+                      record = it->second;
+                    }
+                    std::lock_guard<std::mutex> lock(record->mutex);
+                    return record->calls;
+                  })
+#endif
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
           return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);

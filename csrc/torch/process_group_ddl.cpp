@@ -102,6 +102,26 @@ void ProcessGroupDDL::unregisterAbortHook(int64_t hookId) {
 }
 #endif
 
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+bool ProcessGroupDDL::isInitialized() { return !closed_.load(); }
+
+void ProcessGroupDDL::registerCompletionHook(int64_t hookId, c10d::CompletionHook hook) {
+  TORCH_CHECK(hook, "ddl: register_completion_hook: the hook is empty");
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  TORCH_CHECK(observers_->completionHooks.count(hookId) == 0, "ddl: register_completion_hook: id ",
+              hookId, " is registered already");
+  observers_->completionHooks[hookId] = std::move(hook);
+  observers_->completionHooked.store(true);
+}
+
+void ProcessGroupDDL::unregisterCompletionHook(int64_t hookId) {
+  std::lock_guard<std::mutex> lock(observers_->mutex);
+  TORCH_CHECK(observers_->completionHooks.erase(hookId) == 1,
+              "ddl: unregister_completion_hook: no hook ", hookId, " is registered");
+  observers_->completionHooked.store(!observers_->completionHooks.empty());
+}
+#endif
+
 namespace {
 thread_local bool tQuorumWaived = false;
 }  // namespace
@@ -183,6 +203,7 @@ void ProcessGroupDDL::waitForPendingWorks() {
 CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
                                          std::chrono::milliseconds timeout) {
   work.observe(observers_, comm_->sequenceNumber());
+  work.setTimeout(timeout.count() >= 0 ? timeout : comm_->timeout());
   CallOptions options{timeout, work.coreWork(name)};
   if (!observers_->hooked.load()) return options;
   work.countHookCall();
@@ -349,11 +370,11 @@ void ProcessGroupDDL::startTimeEstimate() {
   estimating_.store(true);
 }
 
-double ProcessGroupDDL::endTimeEstimate() {
+float ProcessGroupDDL::endTimeEstimate() {
   std::lock_guard<std::mutex> lock(estimateMutex_);
   TORCH_CHECK(estimating_.load(), "ddl: _end_time_estimate without _start_time_estimate");
   estimating_.store(false);
-  return estimatedSeconds_ * 1e6;
+  return static_cast<float>(estimatedSeconds_ * 1e6);
 }
 
 // allreduce: the plan the group would take for that size, as `info --plan` predicts it. Other
@@ -399,9 +420,13 @@ c10d::ErrorType ProcessGroupDDL::getError() {
 
 void ProcessGroupDDL::abort() {
   observers_->runAbortHooks();
+  closed_.store(true);
   comm_->close("aborted: abort() was called on this group");
 }
 
-void ProcessGroupDDL::shutdown() { comm_->close("the group was shut down"); }
+void ProcessGroupDDL::shutdown() {
+  closed_.store(true);
+  comm_->close("the group was shut down");
+}
 
 }  // namespace ddl

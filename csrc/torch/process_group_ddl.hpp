@@ -59,8 +59,22 @@ class ProcessGroupDDL : public c10d::Backend {
   // completes at once (its outputs untouched) and adds what the cost model predicts for it, with
   // the links the group probed. endTimeEstimate returns the sum in microseconds, as NCCL's does.
   bool supportsTimeEstimation() const override { return true; }
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+  void startTimeEstimate() override;
+  float endTimeEstimate() override;
+  // A ddl group connects its peers when it is created: true until abort() or shutdown().
+  bool isInitialized() override;
+  bool supportsAbortHooks() const override { return true; }
+  // Completion hooks (torch 2.15): each runs once per op that succeeded, on a completion thread
+  // (never the progress thread, never holding the GIL), with the op's getCompletionKey() and,
+  // while collective timing is on, its duration; failed ops fire nothing. In id order.
+  bool supportsCompletionHooks() const override { return true; }
+  void registerCompletionHook(int64_t hookId, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t hookId) override;
+#else
   void startTimeEstimate();
-  double endTimeEstimate();
+  float endTimeEstimate();
+#endif
   // What a split inherits: the backend's name and this group's timeout.
   c10::intrusive_ptr<Options> getBackendOptions() override {
     return c10::make_intrusive<Options>("ddl", comm_->timeout());
@@ -192,6 +206,7 @@ class ProcessGroupDDL : public c10d::Backend {
   std::atomic<bool> coalescing_{false};  // set and cleared under coalescingMutex_
   std::mutex estimateMutex_;
   std::atomic<bool> estimating_{false};  // set and cleared under estimateMutex_
+  std::atomic<bool> closed_{false};      // abort() or shutdown() was called
   double estimatedSeconds_ = 0;
   // The cost model's seconds for an op of `type` whose work holds `tensors` (its outputs).
   double estimateSeconds(c10d::OpType type, const std::vector<at::Tensor>& tensors) const;

@@ -81,6 +81,22 @@ void WorkObservers::runAbortHooks() {
   }
 }
 
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+void WorkObservers::runCompletionHooks(const c10d::CompletionHookArgs& args) {
+  std::vector<c10d::CompletionHook> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [id, hook] : completionHooks) hooks.push_back(hook);
+  }
+  for (const auto& hook : hooks) {
+    try {
+      hook(args);
+    } catch (...) {  // a hook's own failure: not the op's, and the others still run
+    }
+  }
+}
+#endif
+
 void WorkObservers::afterFailedOp() {
   std::function<bool()> failed;
   {
@@ -90,9 +106,14 @@ void WorkObservers::afterFailedOp() {
   if (failed && failed()) runAbortHooks();
 }
 
+namespace {
+std::atomic<uint64_t> gCompletionKeys{1};
+}  // namespace
+
 WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
+      completionKey_(gCompletionKeys.fetch_add(1)),
       future_(torch_compat::tensorListFuture()) {}
 
 WorkDDL::~WorkDDL() = default;
@@ -115,6 +136,20 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
     if (self->futureRequested_.load() || self->device_) {
       CompletionThreads::instance().post([self] { self->finalize(); });
     }
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+    if (!self->core_->failed() && self->observers_ && self->observers_->completionHooked.load()) {
+      c10d::CompletionHookArgs args;
+      args.completionKey = self->completionKey_;
+      if (self->observers_->timing.load()) {
+        const ddl::Work& core = *self->core_;
+        args.duration_ms =
+            std::chrono::duration<float, std::milli>(core.finishedAt() - core.startedAt()).count();
+      }
+      auto observers = self->observers_;
+      CompletionThreads::instance().post(
+          [observers, args] { observers->runCompletionHooks(args); });
+    }
+#endif
     if (self->core_->failed() && self->observers_ && self->observers_->abortHooked.load()) {
       auto observers = self->observers_;
       CompletionThreads::instance().post([observers] { observers->afterFailedOp(); });

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../core/runtime/work.h"
+#include "compat.hpp"
 #include "device_streams.hpp"
 
 namespace ddl {
@@ -39,6 +40,13 @@ struct WorkObservers {
   std::function<bool()> groupFailed;  // under mutex
   void runAbortHooks();
   void afterFailedOp();  // runAbortHooks if the group failed
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+  // Completion hooks (registerCompletionHook), by id, under mutex: each op that succeeds calls
+  // them once, on a completion thread.
+  std::map<int64_t, c10d::CompletionHook> completionHooks;
+  std::atomic<bool> completionHooked{false};
+  void runCompletionHooks(const c10d::CompletionHookArgs& args);
+#endif
 };
 
 // A c10d Work over a core Work. Results that need a copy after the transfer (non-contiguous
@@ -59,6 +67,15 @@ class WorkDDL : public c10d::Work {
   // Milliseconds from the engine starting the op to its end (after enableCollectivesTiming).
   float getDuration() const override;
   uint64_t getSequencenumber() const override { return sequence_; }
+#ifdef DDL_TORCH_HAS_WORK_TIMEOUT
+  // The op's timeout: the call's, else the group's at the call.
+  std::chrono::milliseconds getTimeout() const override { return timeout_; }
+#endif
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+  // Unique in the process (never reused): what completion hooks report.
+  uint64_t getCompletionKey() const override { return completionKey_; }
+#endif
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Before coreWork(): who is told of the end, and the op's number in its group.
   void observe(std::shared_ptr<WorkObservers> observers, uint64_t sequence) {
     observers_ = std::move(observers);
@@ -100,6 +117,8 @@ class WorkDDL : public c10d::Work {
   std::shared_ptr<ddl::Work> core_;
   std::shared_ptr<WorkObservers> observers_;
   uint64_t sequence_ = 0;
+  uint64_t completionKey_;
+  std::chrono::milliseconds timeout_{0};
   bool hookCounted_ = false;
   const char* name_ = "collective";
   std::shared_ptr<DeviceCompletion> device_;
