@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next bench-data bench-easgd
+.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd
 
 all: build
 
@@ -208,26 +208,44 @@ format:
 clean:
 	rm -rf build torch_ddl/_C*.so *.egg-info
 
-# The glue against torch 2.11's headers (the version on GPU machines), and the CUDA part where
-# nvcc is found; downloads ~0.5 GB once.
-# The Python suite and the conformance subset under torch 2.14.1 (a CUDA build that runs on the
-# CPU here, from the wheel on disk): a second environment, and a copy of the tree installed in it
-# (editable). Not part of make test.
-TORCH_NEXT := 2.14.1
-VENV_NEXT := .venv-$(TORCH_NEXT)
+# The Python suite and the conformance subset under another torch: TORCH_NEXT (2.15.0; `make
+# test-torch-next TORCH_NEXT=2.14.1` for the one before), in an environment of its own with a
+# copy of the tree installed in it (editable). 2.15.0 is not among the releases on this machine's
+# disk: pip fetches it from PyPI past the local cap (/etc/xdg/pip/constraints.txt), several GB
+# with its CUDA libraries (it runs on the CPU here). Not part of make test.
+TORCH_NEXT ?= 2.15.0
+VENV_NEXT = .venv-$(TORCH_NEXT)
+NEXT_TREE = build/next-$(TORCH_NEXT)
 test-torch-next: $(CLUSTER_TOOLS)
 	test -x $(VENV_NEXT)/bin/python || { python3 -m venv $(VENV_NEXT) && \
 	  $(VENV_NEXT)/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel && \
-	  $(VENV_NEXT)/bin/python -m pip install -q torch==$(TORCH_NEXT) libucx-cu13 numpy ninja \
-	    pytest scikit-learn expecttest hypothesis; }
-	mkdir -p build/torch-next
-	git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C build/torch-next
-	cd build/torch-next && TORCH_DDL_CUDA=0 MAX_JOBS=$(NPROC) $(CURDIR)/$(VENV_NEXT)/bin/python \
+	  PIP_CONSTRAINT=/dev/null $(VENV_NEXT)/bin/python -m pip install -q torch==$(TORCH_NEXT) \
+	    libucx-cu13 numpy ninja pytest scikit-learn expecttest hypothesis; }
+	mkdir -p $(NEXT_TREE)
+	git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C $(NEXT_TREE)
+	cd $(NEXT_TREE) && TORCH_DDL_CUDA=0 MAX_JOBS=$(NPROC) $(CURDIR)/$(VENV_NEXT)/bin/python \
 	  -m pip install -q --no-build-isolation --no-deps -e .
-	cd build/torch-next && $(CURDIR)/$(VENV_NEXT)/bin/python -m pytest tests/python -q -x \
+	cd $(NEXT_TREE) && $(CURDIR)/$(VENV_NEXT)/bin/python -m pytest tests/python -q -x \
 	  -p no:cacheprovider
-	cd build/torch-next && PYTHON=$(CURDIR)/$(VENV_NEXT)/bin/python tests/conformance/run.sh \
+	cd $(NEXT_TREE) && PYTHON=$(CURDIR)/$(VENV_NEXT)/bin/python tests/conformance/run.sh \
 	  subset ddl 2
 
+# Training frameworks over ddl against gloo (tests/frameworks): Lightning's DDPStrategy, DeepSpeed
+# ZeRO 1 and 2, torchtitan's calls with FSDP2 on a 2-D mesh. Their installs are large, so they
+# live in an environment of their own (the same torch as .venv, so the build in place serves
+# both). Not part of make test.
+FRAMEWORKS_VENV := .venv-frameworks
+test-frameworks: build
+	test -x $(FRAMEWORKS_VENV)/bin/python || { python3 -m venv $(FRAMEWORKS_VENV) && \
+	  $(FRAMEWORKS_VENV)/bin/python -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel && \
+	  $(FRAMEWORKS_VENV)/bin/python -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja \
+	    pytest lightning && \
+	  $(FRAMEWORKS_VENV)/bin/python -m pip install -q --no-build-isolation deepspeed; }
+	PYTHONPATH=$(CURDIR) $(FRAMEWORKS_VENV)/bin/python -m pytest tests/frameworks -q -rs \
+	  -p no:cacheprovider
+
+# The glue against torch 2.11's headers (the version on GPU machines) and 2.15's, and the CUDA
+# part where nvcc is found; downloads ~0.5 GB once per version.
 compat: $(ENV_STAMP)
 	tools/check_torch_headers.sh 2.11.0
+	tools/check_torch_headers.sh 2.15.0
