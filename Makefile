@@ -51,7 +51,7 @@ build/cpp/%.o: %.cc
 -include $(OBJS:.o=.d)
 
 test-cpp: build/cpp/core_tests
-	build/cpp/core_tests
+	TORCH_DDL_TRACE_FILE= build/cpp/core_tests  # failed ops' flight-recorder dumps: none
 
 # The core's tests under AddressSanitizer (not in `make test`: 3x slower). Adoption's tests are
 # left out: they read glibc's chunk headers, which ASan's allocator does not write.

@@ -1,9 +1,11 @@
 """Helpers for the multi-process tests: launch ranks with a deadline, make inputs, compare."""
 
+import atexit
 import ctypes
 import multiprocessing
 import os
 import pickle
+import shutil
 import tempfile
 import time
 import traceback
@@ -16,6 +18,13 @@ import torch.multiprocessing as mp
 # ddl's included, and on a failure writes it to disk from an abort hook (about 1.4 s here, which
 # abort() then takes: docs/faults.md). The fault tests measure ddl's own times: not that dump.
 os.environ.setdefault("TORCH_FR_DUMP_ON_TIMEOUT", "0")
+
+# ddl's own flight-recorder dumps, which every failed op writes (the fault tests fail many), go
+# to a folder of this test run, removed when it ends; tests of the dump name their own files.
+if "TORCH_DDL_TRACE_FILE" not in os.environ:
+    _traces = tempfile.mkdtemp(prefix="ddl_test_traces_")
+    atexit.register(shutil.rmtree, _traces, ignore_errors=True)
+    os.environ["TORCH_DDL_TRACE_FILE"] = os.path.join(_traces, "trace_rank_")
 
 # World sizes the collective tests run at: 1 - 4, and those DDL_TEST_MORE_RANKS adds
 # (comma-separated, e.g. 6,8 on a machine with the cores for them).

@@ -85,10 +85,12 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
                                         spec.copyBandwidth);
   store_ = std::make_unique<Store>();
   comms_.resize(n);
+  settings_ = config();
+  settings_.traceFile.clear();
   for (int r = 0; r < n; ++r) {
     clocks_.push_back(std::make_unique<SimClock>(*network_, r));
     engines_.push_back(std::make_unique<Engine>(network_->join(r), Engine::Drive::kExternal,
-                                                *clocks_.back(), memory_.get()));
+                                                *clocks_.back(), memory_.get(), &settings_));
     SimNetwork* network = network_.get();
     engines_.back()->setWakeHook([network, r] { network->wake(r, network->now()); });
   }

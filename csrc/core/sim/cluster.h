@@ -110,6 +110,9 @@ class SimCluster {
   std::string rackMap_;
   std::vector<Locality> localities_;
   std::vector<std::unique_ptr<SimClock>> clocks_;
+  // The process's settings, but no flight-recorder dumps: a simulated rank that fails would
+  // write (and overwrite) a real process's file for each rank number.
+  Config settings_;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<std::shared_ptr<Communicator>> comms_;
   ClusterSpec spec_;
