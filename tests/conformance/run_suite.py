@@ -10,14 +10,21 @@ plugin backend) before the suite is imported, and lifts the skips that name othe
 reason that does not hold for ddl (ENABLED_FOR_DDL below); the tests run as PyTorch ships them.
 """
 
+import atexit
 import functools
 import os
 import re
+import shutil
 import tempfile
 
 os.environ.setdefault("BACKEND", "ddl")
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="ddl_conformance_"))
+if "TEMP_DIR" not in os.environ:  # made once, by the process that runs the suite; spawned ranks
+    # inherit it. ddl's flight-recorder dumps of the ops the suite fails on purpose go there too.
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ddl_conformance_")
+    os.environ.setdefault("TORCH_DDL_TRACE_FILE",
+                          os.path.join(os.environ["TEMP_DIR"], "ddl_trace_rank_"))
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], ignore_errors=True)
 
 BACKEND = os.environ["BACKEND"]
 if BACKEND == "ddl":
