@@ -64,36 +64,37 @@ class CompletionThreads {
   size_t workers_ = 0;
 };
 
-}  // namespace
-
-void WorkObservers::runAbortHooks() {
-  if (!abortHooked.load() || abortHooksRan.exchange(true)) return;
-  std::vector<std::function<void()>> hooks;
+// Calls each hook of `hooks` (a map by id, guarded by `mutex`) in id order, outside the lock; a
+// hook's own failure is not the op's, and the others still run.
+template <typename Hook, typename... Args>
+void callEach(std::mutex& mutex, const std::map<int64_t, Hook>& hooks, const Args&... args) {
+  std::vector<Hook> copies;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [id, hook] : abortHooks) hooks.push_back(hook);
+    for (const auto& [id, hook] : hooks) copies.push_back(hook);
   }
-  for (const auto& hook : hooks) {
+  for (const auto& hook : copies) {
     try {
-      hook();
-    } catch (...) {  // a hook's own failure: the others still run
+      hook(args...);
+    } catch (...) {
     }
   }
 }
 
+float millisecondsOf(const ddl::Work& core) {
+  return std::chrono::duration<float, std::milli>(core.finishedAt() - core.startedAt()).count();
+}
+
+}  // namespace
+
+void WorkObservers::runAbortHooks() {
+  if (!abortHooked.load() || abortHooksRan.exchange(true)) return;
+  callEach(mutex, abortHooks);
+}
+
 #ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
 void WorkObservers::runCompletionHooks(const c10d::CompletionHookArgs& args) {
-  std::vector<c10d::CompletionHook> hooks;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [id, hook] : completionHooks) hooks.push_back(hook);
-  }
-  for (const auto& hook : hooks) {
-    try {
-      hook(args);
-    } catch (...) {  // a hook's own failure: not the op's, and the others still run
-    }
-  }
+  callEach(mutex, completionHooks, args);
 }
 #endif
 
@@ -123,7 +124,7 @@ float WorkDDL::getDuration() const {
               "ddl: get_duration needs the group's collective timing: call "
               "ProcessGroup._enable_collectives_timing() before the call");
   TORCH_CHECK(core_ && core_->done(), "ddl: get_duration of ", name_, " before it finished");
-  return std::chrono::duration<float, std::milli>(core_->finishedAt() - core_->startedAt()).count();
+  return millisecondsOf(*core_);
 }
 
 std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
@@ -140,11 +141,7 @@ std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
     if (!self->core_->failed() && self->observers_ && self->observers_->completionHooked.load()) {
       c10d::CompletionHookArgs args;
       args.completionKey = self->completionKey_;
-      if (self->observers_->timing.load()) {
-        const ddl::Work& core = *self->core_;
-        args.duration_ms =
-            std::chrono::duration<float, std::milli>(core.finishedAt() - core.startedAt()).count();
-      }
+      if (self->observers_->timing.load()) args.duration_ms = millisecondsOf(*self->core_);
       auto observers = self->observers_;
       CompletionThreads::instance().post(
           [observers, args] { observers->runCompletionHooks(args); });
