@@ -9,7 +9,8 @@
 // slot:     which message of the operation: phase (6 bits) and step (14 bits). Phases
 //           0..kPlanPhases-1 are handed out by an operation's plan (one per ring x colour running
 //           at once: topology/allreduce_plan.h); kControlPhase carries call prints and notices;
-//           kSharedPhase is the shared-memory ring's and the direct path's; the top
+//           kSharedPhase is the shared-memory ring's and the direct path's; kWindowPhase
+//           carries the signals of one-sided windows; the top
 //           kPointToPointPhases carry point-to-point tags. Messages of one
 //           slot between one pair are matched in send order (FIFO), so segments of a pipelined
 //           step share a slot.
@@ -49,8 +50,12 @@ inline constexpr uint32_t kPrintStep = 0;
 inline constexpr uint32_t kNoticeStep = 1;
 // Group creation's messages up and down its tree (group/bootstrap.h), under sequence 0.
 inline constexpr uint32_t kBootstrapStep = 2;
+// Signals of one-sided windows (group/window.h): under the agreements' group id (below) with
+// the window's id in the sequence field, so that nothing a group discards (what a failed op left
+// behind, matched by group and sequence) is a signal.
+inline constexpr uint32_t kWindowPhase = kControlPhase - 1;
 // Phases a plan may hand out to rings and colours in flight at once.
-inline constexpr uint32_t kPlanPhases = kControlPhase;
+inline constexpr uint32_t kPlanPhases = kWindowPhase;
 
 inline constexpr uint64_t field(uint64_t value, int bits, int shift) {
   return (value & ((uint64_t{1} << bits) - 1)) << shift;

@@ -112,18 +112,26 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
                                             const char* name, CallOptions& options,
                                             const std::function<Task(Op&)>& body, int peer,
                                             const void* inlineData, size_t inlineBytes) {
+  return startOn(group_, sequence, print, name, options, body, peer, inlineData, inlineBytes);
+}
+
+std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& group,
+                                            uint32_t sequence, const CallPrint* print,
+                                            const char* name, CallOptions& options,
+                                            const std::function<Task(Op&)>& body, int peer,
+                                            const void* inlineData, size_t inlineBytes) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
   if (logs(LogLevel::kTrace)) {
-    logLine(LogLevel::kTrace, group_->name + " rank " + std::to_string(rank()) + " op #" +
+    logLine(LogLevel::kTrace, group->name + " rank " + std::to_string(rank()) + " op #" +
                                   std::to_string(sequence) + " " +
                                   (print != nullptr ? print->describe() : std::string(name)) +
                                   (peer >= 0 ? " with rank " + std::to_string(peer) : ""));
   }
-  auto op = std::make_unique<Op>(group_, sequence, name, timeout, work);
+  auto op = std::make_unique<Op>(group, sequence, name, timeout, work);
   op->setMemory(options.memory == MemoryKind::kHost ? engine_->hostMemory()
                                                     : memoryFor(options.memory, options.device));
-  op->traceRecord = engine_->runtime().recorder().created(group_->id, sequence, name,
+  op->traceRecord = engine_->runtime().recorder().created(group->id, sequence, name,
                                                           print != nullptr ? *print : CallPrint{},
                                                           peer != kNotPointToPoint, peer, timeout);
   if (print != nullptr && size() > 1) {

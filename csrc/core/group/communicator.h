@@ -63,7 +63,7 @@ struct GroupOptions {
   std::optional<PlanRequest> plan;
 };
 
-class Communicator {
+class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Collective over `size` processes: finds the group's id and its tree parent through `store`
   // and learns every rank's address and locality over the group's own messages
@@ -229,6 +229,13 @@ class Communicator {
                                 CallOptions& options, const std::function<Task(Op&)>& body,
                                 int peer = kNotPointToPoint, const void* inlineData = nullptr,
                                 size_t inlineBytes = 0);
+  // startAt for ops of `group` (a window's, group/window.h: this group's ranks under ids of
+  // their own).
+  std::shared_ptr<Work> startOn(const std::shared_ptr<const Group>& group, uint32_t sequence,
+                                const CallPrint* print, const char* name, CallOptions& options,
+                                const std::function<Task(Op&)>& body, int peer,
+                                const void* inlineData = nullptr, size_t inlineBytes = 0);
+  friend class Window;
   std::string where(const char* name) const;
   // Bad arguments: the other ranks are told (reject) and the caller gets an Error.
   [[noreturn]] void refuse(const char* name, const std::string& what);

@@ -86,6 +86,12 @@ std::optional<LinkCost> Engine::recallLink(const std::string& what) {
   return found->second;
 }
 
+void Engine::tookWindowId(uint64_t id) {
+  uint64_t next = nextWindowId_.load();
+  while (next <= id && !nextWindowId_.compare_exchange_weak(next, id + 1)) {
+  }
+}
+
 void Engine::rememberLink(const std::string& what, const LinkCost& cost) {
   std::lock_guard<std::mutex> lock(linksMutex_);
   links_[what] = cost;

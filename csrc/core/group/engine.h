@@ -81,6 +81,10 @@ class Engine : private Runtime::Supervisor {
   // thread only.
   std::set<uint64_t>& endedAgreements() { return endedAgreements_; }
   void rememberLink(const std::string& what, const LinkCost& cost);
+  // One-sided windows' ids (group/window.h): the lowest this process may take, and one taken
+  // (the ids of later windows are higher).
+  uint64_t nextWindowId() const { return nextWindowId_.load(); }
+  void tookWindowId(uint64_t id);
 
   // The transport's name; the devices it can use (asks the progress thread: it may open every
   // device); the endpoints it has opened.
@@ -172,6 +176,7 @@ class Engine : private Runtime::Supervisor {
   std::set<uint32_t> groupIds_;  // held by live groups
   std::mutex linksMutex_;
   std::map<std::string, LinkCost> links_;  // probed
+  std::atomic<uint64_t> nextWindowId_{0};
 
   // The turning thread only.
   std::set<uint64_t> endedAgreements_;

@@ -188,13 +188,36 @@ Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const
   if (refuseAfterFailure(req)) return req;
   uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(group_->rank));
   PeerId peer;
-  try {
-    peer = group_->peer(req->peer);
-  } catch (const Error& e) {  // no endpoint can be made: the send fails, as one to a lost peer
-    req->fail(StatusKind::kPeerLost, std::string("peer unreachable: ") + e.what());
-    return req;
-  }
+  if (!endpoint(req, &peer)) return req;
   group_->runtime->transport().send(peer, t, data, bytes, req);
+  return req;
+}
+
+bool Op::endpoint(Request* req, PeerId* id) {
+  try {
+    *id = group_->peer(req->peer);
+    return true;
+  } catch (const Error& e) {  // no endpoint can be made: fails as a request to a lost peer
+    req->fail(StatusKind::kPeerLost, std::string("peer unreachable: ") + e.what());
+    return false;
+  }
+}
+
+Request* Op::put(int peer, uint64_t remote, size_t offset, const void* data, size_t bytes) {
+  Request* req = newRequest(peer, true);
+  if (refuseAfterFailure(req)) return req;
+  PeerId id;
+  if (!endpoint(req, &id)) return req;
+  group_->runtime->transport().put(id, remote, offset, data, bytes, req);
+  return req;
+}
+
+Request* Op::flush(int peer) {
+  Request* req = newRequest(peer, true);
+  if (refuseAfterFailure(req)) return req;
+  PeerId id;
+  if (!endpoint(req, &id)) return req;
+  group_->runtime->transport().flush(id, req);
   return req;
 }
 

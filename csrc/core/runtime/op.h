@@ -118,6 +118,10 @@ class Op {
   // takes at most `bytes`.
   Request* sendUnder(uint32_t sequence, int peer, uint64_t slot, const void* data, size_t bytes);
   Request* recvUnder(uint32_t sequence, int peer, uint64_t slot, void* data, size_t bytes);
+  // One-sided (group/window.h): writes `bytes` at `offset` of the region `remote` of `peer`
+  // (Transport::openRegion); flush completes once every put posted to `peer` has landed.
+  Request* put(int peer, uint64_t remote, size_t offset, const void* data, size_t bytes);
+  Request* flush(int peer);
 
   class Until {
    public:
@@ -224,6 +228,8 @@ class Op {
   Request* postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, void* data,
                             size_t bytes);
   bool refuseAfterFailure(Request* req);
+  // The endpoint to req->peer; false (the request failed) when none can be made.
+  bool endpoint(Request* req, PeerId* id);
 
   std::shared_ptr<const Group> group_;
   uint32_t sequence_;

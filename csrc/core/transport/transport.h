@@ -93,6 +93,24 @@ class Transport {
   }
   virtual void releaseWindow(uint64_t /*id*/) {}
 
+  // One-sided puts (optional): a peer writes into memory of this process with no receive posted
+  // here. registerRegion exposes [base, base + bytes) (any memory the process holds) and returns
+  // an id (0: the transport has no puts, or cannot register it) and a key for peers; openRegion,
+  // given a peer's key, returns an id to put through (0: it cannot). put writes `bytes` of `data`
+  // at `offset` of the peer's region `remote` (an openRegion id) and completes `req` once the
+  // source may be reused; flush completes `req` once every put posted to `peer` before it has
+  // landed there (what a message sent after it may then announce). closeRegion undoes either.
+  virtual uint64_t registerRegion(void* /*base*/, size_t /*bytes*/, std::string* /*key*/) {
+    return 0;
+  }
+  virtual uint64_t openRegion(PeerId /*peer*/, const std::string& /*key*/) { return 0; }
+  virtual void put(PeerId /*peer*/, uint64_t /*remote*/, size_t /*offset*/, const void* /*data*/,
+                   size_t /*bytes*/, Request* req) {
+    req->fail(StatusKind::kOther, "the transport " + name() + " has no one-sided puts");
+  }
+  virtual void flush(PeerId /*peer*/, Request* req) { req->complete(); }
+  virtual void closeRegion(uint64_t /*id*/) {}
+
   // Starts receiving a message that has arrived for `tag` under `mask` with no receive posted
   // for it, into `data`, completing `req` as recv does; false when none has arrived. For rare
   // messages (a group's notices): a receive posted under a mask is searched by every message

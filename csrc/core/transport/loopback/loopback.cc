@@ -86,6 +86,33 @@ uint64_t LoopbackTransport::mapWindow(PeerId, const std::string& key, void** bas
 
 void LoopbackTransport::releaseWindow(uint64_t id) { windows_.erase(id); }
 
+uint64_t LoopbackTransport::registerRegion(void* base, size_t bytes, std::string* key) {
+  if (bytes == 0) return 0;
+  uint64_t header[2] = {reinterpret_cast<uint64_t>(base), bytes};
+  key->assign(reinterpret_cast<const char*>(header), sizeof(header));
+  regions_.emplace(nextRegion_, std::make_pair(static_cast<char*>(base), bytes));
+  return nextRegion_++;
+}
+
+uint64_t LoopbackTransport::openRegion(PeerId, const std::string& key) {
+  uint64_t header[2];
+  if (key.size() != sizeof(header)) return 0;
+  std::memcpy(header, key.data(), sizeof(header));
+  regions_.emplace(nextRegion_, std::make_pair(reinterpret_cast<char*>(header[0]), header[1]));
+  return nextRegion_++;
+}
+
+void LoopbackTransport::put(PeerId, uint64_t remote, size_t offset, const void* data, size_t bytes,
+                            Request* req) {
+  auto it = regions_.find(remote);
+  if (it == regions_.end() || offset > it->second.second || bytes > it->second.second - offset) {
+    req->fail(StatusKind::kInvalidArgument, "the put falls outside the peer's region");
+    return;
+  }
+  if (bytes > 0) std::memcpy(it->second.first + offset, data, bytes);
+  req->complete();
+}
+
 void LoopbackTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes,
                              Request* req) {
   Delivered message{tag, std::vector<char>(bytes), bytes};

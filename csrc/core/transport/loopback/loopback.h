@@ -58,6 +58,12 @@ class LoopbackTransport : public Transport {
   uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
   void releaseWindow(uint64_t id) override;
   void refuseWindows(bool refuse) { refuseWindows_ = refuse; }
+  // Regions are memory of the one process: a put copies into it at once.
+  uint64_t registerRegion(void* base, size_t bytes, std::string* key) override;
+  uint64_t openRegion(PeerId peer, const std::string& key) override;
+  void put(PeerId peer, uint64_t remote, size_t offset, const void* data, size_t bytes,
+           Request* req) override;
+  void closeRegion(uint64_t id) override { regions_.erase(id); }
   // deferCancels(true): a cancelled receive completes at the next progress() rather than inside
   // cancel(), as UCX's may (tests of ops that fail with receives still held).
   void deferCancels(bool defer) { deferCancels_ = defer; }
@@ -77,6 +83,8 @@ class LoopbackTransport : public Transport {
   std::vector<int> peers_;  // fabric indices: a peer may be destroyed while this one sends
   std::map<uint64_t, std::shared_ptr<char[]>> windows_;  // allocated or mapped here
   uint64_t nextWindow_ = 1;
+  std::map<uint64_t, std::pair<char*, size_t>> regions_;  // registered or opened here
+  uint64_t nextRegion_ = 1;
   bool refuseWindows_ = false;
   bool deferCancels_ = false;
   std::vector<Request*> cancelled_;  // withdrawn, to fail at the next progress()

@@ -114,6 +114,7 @@ UcxTransport::~UcxTransport() {
     ucp_worker_progress(worker_);
   }
   while (!windows_.empty()) releaseWindow(windows_.begin()->first);
+  while (!regions_.empty()) closeRegion(regions_.begin()->first);
   std::vector<ucs_status_ptr_t> closing;
   for (Endpoint* e : endpoints_) {
     ucp_request_param_t p{};
@@ -338,6 +339,116 @@ void UcxTransport::releaseWindow(uint64_t id) {
   if (it->second.rkey != nullptr) ucp_rkey_destroy(it->second.rkey);
   if (it->second.memory != nullptr) ucp_mem_unmap(context_, it->second.memory);
   windows_.erase(it);
+}
+
+// A region's key is its base address and length, then the packed remote key. Peers put through
+// UCX (shared memory or CMA on a host, TCP or RDMA across hosts); the registration keeps the pages
+// pinned where the network needs it.
+uint64_t UcxTransport::registerRegion(void* base, size_t bytes, std::string* key) {
+  if (bytes == 0) return 0;
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = base;
+  params.length = bytes;
+  Region r;
+  if (ucp_mem_map(context_, &params, &r.memory) != UCS_OK) return 0;
+  void* packed = nullptr;
+  size_t packedLength = 0;
+  if (ucp_rkey_pack(context_, r.memory, &packed, &packedLength) != UCS_OK) {
+    ucp_mem_unmap(context_, r.memory);
+    return 0;
+  }
+  uint64_t header[2] = {reinterpret_cast<uint64_t>(base), bytes};
+  key->assign(reinterpret_cast<const char*>(header), sizeof(header));
+  key->append(static_cast<const char*>(packed), packedLength);
+  ucp_rkey_buffer_release(packed);
+  r.bytes = bytes;
+  uint64_t id = nextRegion_++;
+  regions_.emplace(id, r);
+  return id;
+}
+
+uint64_t UcxTransport::openRegion(PeerId peer, const std::string& key) {
+  uint64_t header[2];
+  if (key.size() <= sizeof(header) || peer < 0 || peer >= static_cast<PeerId>(endpoints_.size())) {
+    return 0;
+  }
+  std::memcpy(header, key.data(), sizeof(header));
+  Region r;
+  if (ucp_ep_rkey_unpack(endpoints_[peer]->ep, key.data() + sizeof(header), &r.rkey) != UCS_OK) {
+    return 0;
+  }
+  r.remoteBase = header[0];
+  r.bytes = header[1];
+  r.peer = peer;
+  uint64_t id = nextRegion_++;
+  regions_.emplace(id, r);
+  return id;
+}
+
+bool UcxTransport::unreachable(PeerId peer, Request* req) {
+  if (peer < 0 || peer >= static_cast<PeerId>(endpoints_.size())) {
+    req->fail(StatusKind::kOther, "no endpoint " + std::to_string(peer));
+    return true;
+  }
+  if (endpoints_[peer]->failure != UCS_OK) {
+    req->fail(StatusKind::kPeerLost,
+              std::string("peer unreachable: ") + ucs_status_string(endpoints_[peer]->failure));
+    return true;
+  }
+  return false;
+}
+
+void UcxTransport::put(PeerId peer, uint64_t remote, size_t offset, const void* data, size_t bytes,
+                       Request* req) {
+  if (unreachable(peer, req)) return;
+  auto it = regions_.find(remote);
+  if (it == regions_.end() || it->second.rkey == nullptr || it->second.peer != peer ||
+      offset > it->second.bytes || bytes > it->second.bytes - offset) {
+    req->fail(StatusKind::kInvalidArgument, "the put falls outside the peer's region");
+    return;
+  }
+  if (bytes == 0) {
+    req->complete();
+    return;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &onSend;
+  p.user_data = req;
+  ucs_status_ptr_t s = ucp_put_nbx(endpoints_[peer]->ep, data, bytes,
+                                   it->second.remoteBase + offset, it->second.rkey, &p);
+  if (s == nullptr) {
+    req->complete();
+  } else if (UCS_PTR_IS_ERR(s)) {
+    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
+  } else {
+    req->transportData = s;
+  }
+}
+
+void UcxTransport::flush(PeerId peer, Request* req) {
+  if (unreachable(peer, req)) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &onSend;
+  p.user_data = req;
+  ucs_status_ptr_t s = ucp_ep_flush_nbx(endpoints_[peer]->ep, &p);
+  if (s == nullptr) {
+    req->complete();
+  } else if (UCS_PTR_IS_ERR(s)) {
+    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
+  } else {
+    req->transportData = s;
+  }
+}
+
+void UcxTransport::closeRegion(uint64_t id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return;
+  if (it->second.rkey != nullptr) ucp_rkey_destroy(it->second.rkey);
+  if (it->second.memory != nullptr) ucp_mem_unmap(context_, it->second.memory);
+  regions_.erase(it);
 }
 
 bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }

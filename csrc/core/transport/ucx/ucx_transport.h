@@ -39,6 +39,12 @@ class UcxTransport : public Transport {
   uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
   uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
   void releaseWindow(uint64_t id) override;
+  uint64_t registerRegion(void* base, size_t bytes, std::string* key) override;
+  uint64_t openRegion(PeerId peer, const std::string& key) override;
+  void put(PeerId peer, uint64_t remote, size_t offset, const void* data, size_t bytes,
+           Request* req) override;
+  void flush(PeerId peer, Request* req) override;
+  void closeRegion(uint64_t id) override;
   std::vector<std::pair<PeerId, std::string>> lostPeers() override;
   std::string addressOf(PeerId peer) const override {
     return peer >= 0 && static_cast<size_t>(peer) < endpoints_.size() ? endpoints_[peer]->address
@@ -62,6 +68,16 @@ class UcxTransport : public Transport {
     ucp_mem_h memory = nullptr;  // allocated here
     ucp_rkey_h rkey = nullptr;   // a peer's, mapped here
   };
+  // A region registered here for peers' puts, or a peer's opened here to put into.
+  struct Region {
+    ucp_mem_h memory = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    uint64_t remoteBase = 0;
+    size_t bytes = 0;
+    PeerId peer = -1;
+  };
+  // Fails `req` (true) when `peer` is not an endpoint or its connection failed.
+  bool unreachable(PeerId peer, Request* req);
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static std::string hostKey();
 
@@ -73,6 +89,8 @@ class UcxTransport : public Transport {
   std::vector<Endpoint*> endpoints_;
   std::map<uint64_t, Window> windows_;
   uint64_t nextWindow_ = 1;
+  std::map<uint64_t, Region> regions_;
+  uint64_t nextRegion_ = 1;
   std::vector<std::pair<PeerId, std::string>> lost_;  // since the last lostPeers()
   // Where discarded messages land (their contents are never read; several may land at once).
   std::vector<char> discardBuffer_ = std::vector<char>(64 * 1024);

@@ -1,0 +1,443 @@
+#include "window.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "../base/tag.h"
+
+namespace ddl {
+namespace {
+
+constexpr uint64_t kSignalSlot = tag::slot(tag::kWindowPhase, 0);
+
+// What each rank tells the others as it registers: its memory, how to reach it, and whether it
+// could register at all.
+struct OfferHeader {
+  uint64_t bytes;
+  uint64_t offset;  // of the data in its shared buffer
+  uint32_t layoutBytes;
+  uint32_t shareBytes;   // the shared buffer's key (SharedBuffers::Found)
+  uint32_t regionBytes;  // the region's key (Transport::registerRegion)
+  uint32_t flags;
+};
+constexpr uint32_t kAdopted = 1;      // the share key is for SharedBuffers::mapAdopted
+constexpr uint32_t kHeldAlready = 2;  // this rank's window already holds memory
+constexpr uint32_t kRefused = 4;      // this rank refused its memory (the layout says why)
+
+struct Offer {
+  OfferHeader header{};
+  std::string layout, share, region;
+};
+
+std::string encode(const Offer& o) {
+  std::string out(reinterpret_cast<const char*>(&o.header), sizeof(o.header));
+  return out + o.layout + o.share + o.region;
+}
+
+Offer decode(const char* data, size_t bytes, int from) {
+  Offer o;
+  if (bytes < sizeof(o.header)) {
+    throw Error("ddl: a malformed window offer from rank " + std::to_string(from));
+  }
+  std::memcpy(&o.header, data, sizeof(o.header));
+  const size_t rest = size_t{o.header.layoutBytes} + o.header.shareBytes + o.header.regionBytes;
+  if (bytes != sizeof(o.header) + rest) {
+    throw Error("ddl: a malformed window offer from rank " + std::to_string(from));
+  }
+  const char* p = data + sizeof(o.header);
+  o.layout.assign(p, o.header.layoutBytes);
+  o.share.assign(p + o.header.layoutBytes, o.header.shareBytes);
+  o.region.assign(p + o.header.layoutBytes + o.header.shareBytes, o.header.regionBytes);
+  return o;
+}
+
+// Waits for a collective the window makes; throws what it failed with.
+void await(const std::shared_ptr<Work>& work) {
+  work->wait();
+  if (work->failed()) throw Error(work->status());
+}
+
+Task putTask(Op& op, int peer, uint64_t remote, size_t offset, const void* data, size_t bytes) {
+  co_await op.all(op.put(peer, remote, offset, data, bytes));
+}
+
+// The puts posted to `peer` before this op have landed once the flush completes: the signal
+// leaves after them.
+Task signalTask(Op& op, int peer, uint32_t windowTag, bool flush) {
+  if (flush) co_await op.all(op.flush(peer));
+  const uint64_t token = 1;
+  co_await op.all(op.sendUnder(windowTag, peer, kSignalSlot, &token, sizeof(token)));
+}
+
+Task waitSignalTask(Op& op, int peer, uint32_t windowTag) {
+  op.describeTimeout = [&op, peer] {
+    return "Timed out after " + std::to_string(op.timeout().count()) +
+           " ms waiting for a signal from rank " + std::to_string(peer);
+  };
+  uint64_t token = 0;
+  co_await op.all(op.recvUnder(windowTag, peer, kSignalSlot, &token, sizeof(token)));
+}
+
+Task flushTask(Op& op, std::vector<int> peers) {
+  std::vector<Request*> flushes;
+  for (int p : peers) flushes.push_back(op.flush(p));
+  co_await op.all(std::move(flushes));
+}
+
+}  // namespace
+
+Window::Window(std::shared_ptr<Communicator> comm, uint64_t id) : comm_(std::move(comm)), id_(id) {
+  const Group& of = *comm_->group_;
+  group_ = std::make_shared<Group>();
+  group_->runtime = of.runtime;
+  group_->rank = of.rank;
+  group_->size = of.size;
+  group_->id = tag::kAgreementGroup;
+  group_->addresses = of.addresses;
+  group_->peers.assign(of.addresses.size(), -1);
+  group_->name = of.name + "'s window " + std::to_string(id);
+  group_->buffers = of.buffers;
+  group_->state = of.state;  // closing or failing the group ends its windows' ops too
+}
+
+std::shared_ptr<Window> Window::create(Communicator& comm) {
+  Engine& engine = comm.engine();
+  int64_t id = static_cast<int64_t>(engine.nextWindowId());
+  await(comm.allreduce(&id, 1, DataType::kInt64, ReduceOp::kMax));
+  engine.tookWindowId(static_cast<uint64_t>(id));
+  return std::shared_ptr<Window>(new Window(comm.shared_from_this(), static_cast<uint64_t>(id)));
+}
+
+Window::~Window() {
+  std::vector<Peer> peers;
+  peers.swap(peers_);
+  const uint64_t region = region_;
+  Runtime::postIfAlive(group_->runtime,
+                       [runtime = group_->runtime, peers = std::move(peers), region]() mutable {
+                         releaseOn(*runtime, std::move(peers), region);
+                       });
+}
+
+std::string Window::where(const char* name) const {
+  return std::string("ddl: ") + name + " on " + group_->name + " (rank " + std::to_string(rank()) +
+         " of " + std::to_string(size()) + ")";
+}
+
+void Window::checkPeer(const char* name, int peer) const {
+  if (peer < 0 || peer >= size()) {
+    throw Error(where(name) + ": rank " + std::to_string(peer) + " is not a rank of it",
+                StatusKind::kInvalidArgument);
+  }
+}
+
+bool Window::attached() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return attached_;
+}
+
+void Window::attach(const WindowMemory& given) {
+  const char* name = "tensor_register";
+  Engine& engine = comm_->engine();
+  const bool held = attached();
+  const Topology& topology = comm_->topology();
+  const std::vector<int>& hostOf = topology.levels[0].blockOf;
+  bool hostPeers = false;
+  for (int r = 0; r < size(); ++r) hostPeers |= r != rank() && hostOf[r] == hostOf[rank()];
+
+  Offer mine;
+  mine.header.bytes = given.bytes;
+  const bool refused = !given.refusal.empty();
+  mine.layout = refused ? given.refusal : given.layout;
+  mine.header.flags = (held ? kHeldAlready : 0) | (refused ? kRefused : 0);
+  uint64_t region = 0;
+  if (!held && !refused && given.bytes > 0) {
+    // Peers on this host map the memory where it is shared, or can be moved into shared memory.
+    SharedBuffers::Found found;
+    if (given.memory == MemoryKind::kHost && hostPeers && group_->buffers) {
+      SharedBuffers& buffers = *group_->buffers;
+      bool shared = buffers.find(given.data, given.bytes, &found);
+      if (!shared && given.adoptable.base != nullptr &&
+          buffers.adopt(given.adoptable.base, given.adoptable.bytes)) {
+        shared = buffers.find(given.data, given.bytes, &found);
+      }
+      if (shared) {
+        mine.share = found.key;
+        mine.header.offset = found.offset;
+        mine.header.flags |= found.adopted ? kAdopted : 0;
+      }
+    }
+    engine.call([&] {
+      region = group_->runtime->transport().registerRegion(given.data, given.bytes, &mine.region);
+    });
+  }
+  mine.header.layoutBytes = static_cast<uint32_t>(mine.layout.size());
+  mine.header.shareBytes = static_cast<uint32_t>(mine.share.size());
+  mine.header.regionBytes = static_cast<uint32_t>(mine.region.size());
+
+  auto unregister = [&] {
+    if (region != 0) engine.call([&] { group_->runtime->transport().closeRegion(region); });
+  };
+  std::vector<Offer> offers;
+  try {
+    const std::string out = encode(mine);
+    auto blocks = std::make_shared<VaryingBlocks>();
+    await(comm_->allgatherVarying(out.data(), out.size(), blocks));
+    for (int r = 0; r < size(); ++r) {
+      offers.push_back(decode(blocks->data.data() + blocks->offsets[r],
+                              blocks->offsets[r + 1] - blocks->offsets[r], r));
+    }
+  } catch (...) {
+    unregister();
+    throw;
+  }
+  // Every rank has the same offers, so every rank refuses alike.
+  std::string differ, holding, refusals;
+  int listed = 0;
+  for (int r = 0; r < size(); ++r) {
+    const uint32_t flags = offers[r].header.flags;
+    if (flags & kHeldAlready) holding += (holding.empty() ? "" : ", ") + std::to_string(r);
+    if (flags & kRefused) refusals += "; rank " + std::to_string(r) + ": " + offers[r].layout;
+    if (offers[r].layout != offers[0].layout && listed++ < 8) {
+      differ += ", rank " + std::to_string(r) + " " + offers[r].layout;
+    }
+  }
+  if (!holding.empty() || !differ.empty() || !refusals.empty()) {
+    unregister();
+    if (!refusals.empty()) {
+      throw Error(where(name) + ": refused" + refusals, StatusKind::kInvalidArgument);
+    }
+    if (!holding.empty()) {
+      throw Error(where(name) + ": the window already holds a tensor on rank " + holding +
+                      " (tensor_deregister it first, on every rank)",
+                  StatusKind::kInvalidArgument);
+    }
+    throw Error(where(name) +
+                    ": every rank must register a tensor of the same dtype and shape: rank 0 " +
+                    offers[0].layout + differ,
+                StatusKind::kInvalidArgument);
+  }
+  std::vector<Peer> peers(static_cast<size_t>(size()));
+  engine.call([&] {
+    Transport& transport = group_->runtime->transport();
+    for (int j = 0; j < size(); ++j) {
+      const Offer& o = offers[j];
+      Peer& p = peers[j];
+      p.bytes = o.header.bytes;
+      if (j == rank() || p.bytes == 0) continue;
+      if (hostOf[j] != hostOf[rank()]) {
+        p.unmapped = "it is on another host";
+      } else if (o.share.empty()) {
+        p.unmapped =
+            "its memory is not shared (register a tensor made by torch_ddl.empty_shared, "
+            "or one that is its whole storage, on the host's ranks)";
+      } else {
+        auto mapping = std::make_shared<Mapping>();
+        mapping->runtime = group_->runtime;
+        char* base = nullptr;
+        std::string why = "the transport cannot map it here";
+        if (o.header.flags & kAdopted) {
+          mapping->adoptedBase = SharedBuffers::mapAdopted(o.share, &mapping->adoptedLength, &why);
+          base = mapping->adoptedBase;
+        } else {
+          void* at = nullptr;
+          mapping->window = transport.mapWindow(group_->peer(j), o.share, &at);
+          if (mapping->window != 0) base = static_cast<char*>(at);
+        }
+        if (base != nullptr) {
+          p.mapped = base + o.header.offset;
+          p.mapping = std::move(mapping);
+        } else {
+          p.unmapped = "its shared memory cannot be mapped here: " + why;
+        }
+      }
+      if (p.mapped == nullptr && !o.region.empty()) {
+        p.remote = transport.openRegion(group_->peer(j), o.region);
+      }
+    }
+  });
+  std::lock_guard<std::mutex> lock(mutex_);
+  mine_ = given;
+  region_ = region;
+  peers_ = std::move(peers);
+  attached_ = true;
+}
+
+Window::Mapping::~Mapping() {
+  if (adoptedBase != nullptr) SharedBuffers::unmapAdopted(adoptedBase, adoptedLength);
+  if (window == 0) return;
+  // The runtime released every window if it is gone.
+  Runtime::postIfAlive(
+      runtime, [runtime = runtime, id = window] { runtime->transport().releaseWindow(id); });
+}
+
+void Window::releaseOn(Runtime& runtime, std::vector<Peer> peers, uint64_t region) {
+  Transport& transport = runtime.transport();
+  for (Peer& p : peers) {
+    if (p.remote != 0) transport.closeRegion(p.remote);
+  }
+  if (region != 0) transport.closeRegion(region);
+}
+
+void Window::release() {
+  std::vector<Peer> peers;
+  uint64_t region = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peers.swap(peers_);
+    region = region_;
+    region_ = 0;
+    mine_ = WindowMemory{};
+    attached_ = false;
+  }
+  Runtime& runtime = *group_->runtime;
+  comm_->engine().call([&] { releaseOn(runtime, std::move(peers), region); });
+}
+
+void Window::detach() {
+  const char* name = "tensor_deregister";
+  std::vector<int> remote;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int j = 0; j < static_cast<int>(peers_.size()); ++j) {
+      if (peers_[j].remote != 0) remote.push_back(j);
+    }
+  }
+  std::exception_ptr failed;
+  try {
+    // This rank's puts land; then no rank puts into memory that is let go after the barrier.
+    if (!remote.empty()) {
+      CallOptions options;
+      await(comm_->startOn(
+          group_, static_cast<uint32_t>(id_), nullptr, "flush", options,
+          [remote](Op& op) { return flushTask(op, remote); }, -1));
+    }
+    await(comm_->barrier());
+  } catch (const Error& e) {
+    failed = std::make_exception_ptr(Error(where(name) + ": " + e.what(), e.kind()));
+  }
+  release();
+  if (failed) std::rethrow_exception(failed);
+}
+
+size_t Window::bytesOf(int peer) const {
+  checkPeer("bytes", peer);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!attached_) return 0;
+  return peer == rank() ? mine_.bytes : peers_[peer].bytes;
+}
+
+std::shared_ptr<char> Window::mapped(int peer, std::string* why) const {
+  checkPeer("map_remote_tensor", peer);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!attached_) {
+    *why = "the window holds no tensor (tensor_register one first)";
+    return nullptr;
+  }
+  if (peer == rank())
+    return std::shared_ptr<char>(std::shared_ptr<char>(), static_cast<char*>(mine_.data));
+  const Peer& p = peers_[peer];
+  if (p.mapped == nullptr) {
+    *why = p.unmapped;
+    return nullptr;
+  }
+  return std::shared_ptr<char>(p.mapping, p.mapped);
+}
+
+std::string Window::route(int peer) const {
+  checkPeer("route", peer);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (peer == rank()) return "self";
+  if (!attached_) return "none";
+  return peers_[peer].mapped != nullptr ? "mapped" : peers_[peer].remote != 0 ? "put" : "none";
+}
+
+std::shared_ptr<Work> Window::put(const void* data, size_t bytes, int peer, size_t offset,
+                                  CallOptions options) {
+  const char* name = "put";
+  checkPeer(name, peer);
+  char* target = nullptr;
+  uint64_t remote = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!attached_) {
+      throw Error(where(name) + ": the window holds no tensor (tensor_register one first)",
+                  StatusKind::kInvalidArgument);
+    }
+    const size_t room = peer == rank() ? mine_.bytes : peers_[peer].bytes;
+    if (offset > room || bytes > room - offset) {
+      throw Error(where(name) + ": " + std::to_string(bytes) + " bytes at byte " +
+                      std::to_string(offset) + " do not fit in the " + std::to_string(room) +
+                      " bytes rank " + std::to_string(peer) + " registered",
+                  StatusKind::kInvalidArgument);
+    }
+    if (peer == rank()) {
+      target = static_cast<char*>(mine_.data) + offset;
+    } else if (peers_[peer].mapped != nullptr) {
+      target = peers_[peer].mapped + offset;
+    } else {
+      remote = peers_[peer].remote;
+      if (remote == 0 && bytes > 0) {
+        throw Error(where(name) + ": rank " + std::to_string(peer) +
+                        "'s memory cannot be reached from here: " + peers_[peer].unmapped +
+                        ", and the transport offers no puts to it",
+                    StatusKind::kInvalidArgument);
+      }
+    }
+  }
+  if (remote == 0) {
+    // Mapped (or this rank's own): one copy, here and now.
+    std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
+    work->markStarted();
+    Status refused = group_->state->refusal();
+    if (refused.ok()) {
+      const std::vector<int> gone = group_->state->gone();
+      if (std::find(gone.begin(), gone.end(), peer) != gone.end()) {
+        refused = Status(StatusKind::kPeerLost,
+                         where(name) + ": rank " + std::to_string(peer) + " is gone", {peer});
+      }
+    }
+    if (!refused.ok()) {
+      work->finish(refused);
+      return work;
+    }
+    if (bytes > 0) memoryFor(options.memory, options.device).copy(target, data, bytes);
+    std::atomic_thread_fence(std::memory_order_release);
+    work->succeed();
+    return work;
+  }
+  return comm_->startOn(
+      group_, static_cast<uint32_t>(id_), nullptr, name, options,
+      [=](Op& op) { return putTask(op, peer, remote, offset, data, bytes); }, peer);
+}
+
+std::shared_ptr<Work> Window::signal(int peer, CallOptions options) {
+  const char* name = "signal";
+  checkPeer(name, peer);
+  if (peer == rank()) {
+    throw Error(where(name) + ": a rank cannot signal itself", StatusKind::kInvalidArgument);
+  }
+  bool flush = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flush = attached_ && peers_[peer].remote != 0;
+  }
+  const auto windowTag = static_cast<uint32_t>(id_);
+  return comm_->startOn(
+      group_, windowTag, nullptr, name, options,
+      [=](Op& op) { return signalTask(op, peer, windowTag, flush); }, peer);
+}
+
+std::shared_ptr<Work> Window::waitSignal(int peer, CallOptions options) {
+  const char* name = "wait_signal";
+  checkPeer(name, peer);
+  if (peer == rank()) {
+    throw Error(where(name) + ": a rank cannot wait for a signal from itself",
+                StatusKind::kInvalidArgument);
+  }
+  const auto windowTag = static_cast<uint32_t>(id_);
+  return comm_->startOn(
+      group_, windowTag, nullptr, name, options,
+      [=](Op& op) { return waitSignalTask(op, peer, windowTag); }, peer);
+}
+
+}  // namespace ddl

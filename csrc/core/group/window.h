@@ -1,0 +1,125 @@
+// Window: one-sided communication over a group (c10d's Window, torch 2.14+). Every rank registers
+// memory of its own (collectively: the same layout everywhere); any rank then writes into a
+// peer's memory at an offset (put) with nothing posted on the peer, and tells it so with a signal
+// that the peer waits for (waitSignal). A signal is seen after every put the sender made to that
+// peer before it: a peer that returns from waitSignal reads what those puts wrote.
+//
+// How a put travels:
+// - a peer on this host whose memory is shared (a torch_ddl.empty_shared tensor, or a block of its
+//   own that was moved into shared memory in place: SharedBuffers) is mapped here, and a put is
+//   one copy into the mapping, made by the caller;
+// - any other peer is reached through the transport's puts (Transport::put: CMA or shared memory
+//   within a host, TCP or RDMA across hosts), made on the progress thread; before a signal to it
+//   the puts posted so far are flushed (they have landed when the signal leaves).
+// A signal is an 8-byte message under the window's own tag (base/tag.h: kWindowPhase, the
+// agreements' group id, the window's id), received by waitSignal as any message is: each signal
+// is waited for once, and signals not yet waited for queue, in order.
+//
+// Window ids are agreed as the window is made (the highest of the ranks' next ids), so that two
+// live windows that share two processes never share an id; the tag carries its low 16 bits (a
+// window that outlives 65 535 windows made after it by the same processes may see their signals).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "communicator.h"
+
+namespace ddl {
+
+// What a rank registers.
+struct WindowMemory {
+  void* data = nullptr;
+  size_t bytes = 0;
+  // How the caller describes it ("float32 [4, 8]"): every rank must register the same.
+  std::string layout;
+  MemoryKind memory = MemoryKind::kHost;
+  int device = 0;
+  // Host memory that is a block of its own, which may be moved into shared memory in place
+  // (SharedBuffers::adopt) so that peers on this host can map it.
+  Adoptable adoptable;
+  // Why this rank cannot register what it was given (the caller's checks): every rank then
+  // throws, naming it, instead of this rank alone.
+  std::string refusal;
+};
+
+class Window {
+ public:
+  // Collective over the ranks of `comm` (which it keeps alive). Throws when the agreement fails.
+  static std::shared_ptr<Window> create(Communicator& comm);
+  ~Window();  // lets go of what it maps and registers (on the progress thread)
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+  uint64_t id() const { return id_; }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  const Communicator& communicator() const { return *comm_; }
+
+  // Collective: every rank registers `mine`. Throws on every rank, having kept nothing, when a
+  // rank refused what it was given, a rank's layout differs from rank 0's (naming each such rank
+  // and its layout), or the window already holds memory somewhere.
+  void attach(const WindowMemory& mine);
+  // Collective: waits for this rank's puts to land, then for every rank to get here (no peer
+  // puts into this rank's memory after this returns), and lets the memory go.
+  void detach();
+  bool attached() const;
+
+  // Writes `bytes` of `data` at byte `offset` of `peer`'s memory. Throws before anything moves
+  // when the window holds no memory, or the bytes do not fit there.
+  std::shared_ptr<Work> put(const void* data, size_t bytes, int peer, size_t offset,
+                            CallOptions options = {});
+  std::shared_ptr<Work> signal(int peer, CallOptions options = {});
+  // Done once a signal from `peer` arrived (one per call).
+  std::shared_ptr<Work> waitSignal(int peer, CallOptions options = {});
+
+  // `peer`'s memory mapped into this process (this rank's own for rank()), or null with why it
+  // is not (on another host, or not in shared memory). The mapping lives as long as what is
+  // returned, also after detach() (what is written there then reaches nobody).
+  std::shared_ptr<char> mapped(int peer, std::string* why) const;
+  // The bytes `peer` registered.
+  size_t bytesOf(int peer) const;
+  // How `peer`'s puts travel from here: "mapped", "put" (the transport's), "self".
+  std::string route(int peer) const;
+
+ private:
+  Window(std::shared_ptr<Communicator> comm, uint64_t id);
+  // A peer's shared memory mapped here: the transport's mapping (Transport::mapWindow), or the
+  // mapping of its adopted block; let go when the last holder lets go.
+  struct Mapping {
+    Runtime* runtime = nullptr;
+    uint64_t window = 0;
+    char* adoptedBase = nullptr;
+    size_t adoptedLength = 0;
+    ~Mapping();
+  };
+  struct Peer {
+    size_t bytes = 0;
+    char* mapped = nullptr;  // its memory, mapped here
+    std::shared_ptr<Mapping> mapping;
+    uint64_t remote = 0;   // its region, opened for puts (Transport::openRegion)
+    std::string unmapped;  // why it is not mapped
+  };
+  std::string where(const char* name) const;
+  void checkPeer(const char* name, int peer) const;
+  // Maps or opens every peer's memory from their offers (progress thread).
+  void reach(const std::vector<std::string>& offers);
+  // Lets go of the peers' memory and this rank's registration (progress thread).
+  void release();
+  static void releaseOn(Runtime& runtime, std::vector<Peer> peers, uint64_t region);
+
+  std::shared_ptr<Communicator> comm_;
+  uint64_t id_;
+  std::shared_ptr<Group> group_;  // the window's ops: this group's ranks, the window's tags
+  mutable std::mutex mutex_;
+  bool attached_ = false;
+  WindowMemory mine_;
+  uint64_t region_ = 0;  // this rank's registration (Transport::registerRegion)
+  std::vector<Peer> peers_;
+};
+
+}  // namespace ddl
