@@ -45,7 +45,7 @@ def _load_extension():
 _C = _load_extension()
 
 __version__ = "0.1.0"
-__all__ = ["ProcessGroupDDL", "empty_shared", "failure", "quorum_waived", "__version__"]
+__all__ = ["ProcessGroupDDL", "empty_shared", "failure", "new_window", "quorum_waived", "__version__"]
 
 ProcessGroupDDL = _C.ProcessGroupDDL
 
@@ -119,6 +119,33 @@ def empty_shared(*size, dtype=torch.float32):
     element = torch.empty((), dtype=dtype).element_size()
     raw = _C.shared_buffer(math.prod(size) * element)
     return raw.view(dtype).view(size)
+
+
+def new_window(tensor=None, group=None):
+    """A one-sided window over a ddl group (collective: every rank calls it, in the same order).
+
+    Each rank registers a tensor (here, or later with ``window.tensor_register(t)``, also
+    collective; every rank's must have the same dtype and shape). Then any rank writes into a
+    peer's tensor with nothing posted there, and tells it so:
+
+        win = torch_ddl.new_window(torch_ddl.empty_shared(n))
+        win.put(block, dst_rank=1, target_offset_nelems=0, async_op=False)
+        win.signal(1, False)          # rank 1: win.wait_signal(0, False), then reads its tensor
+
+    A signal is seen after every put its sender made to that peer before it. Puts to a peer on
+    this host whose tensor is in shared memory (``empty_shared``, or a tensor that is its whole
+    storage) are one copy into its mapped memory, and ``map_remote_tensor(rank)`` gives that
+    memory as a tensor; other puts go over UCX's one-sided puts. From torch 2.14 on this is
+    torch's own ``dist._new_window``; before, ddl's window has the same methods (a ``timeout``
+    keyword stands for torch's options).
+    """
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None:
+        raise RuntimeError("new_window: no default process group (call init_process_group first)")
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.ProcessGroupDDL):
+        raise ValueError(f"new_window: the group's backend is {type(backend).__name__}, not ddl's")
+    return backend._new_window(tensor)
 
 
 def _create_backend(dist_backend_opts, backend_options=None):

@@ -55,6 +55,13 @@
 #include <torch/csrc/distributed/c10d/Hooks.hpp>
 #endif
 
+// torch 2.14: one-sided windows (Backend::supportsWindow, new_window, c10d::Window). Before,
+// ddl's window is a class of its own with the same methods (torch_ddl.new_window).
+#ifdef C10D_BACKEND_HAS_WINDOW
+#define DDL_TORCH_HAS_WINDOW 1
+#include <torch/csrc/distributed/c10d/Window.hpp>
+#endif
+
 namespace ddl::torch_compat {
 
 static_assert(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11,
@@ -78,5 +85,12 @@ inline c10::intrusive_ptr<c10::ivalue::Future> tensorListFuture() {
 inline const c10d::NCCLPreMulSumSupplement* premulSupplement(const c10d::ReduceOp& op) {
   return dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
 }
+
+// What ddl's window derives from: c10d's interface where torch has one.
+#ifdef DDL_TORCH_HAS_WINDOW
+using WindowBase = c10d::Window;
+#else
+using WindowBase = torch::CustomClassHolder;
+#endif
 
 }  // namespace ddl::torch_compat

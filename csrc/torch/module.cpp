@@ -10,6 +10,7 @@
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
 #include "sim_bindings.hpp"
+#include "window.hpp"
 
 namespace py = pybind11;
 
@@ -57,6 +58,50 @@ std::map<int64_t, std::shared_ptr<CompletionRecord>>& completionRecords(
   return records;
 }
 #endif
+
+// A call's timeout left unset: the group's.
+constexpr std::chrono::milliseconds kUnsetTimeout{-1};
+
+// ddl's window. From torch 2.14 on it is a c10d.Window (whose methods torch binds); before, the
+// same methods are bound here, a timeout (timedelta) standing for the options torch adds. Either
+// way `route` and `id` are ddl's own.
+void bindWindow(py::module_& m) {
+  using ddl::WindowDDL;
+#ifdef DDL_TORCH_HAS_WINDOW
+  py::class_<WindowDDL, c10d::Window, c10::intrusive_ptr<WindowDDL>> window(m, "Window");
+#else
+  py::class_<WindowDDL, c10::intrusive_ptr<WindowDDL>> window(m, "Window");
+  window
+      .def("tensor_register", &WindowDDL::tensor_register, py::arg("tensor"),
+           py::arg("owning") = true)
+      .def("tensor_deregister", &WindowDDL::tensor_deregister)
+      .def("map_remote_tensor", &WindowDDL::map_remote_tensor, py::arg("rank"))
+      .def(
+          "put",
+          [](WindowDDL& w, const at::Tensor& tensor, int64_t dst, int64_t offset, bool asyncOp,
+             std::optional<std::chrono::milliseconds> timeout) {
+            return w.put(tensor, dst, offset, asyncOp, timeout.value_or(kUnsetTimeout));
+          },
+          py::arg("tensor"), py::arg("dst_rank"), py::arg("target_offset_nelems"),
+          py::arg("async_op"), py::arg("timeout") = py::none())
+      .def(
+          "signal",
+          [](WindowDDL& w, int64_t peer, bool asyncOp,
+             std::optional<std::chrono::milliseconds> timeout) {
+            return w.signal(peer, asyncOp, timeout.value_or(kUnsetTimeout));
+          },
+          py::arg("peer_rank"), py::arg("async_op"), py::arg("timeout") = py::none())
+      .def(
+          "wait_signal",
+          [](WindowDDL& w, int64_t peer, bool asyncOp,
+             std::optional<std::chrono::milliseconds> timeout) {
+            return w.waitSignal(peer, asyncOp, timeout.value_or(kUnsetTimeout));
+          },
+          py::arg("peer_rank"), py::arg("async_op"), py::arg("timeout") = py::none());
+#endif
+  window.def("route", &WindowDDL::route, py::arg("peer_rank"))
+      .def_property_readonly("id", &WindowDDL::id);
+}
 
 }  // namespace
 
@@ -142,12 +187,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     return record->calls;
                   })
 #endif
+      // One-sided windows on every torch (torch_ddl.new_window); from torch 2.14 on also
+      // ProcessGroup.new_window / dist._new_window.
+      .def("_new_window", &ddl::ProcessGroupDDL::newWindow, py::arg("tensor") = py::none())
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
           return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);
         });
       });
 
+  bindWindow(m);
   m.def("waive_quorum", &ddl::ProcessGroupDDL::waiveQuorum,
         "shrink_group on this thread does (not) require a quorum of the group to be left");
 

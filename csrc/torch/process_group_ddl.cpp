@@ -17,6 +17,7 @@
 #include "reuse_tracker.hpp"
 #include "sparse.hpp"
 #include "store_adapter.hpp"
+#include "window.hpp"
 
 namespace ddl {
 
@@ -428,5 +429,17 @@ void ProcessGroupDDL::shutdown() {
   closed_.store(true);
   comm_->close("the group was shut down");
 }
+
+c10::intrusive_ptr<WindowDDL> ProcessGroupDDL::newWindow(const std::optional<at::Tensor>& tensor) {
+  return c10::make_intrusive<WindowDDL>(c10::intrusive_ptr<ProcessGroupDDL>::reclaim_copy(this),
+                                        tensor);
+}
+
+#ifdef DDL_TORCH_HAS_WINDOW
+c10::intrusive_ptr<c10d::Window> ProcessGroupDDL::new_window(
+    const std::optional<at::Tensor>& tensor) {
+  return newWindow(tensor);
+}
+#endif
 
 }  // namespace ddl

@@ -19,6 +19,8 @@
 
 namespace ddl {
 
+class WindowDDL;
+
 class ProcessGroupDDL : public c10d::Backend {
  public:
   ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -182,6 +184,12 @@ class ProcessGroupDDL : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return comm_->sequenceNumber(); }
   // The core communicator (torch_ddl.info: topology and plans).
   const std::shared_ptr<Communicator>& communicator() const { return comm_; }
+  // One-sided windows (window.hpp): collective; `tensor`, when given, is registered with it.
+  c10::intrusive_ptr<WindowDDL> newWindow(const std::optional<at::Tensor>& tensor);
+#ifdef DDL_TORCH_HAS_WINDOW
+  bool supportsWindow() const override { return true; }
+  c10::intrusive_ptr<c10d::Window> new_window(const std::optional<at::Tensor>& tensor) override;
+#endif
 
  private:
   CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);
@@ -195,6 +203,7 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                          c10d::OpType type, const char* where);
 
+  friend class WindowDDL;  // its puts and signals are Works of this group (callOptions)
   // The observers' test of the group's failure, for the communicator in use.
   void watchFailures();
 

@@ -1,0 +1,137 @@
+"""One-sided windows (torch_ddl.new_window; torch's dist._new_window from 2.14 on) in real
+processes on one host: puts and signals against send/recv of the same data at 2 - 4 ranks, over
+mapped shared memory and over UCX's puts; refusals before anything moves, on every rank; a wait
+for a signal that never comes, and one from a peer that died, end naming the peer."""
+
+import datetime
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from ddl_testing import WORLD_SIZES, run_ranks, run_spawned
+from window_checks import every_round
+
+import torch_ddl
+
+
+def _rounds(rank, size):
+    seen = every_round(rank, size, [0, 1, 1031])
+    # Shared memory on one host: every peer is mapped; small plain tensors (not blocks of their
+    # own) travel by UCX's puts.
+    assert seen["shared"] == {"mapped"}, seen
+    assert seen["plain"] == {"put"}, seen
+    # A large tensor whose storage glibc mapped for it moves into shared memory as it registers.
+    seen = every_round(rank, size, [(1 << 18) + 3], dtypes=[torch.float32], memories=["block"])
+    assert seen["block"] == {"mapped"}, seen
+
+
+@pytest.mark.parametrize("size", [s for s in WORLD_SIZES if s >= 2])
+def test_puts_and_signals_match_send_recv(size):
+    run_ranks(_rounds, size)
+
+
+def _refusals(rank, size):
+    # Shapes differ on one rank: every rank raises, naming it.
+    t = torch.zeros(8 if rank != 2 else 9)
+    with pytest.raises(ValueError, match=r"same dtype and shape: rank 0 Float \[8\] on cpu, "
+                                         r"rank 2 Float \[9\] on cpu"):
+        torch_ddl.new_window(t)
+    # A rank's tensor refused where it stands: every rank raises, naming it.
+    t = torch.zeros(4, 4)
+    w = torch_ddl.new_window()
+    with pytest.raises(ValueError, match="rank 1: the tensor is not contiguous"):
+        w.tensor_register(t.t() if rank == 1 else t)
+    target = torch.full((16,), 5.0)
+    w.tensor_register(target)
+    with pytest.raises(ValueError, match="already holds a tensor on rank 0, 1, 2"):
+        w.tensor_register(target)
+    peer = (rank + 1) % size
+    bad = [
+        (lambda: w.put(torch.ones(4), peer, 13, False), "4 elements at element offset 13 do not "
+                                                        "fit in the 16 elements"),
+        (lambda: w.put(torch.ones(4), peer, -1, False), "element offset -1"),
+        (lambda: w.put(torch.ones(4, dtype=torch.int32), peer, 0, False), "the window's are Float"),
+        (lambda: w.put(torch.ones(4), size, 0, False), "dst 3 is not a rank of a group of size 3"),
+        (lambda: w.signal(rank, False), "cannot signal itself"),
+        (lambda: w.wait_signal(rank, False), "from itself"),
+        (lambda: w.map_remote_tensor(peer), "cannot be mapped here: its memory is not shared"),
+    ]
+    for call, words in bad:
+        with pytest.raises(ValueError, match=words):
+            call()
+    dist.barrier()
+    assert torch.equal(target, torch.full((16,), 5.0))  # nothing moved
+    w.tensor_deregister()
+    with pytest.raises(ValueError, match="holds no tensor"):
+        w.put(torch.ones(1), peer, 0, False)
+
+
+def test_bad_calls_are_refused_before_anything_moves():
+    run_ranks(_refusals, 3)
+
+
+def _late(rank, size):
+    group = dist.new_group(backend="ddl", timeout=datetime.timedelta(seconds=1))
+    w = torch_ddl.new_window(torch.zeros(4), group)
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(dist.DistBackendError,
+                           match="Timed out after 1000 ms waiting for a signal from rank 1"):
+            w.wait_signal(1, False)
+        assert time.monotonic() - start < 10
+    dist.barrier()  # the default group's, whose timeout is long
+    # The group goes on after a point-to-point wait timed out.
+    w.put(torch.ones(4), 1 - rank, 0, False)
+    w.signal(1 - rank, False)
+    w.wait_signal(1 - rank, False)
+    w.tensor_deregister()
+
+
+def test_a_signal_that_never_comes_times_out_naming_the_peer():
+    run_ranks(_late, 2)
+
+
+def _dies(rank, size, store):
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    w = torch_ddl.new_window(torch.zeros(1 << 10))
+    if rank == 1:
+        os._exit(3)
+    start = time.monotonic()
+    with pytest.raises(dist.DistNetworkError, match="rank 1"):
+        w.wait_signal(1, False)
+    # Found by the peer's exit, long before the 60 s timeout.
+    assert time.monotonic() - start < 15, time.monotonic() - start
+    os._exit(0)
+
+
+def test_a_peer_that_dies_fails_the_wait_naming_it():
+    with tempfile.TemporaryDirectory() as tmp:
+        run_spawned(_dies, 2, (2, os.path.join(tmp, "store")), [0, 3], timeout=90)
+
+
+def _torch_api(rank, size):
+    assert dist.group.WORLD.supports_window if hasattr(dist.group.WORLD, "supports_window") else True
+    w = dist._new_window(torch_ddl.empty_shared(8))
+    assert isinstance(w, torch_ddl._C.Window)
+    from torch._C._distributed_c10d import PutOptions, WaitSignalOptions, WindowAccessType
+    w.map_remote_tensor(rank).fill_(0)
+    dist.barrier()
+    peer = 1 - rank
+    w.put(torch.full((4,), float(rank + 1)), peer, 4, False, PutOptions())
+    w.signal(peer, False)
+    opts = WaitSignalOptions()
+    opts.timeout = datetime.timedelta(seconds=30)
+    w.wait_signal(peer, False, opts)
+    assert w.map_remote_tensor(rank).tolist() == [0.0] * 4 + [float(peer + 1)] * 4
+    assert w.get_attr(peer).access_type == WindowAccessType.UNIFIED
+    w.tensor_deregister()
+
+
+@pytest.mark.skipif(not hasattr(dist, "_new_window"),
+                    reason=f"torch {torch.__version__} has no one-sided windows (2.14 adds them)")
+def test_torch_window_api():
+    run_ranks(_torch_api, 2)
