@@ -63,7 +63,7 @@ WindowDDL::WindowDDL(c10::intrusive_ptr<ProcessGroupDDL> group,
     : group_(std::move(group)) {
   try {
     WithoutGil released;
-    window_ = Window::create(*group_->communicator());
+    window_ = ddl::Window::create(*group_->communicator());
   } catch (const ddl::Error& e) {
     torch_errors::raise(e.status());
   }

@@ -75,7 +75,7 @@ class WindowDDL : public torch_compat::WindowBase {
   c10::intrusive_ptr<c10d::Work> finish(const c10::intrusive_ptr<WorkDDL>& work, bool asyncOp);
 
   c10::intrusive_ptr<ProcessGroupDDL> group_;
-  std::shared_ptr<Window> window_;
+  std::shared_ptr<ddl::Window> window_;  // qualified: c10d::Window is a base
   mutable std::mutex mutex_;
   at::Tensor tensor_;  // registered, while owning
   // The registered tensor's dtype, shape and device (an empty tensor of them), while registered.
