@@ -9,7 +9,9 @@
 #include <cstring>
 #include <string>
 
+#include "../../csrc/core/group/engine.h"
 #include "../../csrc/core/shm/shared_buffers.h"
+#include "../../csrc/core/transport/loopback/loopback.h"
 #include "adoption.h"
 
 namespace ddl::test {
@@ -100,6 +102,29 @@ TEST(Adopt, FreedBlocksAreNoticedWhileReportingReleases) {
   std::free(b);
   EXPECT_EQ(buffers.releasedSince(&seen, 10).size(), 2u);
   EXPECT_EQ(buffers.adopted(), 0u);
+}
+
+TEST(Adopt, AWindowMappedWhereAFreedBlockLivedIsFound) {
+  // The loopback's windows are heap memory: one of a freed block's size is mapped where the
+  // block was (the hole it left), as a UCX window may be.
+  LoopbackFabric fabric;
+  Engine engine(fabric.join());
+  SharedBuffers& buffers = *engine.sharedBuffers();
+  char* block = glibcBlock(kBytes);
+  ASSERT_TRUE(buffers.adopt(block, kBytes));
+  std::free(block);
+  void* window = buffers.allocate(kBytes);
+  const char* w = static_cast<char*>(window);
+  if (w + kBytes <= block || block + kBytes <= w) {
+    buffers.release(window);
+    GTEST_SKIP() << "the window was mapped elsewhere: " << window << ", the block was at "
+                 << static_cast<void*>(block);
+  }
+  SharedBuffers::Found found;
+  ASSERT_TRUE(buffers.find(window, kBytes, &found));
+  EXPECT_FALSE(found.adopted);
+  EXPECT_EQ(buffers.live(), 1u);
+  buffers.release(window);
 }
 
 TEST(Adopt, LeavesAloneWhatIsNotABlockOfItsOwn) {

@@ -134,8 +134,17 @@ void* SharedBuffers::allocate(size_t bytes) {
                 runtime->transportName() + " offers no shared memory: see UCX_TLS)");
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  buffers_.emplace(reinterpret_cast<uintptr_t>(base),
-                   Buffer{bytes, window, nextSerial_++, std::move(key), -1, 0, {}});
+  // The window may be mapped where an adopted block lived that glibc has freed since (which
+  // the registry learns on lookup): that entry goes first, or it would hide the window.
+  const auto at = reinterpret_cast<uintptr_t>(base);
+  std::vector<uintptr_t> overlapping;
+  for (auto it = buffers_.lower_bound(at + bytes); it != buffers_.begin();) {
+    --it;
+    if (it->first + it->second.bytes <= at) break;
+    overlapping.push_back(it->first);
+  }
+  for (uintptr_t stale : overlapping) stillMapped(buffers_.find(stale));
+  buffers_.emplace(at, Buffer{bytes, window, nextSerial_++, std::move(key), -1, 0, {}});
   return base;
 }
 
