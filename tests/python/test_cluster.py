@@ -74,6 +74,28 @@ def test_racks_from_the_topology_variable_make_a_third_level():
         f"2 racks (rack0: {names[0]} {names[1]}, rack1: {names[2]} {names[3]})")
 
 
+WINDOW_WORKER = str(Path(__file__).with_name("window_worker.py"))
+
+
+@pytest.mark.parametrize("ranks", [[1, 1], [2, 1], [2, 2]])
+def test_windows_across_two_hosts_match_send_recv(ranks):
+    with Cluster(2, ranks, rate=None) as cluster:
+        # A fixed mmap threshold: glibc maps every large block (what is adopted) however much
+        # the group's creation allocated and freed before.
+        base = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(128 << 10))
+        results = cluster.launch([sys.executable, WINDOW_WORKER], env=base, timeout=240)
+        for rank, (code, out) in enumerate(results):
+            assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+        line = [x for x in results[0][1].splitlines() if x.startswith("REPORT ")]
+        routes = json.loads(line[0][len("REPORT "):])["routes"]
+    # Across hosts every put goes over UCX; on a host, shared memory and adopted blocks are
+    # mapped, and a small heap tensor is reached by UCX's puts.
+    want = {"shared across": ["put"], "plain across": ["put"], "block across": ["put"]}
+    if max(ranks) > 1:
+        want.update({"shared host": ["mapped"], "plain host": ["put"], "block host": ["mapped"]})
+    assert routes == want, routes
+
+
 FAULT_WORKER = str(Path(__file__).with_name("cluster_fault_worker.py"))
 
 
