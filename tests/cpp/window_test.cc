@@ -228,6 +228,24 @@ TEST(Window, AWaitForASignalThatNeverComesTimesOutNamingThePeer) {
   });
 }
 
+TEST(Window, ClosingTheGroupEndsAWaitInFlight) {
+  runRanks(2, [](Communicator& comm) {
+    std::shared_ptr<Window> window = Window::create(comm);
+    check(comm.barrier());
+    if (comm.rank() == 0) {
+      std::shared_ptr<Work> work = window->waitSignal(1);
+      comm.close("aborted: abort() was called on this group");
+      ASSERT_TRUE(work->wait(milliseconds(5000)));
+      EXPECT_EQ(work->status().kind, StatusKind::kClosed);
+      EXPECT_NE(work->error().find("aborted"), std::string::npos) << work->error();
+      // Later ops are refused at once.
+      std::shared_ptr<Work> later = window->signal(1);
+      ASSERT_TRUE(later->wait(milliseconds(5000)));
+      EXPECT_TRUE(later->failed());
+    }
+  });
+}
+
 TEST(Window, WindowsOfOneGroupKeepTheirSignalsApart) {
   runRanks(2, [](Communicator& comm) {
     std::shared_ptr<Window> a = Window::create(comm);

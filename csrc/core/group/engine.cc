@@ -100,8 +100,10 @@ void Engine::rememberLink(const std::string& what, const LinkCost& cost) {
 void Engine::closeGroup(const std::shared_ptr<const Group>& group, const Status& reason) {
   group->state->close(reason);
   call([&] {
-    runtime_.endOps([&](const Op& op) { return &op.group() == group.get() ? reason : Status(); },
-                    Ending::kRefused);
+    // Its windows' ops too (group/window.h): they share its state.
+    runtime_.endOps(
+        [&](const Op& op) { return op.group().state == group->state ? reason : Status(); },
+        Ending::kRefused);
   });
 }
 
