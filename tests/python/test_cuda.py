@@ -191,3 +191,33 @@ def _ddp_against_gloo(rank, size):
 @pytest.mark.parametrize("size", [2, 3])
 def test_cuda_ddp_matches_gloo(size):
     run_ranks(_ddp_against_gloo, size)
+
+
+def _cuda_window(rank, size):
+    import torch_ddl
+
+    dev = _device(rank)
+    torch.cuda.set_device(dev)
+    n = 70001
+    target = torch.full((n * size,), -1.0, device=dev)
+    w = torch_ddl.new_window(target)
+    mine = torch.arange(n, dtype=torch.float32, device=dev) + rank * 1e6
+    target[rank * n:(rank + 1) * n] = mine
+    peers = [p for p in range(size) if p != rank]
+    for p in peers:
+        # Queued on the current stream right before: the put reads it once it has run.
+        source = mine * 1
+        w.put(source, p, rank * n, True)
+        w.signal(p, False)
+    for p in peers:
+        w.wait_signal(p, False)
+    want = torch.cat([torch.arange(n, dtype=torch.float32) + r * 1e6 for r in range(size)])
+    assert torch.equal(target.cpu(), want)
+    with pytest.raises(ValueError, match="only CPU tensors of peers are mapped"):
+        w.map_remote_tensor(peers[0])
+    w.tensor_deregister()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_cuda_window_puts_land_before_the_signal(size):
+    run_ranks(_cuda_window, size)
