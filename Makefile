@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd
+.PHONY: all env build test test-cpp test-cpp-asan test-python faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
 
 all: build
 
@@ -139,6 +139,14 @@ bench-easgd: build $(CLUSTER_TOOLS)
 	set -o pipefail; $(PY) benchmarks/easgd_bench.py | tee benchmarks/results/easgd_bench.txt
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
 	$(PY) benchmarks/plot_training.py
+
+# One-sided puts against send/recv of the same bytes: 2 ranks on this host, then 1 rank on each
+# of 2 emulated hosts at 1 Gbit/s (root). About 2 minutes.
+bench-window: build $(CLUSTER_TOOLS)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	@mkdir -p benchmarks/results
+	set -o pipefail; $(PY) benchmarks/window_bench.py --both --png benchmarks/results/window.png \
+	  | tee benchmarks/results/window.txt
 
 bench-cluster: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
