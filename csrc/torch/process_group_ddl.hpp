@@ -204,6 +204,14 @@ class ProcessGroupDDL : public c10d::Backend {
                                          c10d::OpType type, const char* where);
 
   friend class WindowDDL;  // its puts and signals are Works of this group (callOptions)
+  // What a window dropped while it held a tensor leaves behind (the tensor, its registration):
+  // peers may still put into it, so it lives as long as the group.
+  void keepForLife(std::shared_ptr<void> held) {
+    std::lock_guard<std::mutex> lock(keptMutex_);
+    kept_.push_back(std::move(held));
+  }
+  std::mutex keptMutex_;
+  std::vector<std::shared_ptr<void>> kept_;
   // The observers' test of the group's failure, for the communicator in use.
   void watchFailures();
 

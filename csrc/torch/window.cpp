@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "../core/base/log.h"
 #include "arguments.hpp"
 #include "device_streams.hpp"
 #include "errors.hpp"
@@ -68,6 +69,19 @@ WindowDDL::WindowDDL(c10::intrusive_ptr<ProcessGroupDDL> group,
     torch_errors::raise(e.status());
   }
   if (tensor && tensor->defined()) tensor_register(*tensor, true);
+}
+
+WindowDDL::~WindowDDL() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!layout_ || !window_) return;
+  if (logs(LogLevel::kWarn)) {
+    logLine(LogLevel::kWarn, "window " + std::to_string(window_->id()) + " of group " +
+                                 std::to_string(window_->communicator().id()) +
+                                 " was dropped while it held a tensor (no tensor_deregister): "
+                                 "the tensor stays registered until the group is destroyed");
+  }
+  group_->keepForLife(
+      std::make_shared<std::pair<at::Tensor, std::shared_ptr<ddl::Window>>>(tensor_, window_));
 }
 
 void WindowDDL::tensor_register(const at::Tensor& tensor, bool owning) {

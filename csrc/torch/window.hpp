@@ -27,6 +27,10 @@ class WindowDDL : public torch_compat::WindowBase {
  public:
   // Collective over the group's ranks; registers `tensor` when given (collectively too).
   WindowDDL(c10::intrusive_ptr<ProcessGroupDDL> group, const std::optional<at::Tensor>& tensor);
+  // Dropped while it holds a tensor (no tensor_deregister on every rank): peers may still put
+  // into it, so the tensor stays registered and alive until the group is destroyed (a warning
+  // says so), rather than freed memory being written.
+  ~WindowDDL() override;
 
   // Collective: every rank registers a contiguous tensor of one dtype and shape, on the CPU or
   // (a build with CUDA) a CUDA device; a rank whose tensor is refused makes every rank raise.

@@ -114,6 +114,33 @@ def test_a_peer_that_dies_fails_the_wait_naming_it():
         run_spawned(_dies, 2, (2, os.path.join(tmp, "store")), [0, 3], timeout=90)
 
 
+def _dropped(rank, size, log):
+    import gc
+
+    w = torch_ddl.new_window(torch.zeros(1 << 10))
+    if rank == 0:
+        del w
+        gc.collect()
+    dist.barrier()
+    if rank == 1:
+        # Rank 0's tensor is still registered: the put lands in memory it keeps.
+        w.put(torch.ones(8), 0, 0, False)
+        w.signal(0, False)
+        del w  # (tensor_deregister is collective: rank 0 cannot join it)
+    dist.barrier()
+    if rank == 0:
+        with open(log) as f:
+            text = f.read()
+        assert "was dropped while it held a tensor" in text, text
+
+
+def test_a_window_dropped_while_registered_keeps_its_tensor(monkeypatch, tmp_path):
+    log = str(tmp_path / "ddl.log")
+    monkeypatch.setenv("TORCH_DDL_DEBUG", "WARN")
+    monkeypatch.setenv("TORCH_DDL_DEBUG_FILE", log)
+    run_ranks(_dropped, 2, log)
+
+
 def _torch_api(rank, size):
     assert dist.group.WORLD.supports_window if hasattr(dist.group.WORLD, "supports_window") else True
     w = dist._new_window(torch_ddl.empty_shared(8))
