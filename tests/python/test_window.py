@@ -114,6 +114,29 @@ def test_a_peer_that_dies_fails_the_wait_naming_it():
         run_spawned(_dies, 2, (2, os.path.join(tmp, "store")), [0, 3], timeout=90)
 
 
+def _subgroup(rank, size):
+    # Ranks are the group's: global ranks 1 and 2 are its 0 and 1.
+    group = dist.new_group([1, 2], backend="ddl")
+    if rank == 0:
+        return
+    me = rank - 1
+    t = torch.zeros(4)
+    w = torch_ddl.new_window(t, group)
+    w.put(torch.full((2,), float(rank)), 1 - me, 2 * me, False)
+    w.signal(1 - me, False)
+    w.wait_signal(1 - me, False)
+    other = 3 - rank
+    assert t.tolist() == ([float(other)] * 2 + [0.0] * 2 if me == 1 else
+                          [0.0] * 2 + [float(other)] * 2), t
+    with pytest.raises(ValueError, match="dst 2 is not a rank of a group of size 2"):
+        w.put(torch.ones(1), 2, 0, False)
+    w.tensor_deregister()
+
+
+def test_a_window_on_a_subgroup_speaks_its_ranks():
+    run_ranks(_subgroup, 3)
+
+
 def _dropped(rank, size, log):
     import gc
 
