@@ -161,8 +161,21 @@ at::Tensor WindowDDL::map_remote_tensor(int64_t rank) {
       layout.options().device(device));
 }
 
-c10::intrusive_ptr<c10d::Work> WindowDDL::finish(const c10::intrusive_ptr<WorkDDL>& work,
-                                                 bool asyncOp) {
+c10::intrusive_ptr<c10d::Work> WindowDDL::launch(const char* where, c10d::OpType type,
+                                                 std::chrono::milliseconds timeout, bool asyncOp,
+                                                 const at::Tensor& source,
+                                                 const std::function<void(CallOptions&)>& submit) {
+  auto work = c10::make_intrusive<WorkDDL>(window_->rank(), type, std::vector<at::Tensor>{});
+  if (source.defined()) work->keepAlive(source);
+  CallOptions options = group_->callOptions(*work, where, timeout);
+  options.work->retain(work->tensorsInUse());
+  try {
+    WithoutGil released;
+    submit(options);
+  } catch (const ddl::Error& e) {
+    options.work->finish(e.status());
+    torch_errors::raiseBadInput(e.what());
+  }
   if (!asyncOp) {
     WithoutGil released;
     work->wait();
@@ -203,54 +216,28 @@ c10::intrusive_ptr<c10d::Work> WindowDDL::put(const at::Tensor& tensor, int64_t 
   }
   at::Tensor source = tensor.contiguous();
   settle(source);
-  auto work =
-      c10::make_intrusive<WorkDDL>(window_->rank(), c10d::OpType::SEND, std::vector<at::Tensor>{});
-  work->keepAlive(source);
-  CallOptions options = group_->callOptions(*work, where, timeout);
-  options.work->retain(work->tensorsInUse());
-  options.memory = source.is_cpu() ? MemoryKind::kHost : MemoryKind::kCuda;
-  options.device = source.is_cpu() ? 0 : source.device().index();
-  try {
-    WithoutGil released;
+  return launch(where, c10d::OpType::SEND, timeout, asyncOp, source, [&](CallOptions& options) {
+    options.memory = source.is_cpu() ? MemoryKind::kHost : MemoryKind::kCuda;
+    options.device = source.is_cpu() ? 0 : source.device().index();
     window_->put(source.data_ptr(), source.nbytes(), static_cast<int>(dstRank),
                  static_cast<size_t>(targetOffset) * source.element_size(), options);
-  } catch (const ddl::Error& e) {
-    options.work->finish(e.status());
-    torch_errors::raiseBadInput(e.what());
-  }
-  return finish(work, asyncOp);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> WindowDDL::signal(int64_t peer, bool asyncOp,
                                                  std::chrono::milliseconds timeout) {
   const char* where = "signal";
   checkRank(where, "peer", peer, window_->size());
-  auto work =
-      c10::make_intrusive<WorkDDL>(window_->rank(), c10d::OpType::SEND, std::vector<at::Tensor>{});
-  CallOptions options = group_->callOptions(*work, where, timeout);
-  try {
-    window_->signal(static_cast<int>(peer), options);
-  } catch (const ddl::Error& e) {
-    options.work->finish(e.status());
-    torch_errors::raiseBadInput(e.what());
-  }
-  return finish(work, asyncOp);
+  return launch(where, c10d::OpType::SEND, timeout, asyncOp, at::Tensor(),
+                [&](CallOptions& o) { window_->signal(static_cast<int>(peer), o); });
 }
 
 c10::intrusive_ptr<c10d::Work> WindowDDL::waitSignal(int64_t peer, bool asyncOp,
                                                      std::chrono::milliseconds timeout) {
   const char* where = "wait_signal";
   checkRank(where, "peer", peer, window_->size());
-  auto work =
-      c10::make_intrusive<WorkDDL>(window_->rank(), c10d::OpType::RECV, std::vector<at::Tensor>{});
-  CallOptions options = group_->callOptions(*work, where, timeout);
-  try {
-    window_->waitSignal(static_cast<int>(peer), options);
-  } catch (const ddl::Error& e) {
-    options.work->finish(e.status());
-    torch_errors::raiseBadInput(e.what());
-  }
-  return finish(work, asyncOp);
+  return launch(where, c10d::OpType::RECV, timeout, asyncOp, at::Tensor(),
+                [&](CallOptions& o) { window_->waitSignal(static_cast<int>(peer), o); });
 }
 
 std::string WindowDDL::route(int64_t peer) const {

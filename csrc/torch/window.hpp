@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,7 +77,12 @@ class WindowDDL : public torch_compat::WindowBase {
 #endif
 
  private:
-  c10::intrusive_ptr<c10d::Work> finish(const c10::intrusive_ptr<WorkDDL>& work, bool asyncOp);
+  // A Work of the group for one window call: `submit` hands the core its options (`source`, if
+  // any, lives as long as the op); waited for unless `asyncOp`.
+  c10::intrusive_ptr<c10d::Work> launch(const char* where, c10d::OpType type,
+                                        std::chrono::milliseconds timeout, bool asyncOp,
+                                        const at::Tensor& source,
+                                        const std::function<void(CallOptions&)>& submit);
 
   c10::intrusive_ptr<ProcessGroupDDL> group_;
   std::shared_ptr<ddl::Window> window_;  // qualified: c10d::Window is a base

@@ -63,6 +63,26 @@ void finishRecv(Request* req, ucs_status_t status, const ucp_tag_recv_info_t* in
   }
 }
 
+// The parameters of a request that completes through onSend (sends, puts, flushes).
+ucp_request_param_t sendParams(Request* req) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &onSend;
+  p.user_data = req;
+  return p;
+}
+
+// Such a request just started: done already, failed, or in flight.
+void sendStarted(Request* req, ucs_status_ptr_t s) {
+  if (s == nullptr) {
+    req->complete();
+  } else if (UCS_PTR_IS_ERR(s)) {
+    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
+  } else {
+    req->transportData = s;
+  }
+}
+
 void onRecv(void* ucxRequest, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
   auto* req = static_cast<Request*>(user);
   req->transportData = nullptr;
@@ -192,26 +212,11 @@ PeerId UcxTransport::connect(const std::string& address) {
 }
 
 void UcxTransport::send(PeerId peer, uint64_t tag, const void* data, size_t bytes, Request* req) {
-  Endpoint* e = endpoints_.at(peer);
-  if (e->failure != UCS_OK) {
-    req->fail(StatusKind::kPeerLost,
-              std::string("peer unreachable: ") + ucs_status_string(e->failure));
-    return;
-  }
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-  p.cb.send = &onSend;
-  p.user_data = req;
+  if (unreachable(peer, req)) return;
+  ucp_request_param_t p = sendParams(req);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
-  ucs_status_ptr_t s = ucp_tag_send_nbx(e->ep, data, bytes, tag, &p);
-  if (s == nullptr) {
-    req->complete();
-  } else if (UCS_PTR_IS_ERR(s)) {
-    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
-  } else {
-    req->transportData = s;
-  }
+  sendStarted(req, ucp_tag_send_nbx(endpoints_[peer]->ep, data, bytes, tag, &p));
 }
 
 namespace {
@@ -281,6 +286,25 @@ void UcxTransport::cancel(Request* req) {
   if (req->transportData != nullptr) ucp_request_cancel(worker_, req->transportData);
 }
 
+// A key for peers: the memory's base address and length, then UCX's packed remote key.
+std::string UcxTransport::packedKey(const void* base, size_t bytes, const void* packed,
+                                    size_t packedLength) {
+  uint64_t header[2] = {reinterpret_cast<uint64_t>(base), bytes};
+  std::string key(reinterpret_cast<const char*>(header), sizeof(header));
+  return key.append(static_cast<const char*>(packed), packedLength);
+}
+
+bool UcxTransport::unpackKey(PeerId peer, const std::string& key, uint64_t header[2],
+                             ucp_rkey_h* rkey) {
+  if (key.size() <= 2 * sizeof(uint64_t) || peer < 0 ||
+      peer >= static_cast<PeerId>(endpoints_.size())) {
+    return false;
+  }
+  std::memcpy(header, key.data(), 2 * sizeof(uint64_t));
+  return ucp_ep_rkey_unpack(endpoints_[peer]->ep, key.data() + 2 * sizeof(uint64_t), rkey) ==
+         UCS_OK;
+}
+
 // A window is UCX-allocated memory (shared memory where UCX has a shared-memory transport); its
 // key is the base address, the length and the packed remote key. A peer maps it with
 // ucp_rkey_ptr, which succeeds only when the memory can be addressed from the peer's process.
@@ -302,9 +326,7 @@ uint64_t UcxTransport::allocateWindow(size_t bytes, void** base, std::string* ke
     ucp_mem_unmap(context_, w.memory);
     return 0;
   }
-  uint64_t header[2] = {reinterpret_cast<uint64_t>(attr.address), bytes};
-  key->assign(reinterpret_cast<const char*>(header), sizeof(header));
-  key->append(static_cast<const char*>(packed), packedLength);
+  *key = packedKey(attr.address, bytes, packed, packedLength);
   ucp_rkey_buffer_release(packed);
   *base = attr.address;
   uint64_t id = nextWindow_++;
@@ -314,14 +336,8 @@ uint64_t UcxTransport::allocateWindow(size_t bytes, void** base, std::string* ke
 
 uint64_t UcxTransport::mapWindow(PeerId peer, const std::string& key, void** base) {
   uint64_t header[2];
-  if (key.size() <= sizeof(header) || peer < 0 || peer >= static_cast<PeerId>(endpoints_.size())) {
-    return 0;
-  }
-  std::memcpy(header, key.data(), sizeof(header));
   Window w;
-  if (ucp_ep_rkey_unpack(endpoints_[peer]->ep, key.data() + sizeof(header), &w.rkey) != UCS_OK) {
-    return 0;
-  }
+  if (!unpackKey(peer, key, header, &w.rkey)) return 0;
   void* local = nullptr;
   if (ucp_rkey_ptr(w.rkey, header[0], &local) != UCS_OK || local == nullptr) {
     ucp_rkey_destroy(w.rkey);
@@ -358,9 +374,7 @@ uint64_t UcxTransport::registerRegion(void* base, size_t bytes, std::string* key
     ucp_mem_unmap(context_, r.memory);
     return 0;
   }
-  uint64_t header[2] = {reinterpret_cast<uint64_t>(base), bytes};
-  key->assign(reinterpret_cast<const char*>(header), sizeof(header));
-  key->append(static_cast<const char*>(packed), packedLength);
+  *key = packedKey(base, bytes, packed, packedLength);
   ucp_rkey_buffer_release(packed);
   r.bytes = bytes;
   uint64_t id = nextRegion_++;
@@ -370,14 +384,8 @@ uint64_t UcxTransport::registerRegion(void* base, size_t bytes, std::string* key
 
 uint64_t UcxTransport::openRegion(PeerId peer, const std::string& key) {
   uint64_t header[2];
-  if (key.size() <= sizeof(header) || peer < 0 || peer >= static_cast<PeerId>(endpoints_.size())) {
-    return 0;
-  }
-  std::memcpy(header, key.data(), sizeof(header));
   Region r;
-  if (ucp_ep_rkey_unpack(endpoints_[peer]->ep, key.data() + sizeof(header), &r.rkey) != UCS_OK) {
-    return 0;
-  }
+  if (!unpackKey(peer, key, header, &r.rkey)) return 0;
   r.remoteBase = header[0];
   r.bytes = header[1];
   r.peer = peer;
@@ -412,35 +420,15 @@ void UcxTransport::put(PeerId peer, uint64_t remote, size_t offset, const void* 
     req->complete();
     return;
   }
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = &onSend;
-  p.user_data = req;
-  ucs_status_ptr_t s = ucp_put_nbx(endpoints_[peer]->ep, data, bytes,
-                                   it->second.remoteBase + offset, it->second.rkey, &p);
-  if (s == nullptr) {
-    req->complete();
-  } else if (UCS_PTR_IS_ERR(s)) {
-    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
-  } else {
-    req->transportData = s;
-  }
+  ucp_request_param_t p = sendParams(req);
+  sendStarted(req, ucp_put_nbx(endpoints_[peer]->ep, data, bytes, it->second.remoteBase + offset,
+                               it->second.rkey, &p));
 }
 
 void UcxTransport::flush(PeerId peer, Request* req) {
   if (unreachable(peer, req)) return;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = &onSend;
-  p.user_data = req;
-  ucs_status_ptr_t s = ucp_ep_flush_nbx(endpoints_[peer]->ep, &p);
-  if (s == nullptr) {
-    req->complete();
-  } else if (UCS_PTR_IS_ERR(s)) {
-    req->fail(kindOf(UCS_PTR_STATUS(s)), ucs_status_string(UCS_PTR_STATUS(s)));
-  } else {
-    req->transportData = s;
-  }
+  ucp_request_param_t p = sendParams(req);
+  sendStarted(req, ucp_ep_flush_nbx(endpoints_[peer]->ep, &p));
 }
 
 void UcxTransport::closeRegion(uint64_t id) {

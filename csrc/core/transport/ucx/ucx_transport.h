@@ -78,6 +78,11 @@ class UcxTransport : public Transport {
   };
   // Fails `req` (true) when `peer` is not an endpoint or its connection failed.
   bool unreachable(PeerId peer, Request* req);
+  // Keys of windows and regions (base, length, packed remote key), and their remote key unpacked
+  // for `peer` (false when it cannot be).
+  static std::string packedKey(const void* base, size_t bytes, const void* packed,
+                               size_t packedLength);
+  bool unpackKey(PeerId peer, const std::string& key, uint64_t header[2], ucp_rkey_h* rkey);
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static std::string hostKey();
 
