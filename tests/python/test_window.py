@@ -114,6 +114,17 @@ def test_a_peer_that_dies_fails_the_wait_naming_it():
         run_spawned(_dies, 2, (2, os.path.join(tmp, "store")), [0, 3], timeout=90)
 
 
+def _not_adopted(rank, size):
+    seen = every_round(rank, size, [(1 << 18) + 3], dtypes=[torch.float32], memories=["block"])
+    assert seen["block"] == {"put"}, seen
+    assert torch_ddl._C.adopted_buffers() == 0
+
+
+def test_share_tensors_off_leaves_a_windows_tensor_where_it_is(monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_SHARE_TENSORS", "0")
+    run_ranks(_not_adopted, 2)
+
+
 def _subgroup(rank, size):
     # Ranks are the group's: global ranks 1 and 2 are its 0 and 1.
     group = dist.new_group([1, 2], backend="ddl")

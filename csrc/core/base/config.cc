@@ -38,7 +38,8 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_SHARE_TENSORS", "1",
      "1: a CPU tensor of at least TORCH_DDL_DIRECT_MIN_BYTES allreduced a second time, whose "
      "memory is a block of its own (glibc's large allocations), is moved into shared memory in "
-     "place (same address, same bytes), so that its allreduces take the direct path; 0: never"},
+     "place (same address, same bytes), so that its allreduces take the direct path; so is a "
+     "one-sided window's tensor that is such a block, as it registers; 0: never"},
     {"TORCH_DDL_DEVICE_SEGMENT_BYTES", "4194304",
      "TORCH_DDL_SEGMENT_BYTES for tensors in device (CUDA) memory, whose every message costs "
      "UCX a rendezvous"},

@@ -156,7 +156,7 @@ void Window::attach(const WindowMemory& given) {
     if (given.memory == MemoryKind::kHost && hostPeers && group_->buffers) {
       SharedBuffers& buffers = *group_->buffers;
       bool shared = buffers.find(given.data, given.bytes, &found);
-      if (!shared && given.adoptable.base != nullptr &&
+      if (!shared && given.adoptable.base != nullptr && engine.config().shareTensors &&
           buffers.adopt(given.adoptable.base, given.adoptable.bytes)) {
         shared = buffers.find(given.data, given.bytes, &found);
       }
