@@ -1166,6 +1166,35 @@ TEST(CallCheck, ARefusalOnOneRankEndsTheOpEverywhereAndTheGroupGoesOn) {
   }
 }
 
+TEST(CallCheck, AFailedOpsLeftoversNeverTakeAPointToPointMessage) {
+  // Op #0 fails on rank 1 (rank 0 refused it): for a while rank 1 discards what arrives for it.
+  // A point-to-point message whose user tag has the same low bits must not be taken for that.
+  runRanks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 10, 1.0f);
+        if (comm.rank() == 0) {
+          EXPECT_THROW(
+              (void)comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kBand),
+              Error);
+          const float value = 42.0f;
+          check(comm.send(&value, sizeof(value), 1, /*userTag=*/0));
+        } else {
+          auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+          EXPECT_TRUE(work->failed());
+          // The message arrives with no receive posted; housekeeping runs meanwhile.
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          float got = 0;
+          CallOptions options;
+          options.timeout = std::chrono::milliseconds(2000);
+          check(comm.recv(&got, sizeof(got), 0, /*userTag=*/0, options));
+          EXPECT_EQ(got, 42.0f);
+        }
+      },
+      std::chrono::seconds(30));
+}
+
 TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
   CallPrint p = callPrint(Collective::kReduce, 7, DataType::kInt64, ReduceOp::kMax, 2);
   EXPECT_EQ(p.describe(), "reduce(MAX, 7 x int64 to rank 2)");

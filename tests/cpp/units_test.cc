@@ -94,6 +94,19 @@ TEST(RingPlan, SplitEvenCoversEverythingOnce) {
   }
 }
 
+TEST(Tag, CollectivePhasesAreEveryPhaseButThePointToPointOnes) {
+  for (uint32_t phase = 0; phase < (1u << tag::kPhaseBits); ++phase) {
+    const uint64_t t = tag::make(5, 9, tag::slot(phase, 3), 1);
+    int matches = 0;
+    for (const tag::PhaseRange& r : tag::kCollectivePhases) {
+      const uint64_t want = tag::make(5, 9, tag::slot(r.first, 0), 0);
+      const uint64_t mask = tag::kGroupAndSequence | r.mask;
+      matches += (t & mask) == (want & mask);
+    }
+    EXPECT_EQ(matches, phase < tag::kPointToPointPhase ? 1 : 0) << "phase " << phase;
+  }
+}
+
 TEST(Tag, FieldsDoNotOverlap) {
   uint64_t t = tag::make(4095, 65535, tag::slot(63, 16383), 65535);
   EXPECT_EQ(t, ~uint64_t{0});

@@ -80,6 +80,27 @@ inline constexpr uint64_t kGroupAndSlot =
 inline constexpr uint64_t kGroupAndSequence = field(~uint64_t{0}, kGroupBits, kGroupShift) |
                                               field(~uint64_t{0}, kSequenceBits, kSequenceShift);
 
+// The phases below the point-to-point ones (0 .. kPointToPointPhase - 1) as prefixes of the
+// phase field: a tag matches (first, mask) when its phase is in the range. What a failed op left
+// behind is discarded under these (a point-to-point message of the same sequence field is a
+// user tag's, not the op's).
+struct PhaseRange {
+  uint32_t first;
+  uint64_t mask;  // the phase bits that are fixed, in place in the tag
+};
+inline constexpr uint64_t phasePrefixMask(int fixedBits) {
+  return field(((uint64_t{1} << fixedBits) - 1) << (kPhaseBits - fixedBits), kPhaseBits,
+               kSlotShift + kStepBits);
+}
+inline constexpr PhaseRange kCollectivePhases[] = {
+    {0, phasePrefixMask(1)},                       // 0 .. 31
+    {1u << (kPhaseBits - 1), phasePrefixMask(2)},  // 32 .. 47
+    {3u << (kPhaseBits - 2), phasePrefixMask(3)},  // 48 .. 55
+    {7u << (kPhaseBits - 3), phasePrefixMask(4)},  // 56 .. 59
+};
+static_assert(kPhaseBits == 6 && kPointToPointPhase == (15u << (kPhaseBits - 4)),
+              "kCollectivePhases covers the phases below the point-to-point ones");
+
 inline constexpr uint32_t source(uint64_t t) {
   return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));
 }

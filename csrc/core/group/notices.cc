@@ -457,8 +457,13 @@ bool Engine::serviceControls(bool housekeeping) {
       control->graves.pop_front();
     }
     for (const GroupControl::Grave& grave : control->graves) {
-      runtime_.transport().discard(tag::make(control->groupId, grave.sequence, 0, 0),
-                                   tag::kGroupAndSequence);
+      // By group, sequence and phase: the point-to-point phases (the top ones) carry a user
+      // tag in the sequence field, and are not the failed op's.
+      for (const tag::PhaseRange& range : tag::kCollectivePhases) {
+        runtime_.transport().discard(
+            tag::make(control->groupId, grave.sequence, tag::slot(range.first, 0), 0),
+            tag::kGroupAndSequence | range.mask);
+      }
     }
     if (!control->open && (!control->receive || control->receive->done) && control->sent.empty()) {
       controls_.erase(controls_.begin() + static_cast<long>(i));
