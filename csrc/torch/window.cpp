@@ -134,16 +134,15 @@ void WindowDDL::tensor_deregister() {
   layout_.reset();
 }
 
+std::pair<at::Tensor, at::Device> WindowDDL::registered(const char* where) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!layout_) badInput(where, "the window holds no tensor (tensor_register one first)");
+  return {*layout_, layoutDevice_};
+}
+
 at::Tensor WindowDDL::map_remote_tensor(int64_t rank) {
   const char* where = "map_remote_tensor";
-  at::Tensor layout;
-  at::Device device(at::kCPU);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!layout_) badInput(where, "the window holds no tensor (tensor_register one first)");
-    layout = *layout_;
-    device = layoutDevice_;
-  }
+  const auto [layout, device] = registered(where);
   checkRank(where, "rank", rank, window_->size());
   if (!device.is_cpu() && rank != window_->rank()) {
     badInput(where, "the window's tensors are on " + device.str() +
@@ -187,14 +186,7 @@ c10::intrusive_ptr<c10d::Work> WindowDDL::put(const at::Tensor& tensor, int64_t 
                                               int64_t targetOffset, bool asyncOp,
                                               std::chrono::milliseconds timeout) {
   const char* where = "put";
-  at::Tensor layout;
-  at::Device device(at::kCPU);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!layout_) badInput(where, "the window holds no tensor (tensor_register one first)");
-    layout = *layout_;
-    device = layoutDevice_;
-  }
+  const auto [layout, device] = registered(where);
   checkRank(where, "dst", dstRank, window_->size());
   if (!tensor.defined() || tensor.layout() != c10::kStrided) {
     badInput(where, "the tensor must be a defined dense tensor");

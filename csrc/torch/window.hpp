@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "../core/group/window.h"
 #include "compat.hpp"
@@ -77,6 +78,8 @@ class WindowDDL : public torch_compat::WindowBase {
 #endif
 
  private:
+  // The registered tensor's layout (on the meta device) and device; bad input when there is none.
+  std::pair<at::Tensor, at::Device> registered(const char* where) const;
   // A Work of the group for one window call: `submit` hands the core its options (`source`, if
   // any, lives as long as the op); waited for unless `asyncOp`.
   c10::intrusive_ptr<c10d::Work> launch(const char* where, c10d::OpType type,
