@@ -185,15 +185,15 @@ Request* Op::recvUnder(uint32_t sequence, int peer, uint64_t slot, void* data, s
 
 Request* Op::postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const void* data,
                            size_t bytes) {
-  if (refuseAfterFailure(req)) return req;
-  uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(group_->rank));
   PeerId peer;
-  if (!endpoint(req, &peer)) return req;
+  if (!ready(req, &peer)) return req;
+  uint64_t t = tag::make(group_->id, sequence, slot, static_cast<uint32_t>(group_->rank));
   group_->runtime->transport().send(peer, t, data, bytes, req);
   return req;
 }
 
-bool Op::endpoint(Request* req, PeerId* id) {
+bool Op::ready(Request* req, PeerId* id) {
+  if (refuseAfterFailure(req)) return false;
   try {
     *id = group_->peer(req->peer);
     return true;
@@ -205,19 +205,15 @@ bool Op::endpoint(Request* req, PeerId* id) {
 
 Request* Op::put(int peer, uint64_t remote, size_t offset, const void* data, size_t bytes) {
   Request* req = newRequest(peer, true);
-  if (refuseAfterFailure(req)) return req;
   PeerId id;
-  if (!endpoint(req, &id)) return req;
-  group_->runtime->transport().put(id, remote, offset, data, bytes, req);
+  if (ready(req, &id)) group_->runtime->transport().put(id, remote, offset, data, bytes, req);
   return req;
 }
 
 Request* Op::flush(int peer) {
   Request* req = newRequest(peer, true);
-  if (refuseAfterFailure(req)) return req;
   PeerId id;
-  if (!endpoint(req, &id)) return req;
-  group_->runtime->transport().flush(id, req);
+  if (ready(req, &id)) group_->runtime->transport().flush(id, req);
   return req;
 }
 

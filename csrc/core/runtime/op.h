@@ -228,8 +228,9 @@ class Op {
   Request* postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, void* data,
                             size_t bytes);
   bool refuseAfterFailure(Request* req);
-  // The endpoint to req->peer; false (the request failed) when none can be made.
-  bool endpoint(Request* req, PeerId* id);
+  // The endpoint to req->peer, for a request about to be posted; false (the request failed)
+  // when the op has failed or no endpoint can be made.
+  bool ready(Request* req, PeerId* id);
 
   std::shared_ptr<const Group> group_;
   uint32_t sequence_;
