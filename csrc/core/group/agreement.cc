@@ -15,7 +15,8 @@ namespace {
 
 constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kAgreementStep);
 constexpr uint64_t kAbortSlot = tag::slot(tag::kControlPhase, tag::kAgreementAbortStep);
-constexpr size_t kAbortBytes = 2048;  // a failure's words, cut to this
+constexpr size_t kAbortBytes = 2048;           // a failure's words, cut to this
+constexpr uint64_t kMaxAnswerBytes = 1 << 20;  // the decision's words, at most
 
 // The word of failure this op listens for, from any rank: its text after the attempt's 8 bytes.
 struct Listening {
@@ -54,18 +55,48 @@ struct Listening {
   }
 };
 
-// A framed message (bootstrap.h's receiveFramed) from `peer`, unless another member's word that
-// the agreement failed (from any member) comes first: then that word is thrown.
-Task receiveUnlessAborted(Op& op, int peer, std::string* bytes, Listening* abort,
-                          DeriveResult* out) {
+// The agreement's framed messages: a header (the attempt, then the length), then that many
+// bytes. The attempt lets a frame that an attempt which ended here left behind be told apart
+// from this one's: a member that called after the others gave up sent its card under the same
+// tag as a retry's (a reconfigure's sequence comes from its handles alone) and, taken, it
+// failed the retry as a request that differs.
+struct FrameHeader {
+  uint64_t attempt = 0;
   uint64_t length = 0;
-  Request* r = op.recv(peer, kSlot, &length, sizeof(length));
-  co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
-  if (!r->done) throw abort->error(out);
-  bytes->assign(length, '\0');
-  r = op.recv(peer, kSlot, bytes->data(), length);
-  co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
-  if (!r->done) throw abort->error(out);
+};
+
+Task sendFrame(Op& op, int peer, uint64_t attempt, std::string bytes) {
+  const FrameHeader header{attempt, bytes.size()};
+  // In this order (a header, then its bytes): not two arguments of one call.
+  Request* sentHeader = op.send(peer, kSlot, &header, sizeof(header));
+  Request* sentBytes = op.send(peer, kSlot, bytes.data(), bytes.size());
+  co_await op.all(sentHeader, sentBytes);
+}
+
+// A frame from `peer` of at most `most` bytes (a longer one fails naming the sender, before
+// anything is allocated), unless another member's word that the agreement failed (from any
+// member) comes first: then that word is thrown. Frames of an attempt that ended here are
+// dropped and the next one awaited.
+Task receiveUnlessAborted(Op& op, int peer, uint64_t most, std::string* bytes, Listening* abort,
+                          DeriveResult* out) {
+  while (true) {
+    FrameHeader header;
+    Request* r = op.recv(peer, kSlot, &header, sizeof(header));
+    co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
+    if (!r->done) throw abort->error(out);
+    if (r->receivedBytes != sizeof(header) || header.length > most) {
+      throw Error("rank " + std::to_string(peer) + " sent an agreement message of " +
+                  std::to_string(header.length) + " bytes, more than the " + std::to_string(most) +
+                  " it can hold");
+    }
+    bytes->assign(header.length, '\0');
+    r = op.recv(peer, kSlot, bytes->data(), header.length);
+    co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
+    if (!r->done) throw abort->error(out);
+    const bool stale = header.attempt != abort->attempt && abort->ended != nullptr &&
+                       abort->ended->count(header.attempt) > 0;
+    if (!stale) co_return;
+  }
 }
 
 Task sendAbort(Op& op, int peer, std::string words) {
@@ -84,6 +115,8 @@ std::optional<std::string> otherRequest(const std::vector<DeriveCard>& cards,
   return std::nullopt;
 }
 
+}  // namespace
+
 std::string encodeCards(const std::vector<DeriveCard>& cards) {
   Writer w;
   w.number(cards.size());
@@ -96,21 +129,25 @@ std::string encodeCards(const std::vector<DeriveCard>& cards) {
   return w.take();
 }
 
-bool decodeCards(const std::string& bytes, std::vector<DeriveCard>* cards) {
+bool decodeCards(const std::string& bytes, size_t most, std::vector<DeriveCard>* cards) {
   Reader r(bytes);
   const uint64_t n = r.number();
   for (uint64_t i = 0; i < n && r.ok(); ++i) {
     DeriveCard c;
-    c.rank = static_cast<int>(r.number());
-    c.parentRank = static_cast<int>(r.number());
+    const uint64_t rank = r.number(), parentRank = r.number();
     c.request = r.text();
     c.heldIds = r.text();
+    if (rank > tag::kMaxRanks || parentRank > tag::kMaxRanks ||
+        c.heldIds.size() > tag::kMaxGroups ||
+        c.request.size() + c.heldIds.size() + kCardOverhead > most) {
+      return false;
+    }
+    c.rank = static_cast<int>(rank);
+    c.parentRank = static_cast<int>(parentRank);
     cards->push_back(std::move(c));
   }
   return r.ok(true);
 }
-
-}  // namespace
 
 DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what) {
   DeriveResult result;
@@ -181,12 +218,18 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
   abort->excluded = &agreement.excluded;
   op.work->retain(abort);
   abort->request = op.recvAny(kAbortSlot, abort->buffer.data(), abort->buffer.size());
+  // What a frame may hold: a card per rank of the sender's subtree (its held ids, and a request
+  // as long as this one's, or of a few hundred bytes where it differs and is quoted); the
+  // answer, one failure's words.
+  const uint64_t cardBytes =
+      kCardOverhead + tag::kMaxGroups + 2 * std::max<size_t>(mine.request.size(), 256);
   std::vector<DeriveCard> cards;
   cards.push_back(mine);
   for (int child : children) {
     std::string bytes;
-    co_await receiveUnlessAborted(op, child, &bytes, abort.get(), out.get());
-    if (!decodeCards(bytes, &cards)) {
+    co_await receiveUnlessAborted(op, child, cardBytes * static_cast<uint64_t>(n), &bytes,
+                                  abort.get(), out.get());
+    if (!decodeCards(bytes, cardBytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
     }
     // Cards that ask for another group: the views differ, whatever the others say.
@@ -199,11 +242,21 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
   }
   std::string down;
   if (parent >= 0) {
-    co_await sendFramed(op, parent, kSlot, encodeCards(cards));
-    co_await receiveUnlessAborted(op, parent, &down, abort.get(), out.get());
+    co_await sendFrame(op, parent, agreement.attempt, encodeCards(cards));
+    co_await receiveUnlessAborted(op, parent, kMaxAnswerBytes, &down, abort.get(), out.get());
   } else {
     std::sort(cards.begin(), cards.end(),
               [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
+    // Every member's card once, each where it belongs (a card repeated or of a rank that is not
+    // a member is a sender's fault, never a decision).
+    for (size_t i = 0; i < cards.size(); ++i) {
+      if (cards[i].rank != static_cast<int>(i) || i >= members.size() ||
+          cards[i].parentRank != members[i]) {
+        throw Error("the cards sent up hold rank " + std::to_string(cards[i].rank) + " (rank " +
+                    std::to_string(cards[i].parentRank) + " of the parent) at place " +
+                    std::to_string(i) + " of " + std::to_string(n));
+      }
+    }
     DeriveResult decided =
         cards.size() == static_cast<size_t>(n)
             ? decideDerived(cards, what)
@@ -230,7 +283,7 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
                std::move(words));
   }
   if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
-  for (int child : children) co_await sendFramed(op, child, kSlot, down);
+  for (int child : children) co_await sendFrame(op, child, agreement.attempt, down);
   *out = std::move(result);
 }
 

@@ -36,10 +36,18 @@ struct DeriveCard {
 struct DeriveResult {
   Status error;  // the same on every rank (ok: agreed)
   uint32_t id = 0;
-  int heardFrom = -1;  // the agreement failed on the word of this (parent) rank
-  std::string mine;    // "rank 2 was asked to exclude 3": what this rank was asked
-  std::string asked;   // "; " + mine once it failed on another rank's word ("" otherwise)
+  uint64_t incarnation = 0;  // the new group's (Group::incarnation), drawn by the new rank 0
+  int heardFrom = -1;        // the agreement failed on the word of this (parent) rank
+  std::string mine;          // "rank 2 was asked to exclude 3": what this rank was asked
+  std::string asked;         // "; " + mine once it failed on another rank's word ("" otherwise)
 };
+
+// Cards as they travel (a count, then each card): false where the bytes are not whole cards, or
+// a card takes more than `most` bytes, names a rank past the largest group or more group ids
+// than there are. A card's bytes beyond its two texts: kCardOverhead.
+constexpr size_t kCardOverhead = 32;
+std::string encodeCards(const std::vector<DeriveCard>& cards);
+bool decodeCards(const std::string& bytes, size_t most, std::vector<DeriveCard>* cards);
 
 // Rank 0's decision from every card (by new rank). `what` names the call for messages.
 DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::string& what);

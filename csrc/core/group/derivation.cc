@@ -189,6 +189,9 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
 std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
     const std::vector<int>& excluded, bool abortFirst, bool requireQuorum) {
   const char* name = "shrink_group";
+  // Every call counts, also one refused here below (bad ranks, no quorum): the ranks that asked
+  // rightly went ahead, and a retry by all of them must take one number everywhere.
+  const uint32_t sequence = nextAgreement(name);
   std::vector<bool> out(static_cast<size_t>(size()), false);
   std::string listed;  // "1, 3"
   std::vector<int> sorted = excluded;
@@ -236,7 +239,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
           (sorted.size() > 1 ? "s " : " ") + listed);
   }
-  return startDerivation(members, "exclude " + listed, name, nextAgreement(name), sorted);
+  return startDerivation(members, "exclude " + listed, name, sequence, sorted);
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& excluded,
@@ -256,6 +259,10 @@ uint32_t Communicator::nextAgreement(const char* what) {
 
 std::unique_ptr<Communicator::Derivation> Communicator::beginSplit(const std::vector<int>& ranks) {
   const char* name = "split_group";
+  // Every rank of this group calls split (torch's contract, as for NCCL's): every call counts,
+  // the ones left out and the ones refused below too, so that later agreements keep one
+  // numbering on every rank.
+  const uint32_t sequence = nextAgreement(name);
   std::vector<int> members = ranks;
   std::sort(members.begin(), members.end());
   std::string asked;
@@ -271,9 +278,6 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginSplit(const std::ve
     }
     asked += (asked.empty() ? "form a group of ranks " : ", ") + std::to_string(members[i]);
   }
-  // Every rank of this group calls split (torch's contract, as for NCCL's): the ones left out
-  // count it too, so that later agreements of the others and theirs keep one numbering.
-  const uint32_t sequence = nextAgreement(name);
   if (!std::binary_search(members.begin(), members.end(), rank())) {
     auto d = std::make_unique<Derivation>();
     d->engine = engine_;

@@ -1,0 +1,144 @@
+// Retries after a refusal: a shrink, split or reconfigure that failed on some rank (its own
+// arguments, no quorum, a member that came late) is called again, and the retry must meet.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+
+namespace ddl::test {
+namespace {
+
+// Runs body(i) on one thread per index, rethrowing the first failure.
+void together(int n, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (...) {
+        errors[static_cast<size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void sumsTo(Communicator& comm, double expected) {
+  std::vector<double> v(257, 1.0);
+  check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
+  EXPECT_EQ(v.back(), expected);
+}
+
+// Rank 0 of 4 names a rank twice: its shrink throws before any message. Rank 1's goes ahead and
+// times out waiting for rank 0's card. Both call again, rightly: before the fix rank 0 counted
+// only calls that passed its checks, so the two retries took different agreement numbers and
+// never met.
+TEST(Retry, AShrinkRefusedOnOneRankIsRetriedByEveryRank) {
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        comm.setTimeout(std::chrono::milliseconds(1500));
+        if (comm.rank() == 2) return;  // the rank to exclude: it calls nothing
+        if (comm.rank() == 0) {
+          EXPECT_THROW((void)comm.shrink({2, 2}), Error);
+        } else {
+          EXPECT_THROW((void)comm.shrink({2}), Error);
+        }
+        comm.setTimeout(std::chrono::seconds(20));
+        auto shrunk = comm.shrink({2});
+        ASSERT_EQ(shrunk->size(), 2);
+        sumsTo(*shrunk, 2.0);
+      },
+      std::chrono::seconds(20));
+}
+
+// The same with a refusal a rank makes of itself: no quorum (it sees more ranks gone than the
+// others do).
+TEST(Retry, AShrinkWithoutQuorumOnOneRankIsRetriedByEveryRank) {
+  runRanks(
+      5,
+      [&](Communicator& comm) {
+        comm.setTimeout(std::chrono::milliseconds(1500));
+        if (comm.rank() >= 3) return;
+        if (comm.rank() == 0) {
+          EXPECT_THROW((void)comm.shrink({1, 2, 3, 4}), Error);  // no quorum: nothing sent
+        } else {
+          EXPECT_THROW((void)comm.shrink({3, 4}), Error);  // rank 0 never answers
+        }
+        comm.setTimeout(std::chrono::seconds(20));
+        auto shrunk = comm.shrink({3, 4});
+        ASSERT_EQ(shrunk->size(), 3);
+        sumsTo(*shrunk, 3.0);
+      },
+      std::chrono::seconds(20));
+}
+
+TEST(Retry, ASplitRefusedOnOneRankIsRetriedByEveryRank) {
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        comm.setTimeout(std::chrono::milliseconds(1500));
+        if (comm.rank() == 0) {
+          EXPECT_THROW((void)comm.split({0, 1, 7}), Error);
+        } else {
+          try {
+            (void)comm.split({0, 1});
+          } catch (const Error&) {  // rank 1 times out; rank 2 is left out and succeeds
+          }
+        }
+        comm.setTimeout(std::chrono::seconds(20));
+        auto part = comm.split({0, 1});
+        if (comm.rank() == 2) {
+          EXPECT_EQ(part, nullptr);
+          return;
+        }
+        ASSERT_NE(part, nullptr);
+        sumsTo(*part, 2.0);
+      },
+      std::chrono::seconds(20));
+}
+
+// torch's documented retry of reconfigure: the same handles, a new uuid. A member that called
+// after the others gave up (its card reached them late) must not poison it, nor the one after.
+TEST(Retry, AReconfigureRetriedAfterALateMemberMeets) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::string> handles;
+  for (int r = 0; r < 3; ++r) {
+    engines.push_back(std::make_unique<Engine>(fabric.join()));
+    handles.push_back(Communicator::handle(*engines.back()));
+  }
+  const std::vector<std::string> listed = Communicator::orderHandles(handles);
+  auto engineOf = [&](int i) -> Engine& {
+    for (int r = 0; r < 3; ++r) {
+      if (handles[r] == listed[i]) return *engines[r];
+    }
+    throw Error("no engine");
+  };
+  // Attempt 1: members 0 and 1 give up after 500 ms; member 2 calls only after that.
+  together(3, [&](int i) {
+    if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    EXPECT_THROW((void)Communicator::reconfigure(engineOf(i), listed, 1,
+                                                 std::chrono::milliseconds(i == 2 ? 2000 : 500)),
+                 Error);
+  });
+  // Attempts 2 and 3, as documented: the same handles, a new uuid each.
+  for (int64_t uuid : {2, 3}) {
+    together(3, [&](int i) {
+      auto comm = Communicator::reconfigure(engineOf(i), listed, uuid, std::chrono::seconds(10));
+      ASSERT_EQ(comm->size(), 3);
+      sumsTo(*comm, 3.0);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace ddl::test
