@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/base/sparse_block.h"
 #include "errors.hpp"
 
 namespace ddl {
@@ -50,47 +51,55 @@ at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) 
   for (int r = 0; r < ranks; ++r) {
     const char* block = blocks.data.data() + blocks.offsets[r];
     const size_t length = blocks.offsets[r + 1] - blocks.offsets[r];
-    auto shortBlock = [&] {
+    SparseBlock got;
+    std::string why;
+    if (!readSparseBlock(block, length, like._values().element_size(), &got, &why)) {
       torch_errors::raise(
           Status(StatusKind::kMismatch,
-                 "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block"));
-    };
-    int64_t fixed[4];  // sparse_dim, dense_dim, dtype, ndim
-    if (length < sizeof(fixed)) shortBlock();
-    std::memcpy(fixed, block, sizeof(fixed));
-    if (fixed[3] < 0 || fixed[3] > 64 || length < (5 + fixed[3]) * sizeof(int64_t)) shortBlock();
-    std::vector<int64_t> header(5 + fixed[3]);
-    std::memcpy(header.data(), block, header.size() * sizeof(int64_t));
-    std::vector<int64_t> sizes(header.begin() + 4, header.end() - 1);
-    if (fixed[0] != like.sparse_dim() || fixed[1] != like.dense_dim() ||
-        c10::IntArrayRef(sizes) != like.sizes()) {
+                 "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block: " + why));
+    }
+    if (got.sparseDim != like.sparse_dim() || got.denseDim != like.dense_dim() ||
+        c10::IntArrayRef(got.sizes) != like.sizes()) {
       torch_errors::raise(Status(StatusKind::kMismatch,
                                  "ddl: all_reduce: rank " + std::to_string(r) +
-                                     "'s sparse tensor has sizes " + shapeText(sizes) +
-                                     " with sparse_dim " + std::to_string(fixed[0]) +
+                                     "'s sparse tensor has sizes " + shapeText(got.sizes) +
+                                     " with sparse_dim " + std::to_string(got.sparseDim) +
                                      "; this rank's has sizes " + shapeText(like.sizes()) +
                                      " with sparse_dim " + std::to_string(like.sparse_dim())));
     }
-    if (fixed[2] != static_cast<int64_t>(like.scalar_type())) {
+    if (got.dtype != static_cast<int64_t>(like.scalar_type())) {
+      const bool known =
+          got.dtype >= 0 && got.dtype < static_cast<int64_t>(at::ScalarType::NumOptions);
       torch_errors::raise(Status(StatusKind::kMismatch,
                                  "ddl: all_reduce: rank " + std::to_string(r) +
                                      "'s sparse tensor has dtype " +
-                                     c10::toString(static_cast<at::ScalarType>(fixed[2])) +
+                                     (known ? c10::toString(static_cast<at::ScalarType>(got.dtype))
+                                            : "number " + std::to_string(got.dtype)) +
                                      "; this rank's has " + c10::toString(like.scalar_type())));
     }
-    const int64_t nnz = header.back();
-    if (nnz < 0) shortBlock();
-    std::vector<int64_t> valueShape{nnz};
+    // Sized only now that the block's length says it holds them.
+    std::vector<int64_t> valueShape{got.nnz};
     for (int64_t d = like.sparse_dim(); d < like.dim(); ++d) valueShape.push_back(like.size(d));
-    at::Tensor rankIndices = at::empty({like.sparse_dim(), nnz}, at::kLong);
+    at::Tensor rankIndices = at::empty({like.sparse_dim(), got.nnz}, at::kLong);
     at::Tensor rankValues = at::empty(valueShape, like._values().options());
-    const size_t indexBytes = rankIndices.numel() * sizeof(int64_t);
-    const size_t valueBytes = rankValues.numel() * rankValues.element_size();
-    const size_t headerBytes = header.size() * sizeof(int64_t);
-    if (length != headerBytes + indexBytes + valueBytes) shortBlock();
-    if (indexBytes > 0) std::memcpy(rankIndices.data_ptr(), block + headerBytes, indexBytes);
-    if (valueBytes > 0) {
-      std::memcpy(rankValues.data_ptr(), block + headerBytes + indexBytes, valueBytes);
+    if (got.indexBytes > 0) {
+      std::memcpy(rankIndices.data_ptr(), block + got.headerBytes, got.indexBytes);
+    }
+    if (got.valueBytes > 0) {
+      std::memcpy(rankValues.data_ptr(), block + got.headerBytes + got.indexBytes, got.valueBytes);
+    }
+    // Indices out of the tensor's sizes would be written out of bounds by a later to_dense().
+    if (got.nnz > 0) {
+      const at::Tensor lowest = std::get<0>(rankIndices.min(1));
+      const at::Tensor highest = std::get<0>(rankIndices.max(1));
+      for (int64_t d = 0; d < like.sparse_dim(); ++d) {
+        if (lowest[d].item<int64_t>() < 0 || highest[d].item<int64_t>() >= like.size(d)) {
+          torch_errors::raise(Status(StatusKind::kMismatch,
+                                     "ddl: all_reduce: rank " + std::to_string(r) +
+                                         " sent indices outside sizes " + shapeText(like.sizes()) +
+                                         " in dimension " + std::to_string(d)));
+        }
+      }
     }
     indices.push_back(rankIndices);
     values.push_back(rankValues);

@@ -5,6 +5,8 @@
 //    storing steps of the ring pipeline over chunks of unequal length (tag phase 1, so a fast
 //    neighbour's blocks never match a receive of step 1).
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include "algorithms.h"
 #include "ring_pipeline.h"
@@ -17,9 +19,22 @@ Task allgatherVaryingRing(Op& op, const void* in, size_t bytes, std::shared_ptr<
   std::vector<uint64_t> sizes(n, 0);
   sizes[op.rank()] = bytes;
   co_await allgatherRing(op, &sizes[op.rank()], sizes.data(), sizeof(uint64_t), settings);
+  // Every rank sums the same sizes, and so refuses the same: a sum that wraps would size the
+  // output too small for the blocks then written into it.
   out->offsets.assign(n + 1, 0);
-  for (int r = 0; r < n; ++r) out->offsets[r + 1] = out->offsets[r] + sizes[r];
-  out->data.resize(out->offsets[n]);
+  for (int r = 0; r < n; ++r) {
+    if (sizes[r] > std::numeric_limits<size_t>::max() - out->offsets[r]) {
+      throw Error("rank " + std::to_string(r) + "'s block of " + std::to_string(sizes[r]) +
+                  " bytes takes the blocks' total past 2^64");
+    }
+    out->offsets[r + 1] = out->offsets[r] + sizes[r];
+  }
+  try {
+    out->data.resize(out->offsets[n]);
+  } catch (const std::exception&) {
+    throw Error("the blocks' total of " + std::to_string(out->offsets[n]) +
+                " bytes cannot be held here");
+  }
   if (bytes > 0) std::memcpy(out->data.data() + out->offsets[op.rank()], in, bytes);
   if (n == 1 || out->data.empty()) co_return;
   std::vector<Range> chunks;

@@ -178,7 +178,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
         mapped.base = SharedBuffers::mapAdopted(o.key, &mapped.length, &why);
       } else {
         void* base = nullptr;
-        mapped.window = transport.mapWindow(op.group().peer(j), o.key, &base);
+        mapped.window = transport.mapWindow(op.group().peer(j), o.key, &base, &mapped.length);
         mapped.base = mapped.window != 0 ? static_cast<char*>(base) : nullptr;
       }
       if (mapped.base == nullptr) {
@@ -192,6 +192,14 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
         break;
       }
       it = ring.peerBuffers.emplace(std::make_pair(j, o.header.serial), mapped).first;
+    }
+    // The buffer the offer names must lie in what the peer shares.
+    const size_t length = it->second.length;
+    if (o.header.offset > length || count * es > length - o.header.offset) {
+      failure = "rank " + std::to_string(j) + " offers " + std::to_string(count * es) +
+                " bytes at byte " + std::to_string(o.header.offset) + " of a shared buffer of " +
+                std::to_string(length);
+      break;
     }
     at[j] = it->second.base + o.header.offset;
   }

@@ -13,6 +13,8 @@ namespace {
 
 constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kBootstrapStep);
 
+}  // namespace
+
 std::string encodeCards(const std::vector<RankCard>& cards) {
   Writer w;
   w.number(cards.size());
@@ -31,7 +33,9 @@ bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards) {
   const uint64_t n = r.number();
   for (uint64_t i = 0; i < n && r.ok(); ++i) {
     RankCard c;
-    c.rank = static_cast<int>(r.number());
+    const uint64_t rank = r.number();
+    if (rank > tag::kMaxRanks) return false;
+    c.rank = static_cast<int>(rank);
     c.address = r.text();
     c.identity = r.text();
     c.locality = r.text();
@@ -81,13 +85,15 @@ bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
     const uint64_t blocks = r.number();
     for (uint64_t b = 0; b < blocks && r.ok(); ++b) level.blockNames.push_back(r.text());
     level.blockOf.resize(n);
-    for (uint64_t i = 0; i < n && r.ok(); ++i) level.blockOf[i] = static_cast<int>(r.number());
+    for (uint64_t i = 0; i < n && r.ok(); ++i) {
+      const uint64_t block = r.number();
+      if (block >= blocks) return false;
+      level.blockOf[i] = static_cast<int>(block);
+    }
     d->topology.levels.push_back(std::move(level));
   }
   return r.ok(true);
 }
-
-}  // namespace
 
 GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& racks,
                              uint32_t groupId) {
@@ -136,9 +142,14 @@ Task sendFramed(Op& op, int peer, uint64_t slot, std::string bytes) {
   co_await op.all(sentLength, sentBytes);
 }
 
-Task receiveFramed(Op& op, int peer, uint64_t slot, std::string* bytes) {
+Task receiveFramed(Op& op, int peer, uint64_t slot, uint64_t most, std::string* bytes) {
   uint64_t length = 0;
   co_await op.all(op.recv(peer, slot, &length, sizeof(length)));
+  if (length > most) {
+    throw Error("rank " + std::to_string(peer) + " sent a creation message of " +
+                std::to_string(length) + " bytes, more than the " + std::to_string(most) +
+                " a group of its size can need");
+  }
   bytes->assign(length, '\0');
   co_await op.all(op.recv(peer, slot, bytes->data(), length));
 }
@@ -164,7 +175,7 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap
   cards.push_back(std::move(mine));
   for (int child : children) {
     std::string bytes;
-    co_await receiveFramed(op, child, kSlot, &bytes);
+    co_await receiveFramed(op, child, kSlot, kMaxCardBytes * static_cast<uint64_t>(n), &bytes);
     if (!decodeCards(bytes, &cards)) {
       throw Error("rank " + std::to_string(child) + " sent malformed cards");
     }
@@ -172,7 +183,7 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap
   std::string down;
   if (parent >= 0) {
     co_await sendFramed(op, parent, kSlot, encodeCards(cards));
-    co_await receiveFramed(op, parent, kSlot, &down);
+    co_await receiveFramed(op, parent, kSlot, kMaxCardBytes * static_cast<uint64_t>(n), &down);
     if (!decodeDirectory(down, n, out.get())) {
       throw Error("rank " + std::to_string(parent) + " sent a malformed directory");
     }

@@ -49,8 +49,18 @@ GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& 
                              uint32_t groupId);
 
 // A framed message of `slot` between two ranks of an op: a length (8 bytes), then that many bytes.
+// A receive of a length over `most` fails naming the sender, before anything is allocated.
 Task sendFramed(Op& op, int peer, uint64_t slot, std::string bytes);
-Task receiveFramed(Op& op, int peer, uint64_t slot, std::string* bytes);
+Task receiveFramed(Op& op, int peer, uint64_t slot, uint64_t most, std::string* bytes);
+// What one rank's part of a creation message may take (its card, or its address, identity and
+// place in the directory): a UCX worker address with every transport is a few KiB.
+constexpr uint64_t kMaxCardBytes = 64 * 1024;
+
+// Cards and directories as they travel (tests and fuzzing): false where the bytes are not whole.
+std::string encodeCards(const std::vector<RankCard>& cards);
+bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards);
+std::string encodeDirectory(const GroupDirectory& directory);
+bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* directory);
 
 // The tree's parent of `rank` (-1 for rank 0) and its children, in the order they are awaited.
 int bootstrapParent(int rank);

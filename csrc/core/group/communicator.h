@@ -63,6 +63,10 @@ struct GroupOptions {
   std::optional<PlanRequest> plan;
 };
 
+// A group id as rank 0 wrote it to the store (`key`): decimal, below tag::kGroupIds. Throws
+// naming the key and the value otherwise.
+uint32_t parseGroupId(const std::string& value, const std::string& key);
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Collective over `size` processes: finds the group's id and its tree parent through `store`

@@ -29,6 +29,22 @@ Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard 
 
 }  // namespace
 
+uint32_t parseGroupId(const std::string& value, const std::string& key) {
+  uint64_t id = 0;
+  bool digits = !value.empty() && value.size() <= 10;
+  for (char c : value) {
+    digits = digits && c >= '0' && c <= '9';
+    if (digits) id = id * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (!digits || id >= tag::kGroupIds) {
+    throw Error("ddl: the store's " + key + " is \"" + value.substr(0, 32) +
+                    "\", not a group id (a number below " + std::to_string(tag::kGroupIds) +
+                    "): another program wrote it, or the store is not this job's",
+                StatusKind::kInvalidArgument);
+  }
+  return static_cast<uint32_t>(id);
+}
+
 void Communicator::nameGroup(Group& group, Engine& engine) {
   group.runtime = &engine.runtime();
   group.buffers = engine.sharedBuffers();
@@ -83,7 +99,7 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
     group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
     store.set(key + "group_id", std::to_string(group->id));
   } else {
-    group->id = static_cast<uint32_t>(std::stoul(store.get(key + "group_id")));
+    group->id = parseGroupId(store.get(key + "group_id"), key + "group_id");
   }
   nameGroup(*group, engine);
   engine.runtime().recorder().noteRank(rank);

@@ -23,11 +23,16 @@ struct NoticeHeader {
 };
 constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
 
+// Ranges of gone ranks one notice carries at most, leaving room for some words: more (ranks
+// gone in over 900 places) are cut to the first ones, a part of the news that is still true (a
+// notice longer than kMaxBytes would be cut by its receive and dropped whole).
+constexpr size_t kMaxRanges = (Notice::kMaxBytes - sizeof(NoticeHeader) - 512) / 4;
+
 }  // namespace
 
 std::string Notice::encode() const {
   std::vector<uint16_t> ranges;
-  for (size_t i = 0; i < gone.size();) {
+  for (size_t i = 0; i < gone.size() && ranges.size() < 2 * kMaxRanges;) {
     size_t j = i;
     while (j + 1 < gone.size() && gone[j + 1] == gone[j] + 1) ++j;
     ranges.push_back(static_cast<uint16_t>(gone[i]));
@@ -68,8 +73,13 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
       header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
   std::vector<uint16_t> ranges(size_t{header.ranges} * 2);
   if (!ranges.empty()) std::memcpy(ranges.data(), data + sizeof(header), rangeBytes);
+  // Ranges as encode() makes them: ascending, apart, each of ranks of the largest group.
+  int64_t next = 0;  // the lowest rank the next range may start at
   for (size_t i = 0; i + 1 < ranges.size(); i += 2) {
-    for (int k = 0; k < ranges[i + 1]; ++k) notice.gone.push_back(ranges[i] + k);
+    const int64_t first = ranges[i], count = ranges[i + 1];
+    if (count == 0 || first < next || first + count > int64_t{tag::kMaxRanks}) return std::nullopt;
+    for (int64_t k = 0; k < count; ++k) notice.gone.push_back(static_cast<int>(first + k));
+    next = first + count + 1;
   }
   notice.text.assign(data + sizeof(header) + rangeBytes, bytes - sizeof(header) - rangeBytes);
   return notice;

@@ -236,12 +236,20 @@ void Window::attach(const WindowMemory& given) {
         char* base = nullptr;
         std::string why = "the transport cannot map it here";
         if (o.header.flags & kAdopted) {
-          mapping->adoptedBase = SharedBuffers::mapAdopted(o.share, &mapping->adoptedLength, &why);
+          mapping->adoptedBase = SharedBuffers::mapAdopted(o.share, &mapping->length, &why);
           base = mapping->adoptedBase;
         } else {
           void* at = nullptr;
-          mapping->window = transport.mapWindow(group_->peer(j), o.share, &at);
+          mapping->window = transport.mapWindow(group_->peer(j), o.share, &at, &mapping->length);
           if (mapping->window != 0) base = static_cast<char*>(at);
+        }
+        // What the offer says must lie in what the peer shares: a put writes up to its end.
+        const size_t length = mapping->length;
+        if (base != nullptr && (o.header.offset > length || p.bytes > length - o.header.offset)) {
+          base = nullptr;
+          why = "its offer of " + std::to_string(p.bytes) + " bytes at byte " +
+                std::to_string(o.header.offset) + " passes the end of the " +
+                std::to_string(length) + " bytes it shares";
         }
         if (base != nullptr) {
           p.mapped = base + o.header.offset;
@@ -263,7 +271,7 @@ void Window::attach(const WindowMemory& given) {
 }
 
 Window::Mapping::~Mapping() {
-  if (adoptedBase != nullptr) SharedBuffers::unmapAdopted(adoptedBase, adoptedLength);
+  if (adoptedBase != nullptr) SharedBuffers::unmapAdopted(adoptedBase, length);
   if (window == 0) return;
   // The runtime released every window if it is gone.
   Runtime::postIfAlive(

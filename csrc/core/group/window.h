@@ -94,7 +94,7 @@ class Window {
     Runtime* runtime = nullptr;
     uint64_t window = 0;
     char* adoptedBase = nullptr;
-    size_t adoptedLength = 0;
+    size_t length = 0;
     ~Mapping();
   };
   struct Peer {

@@ -139,9 +139,17 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
   if (windows.inboxWindow != 0 && got->receivedBytes > sizeof(Geometry) &&
       nextGeometry.slotBytes == geometry.slotBytes && nextGeometry.slots == geometry.slots) {
     std::string nextKey(theirs.data() + sizeof(Geometry), got->receivedBytes - sizeof(Geometry));
-    windows.outboxWindow = transport.mapWindow(op.group().peer(next), nextKey, &base);
+    size_t length = 0;
+    windows.outboxWindow = transport.mapWindow(op.group().peer(next), nextKey, &base, &length);
     windows.outbox = static_cast<char*>(base);
     ok = windows.outboxWindow != 0;
+    // The slots the neighbour's geometry says it has must lie in what it shares.
+    if (ok && length / geometry.slotBytes < geometry.slots) {
+      transport.releaseWindow(windows.outboxWindow);
+      windows.outboxWindow = 0;
+      windows.outbox = nullptr;
+      ok = 0;
+    }
   }
 
   uint8_t verdict = 0;

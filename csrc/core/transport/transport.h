@@ -81,14 +81,16 @@ class Transport {
   // in user space, with no message and no kernel copy. allocateWindow returns an id (0: the
   // transport has none) and fills the base address and a key for the peer; mapWindow, given a
   // peer's key, returns an id (0: that peer's window cannot be addressed from here, e.g. it is on
-  // another host) and the local address of the peer's window. releaseWindow undoes either; a
+  // another host), the local address of the peer's window and its length (what a peer's offer says
+  // of the window is checked against it before any byte is written). releaseWindow undoes either; a
   // mapping stays valid until it is released, even after the owner released its window (as shared
   // memory between processes does), so a peer that leaves early cannot pull memory from under a
   // writer.
   virtual uint64_t allocateWindow(size_t /*bytes*/, void** /*base*/, std::string* /*key*/) {
     return 0;
   }
-  virtual uint64_t mapWindow(PeerId /*peer*/, const std::string& /*key*/, void** /*base*/) {
+  virtual uint64_t mapWindow(PeerId /*peer*/, const std::string& /*key*/, void** /*base*/,
+                             size_t* /*bytes*/) {
     return 0;
   }
   virtual void releaseWindow(uint64_t /*id*/) {}

@@ -61,22 +61,25 @@ uint64_t LoopbackTransport::allocateWindow(size_t bytes, void** base, std::strin
   std::shared_ptr<char[]> memory(new char[std::max<size_t>(bytes, 1)]);
   {
     std::lock_guard<std::mutex> lock(fabric_->mutex_);
-    std::erase_if(fabric_->windows_, [](const auto& w) { return w.second.expired(); });
+    std::erase_if(fabric_->windows_, [](const auto& w) { return w.second.memory.expired(); });
     *key = "window:" + std::to_string(fabric_->nextKey_++);
-    fabric_->windows_[*key] = memory;
+    fabric_->windows_[*key] = {memory, bytes};
   }
   *base = memory.get();
   windows_.emplace(nextWindow_, std::move(memory));
   return nextWindow_++;
 }
 
-uint64_t LoopbackTransport::mapWindow(PeerId, const std::string& key, void** base) {
+uint64_t LoopbackTransport::mapWindow(PeerId, const std::string& key, void** base, size_t* bytes) {
   if (refuseWindows_) return 0;
   std::shared_ptr<char[]> memory;
   {
     std::lock_guard<std::mutex> lock(fabric_->mutex_);
     auto it = fabric_->windows_.find(key);
-    if (it != fabric_->windows_.end()) memory = it->second.lock();
+    if (it != fabric_->windows_.end()) {
+      memory = it->second.memory.lock();
+      *bytes = it->second.bytes;
+    }
   }
   if (!memory) return 0;
   *base = memory.get();

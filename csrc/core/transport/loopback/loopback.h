@@ -29,7 +29,11 @@ class LoopbackFabric {
   std::vector<LoopbackTransport*> members_;  // null once a transport is destroyed
   // Shared windows by key: memory lives while its owner or a mapping holds it, as shared memory
   // does between processes.
-  std::map<std::string, std::weak_ptr<char[]>> windows_;
+  struct Shared {
+    std::weak_ptr<char[]> memory;
+    size_t bytes = 0;
+  };
+  std::map<std::string, Shared> windows_;
   uint64_t nextKey_ = 0;
 };
 
@@ -55,7 +59,7 @@ class LoopbackTransport : public Transport {
   // (true) makes this transport behave as one whose peers cannot map each other (tests of the
   // fallback).
   uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
-  uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
+  uint64_t mapWindow(PeerId peer, const std::string& key, void** base, size_t* bytes) override;
   void releaseWindow(uint64_t id) override;
   void refuseWindows(bool refuse) { refuseWindows_ = refuse; }
   // Regions are memory of the one process: a put copies into it at once.

@@ -334,7 +334,7 @@ uint64_t UcxTransport::allocateWindow(size_t bytes, void** base, std::string* ke
   return id;
 }
 
-uint64_t UcxTransport::mapWindow(PeerId peer, const std::string& key, void** base) {
+uint64_t UcxTransport::mapWindow(PeerId peer, const std::string& key, void** base, size_t* bytes) {
   uint64_t header[2];
   Window w;
   if (!unpackKey(peer, key, header, &w.rkey)) return 0;
@@ -344,6 +344,7 @@ uint64_t UcxTransport::mapWindow(PeerId peer, const std::string& key, void** bas
     return 0;
   }
   *base = local;
+  *bytes = header[1];
   uint64_t id = nextWindow_++;
   windows_.emplace(id, w);
   return id;

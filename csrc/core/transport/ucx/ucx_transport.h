@@ -37,7 +37,7 @@ class UcxTransport : public Transport {
   bool arm() override;
   int wakeFd() override { return wakeFd_; }
   uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
-  uint64_t mapWindow(PeerId peer, const std::string& key, void** base) override;
+  uint64_t mapWindow(PeerId peer, const std::string& key, void** base, size_t* bytes) override;
   void releaseWindow(uint64_t id) override;
   uint64_t registerRegion(void* base, size_t bytes, std::string* key) override;
   uint64_t openRegion(PeerId peer, const std::string& key) override;
