@@ -268,6 +268,7 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
     Writer w;
     w.text(decided.error.detail);
     w.number(decided.id | uint64_t{static_cast<uint8_t>(decided.error.kind)} << 32);
+    w.number(op.group().runtime->newIncarnation());
     down = w.take();
   }
   cards = {};
@@ -277,6 +278,7 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
   const uint64_t number = r.number();
   result.id = static_cast<uint32_t>(number);
   const auto kind = static_cast<uint8_t>(number >> 32);
+  result.incarnation = r.number();
   if (!words.empty()) {
     result.error =
         Status(kind > 0 && kind < kStatusKinds ? static_cast<StatusKind>(kind) : StatusKind::kOther,

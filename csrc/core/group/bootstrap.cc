@@ -7,6 +7,7 @@
 #include "../base/tag.h"
 #include "../base/types.h"
 #include "../base/wire.h"
+#include "../runtime/runtime.h"
 
 namespace ddl {
 namespace {
@@ -48,6 +49,7 @@ bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards) {
 std::string encodeDirectory(const GroupDirectory& d) {
   Writer w;
   w.text(d.error.detail);
+  w.number(d.incarnation);
   w.number(d.addresses.size());
   for (size_t r = 0; r < d.addresses.size(); ++r) {
     w.text(d.addresses[r]);
@@ -68,6 +70,7 @@ bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
   if (std::string words = r.text(); !words.empty()) {
     d->error = Status(StatusKind::kInvalidArgument, std::move(words));
   }
+  d->incarnation = r.number();
   const uint64_t n = r.number();
   if (!r.ok() || n != static_cast<uint64_t>(size)) return false;
   d->addresses.resize(n);
@@ -194,6 +197,7 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap
       throw Error(std::to_string(cards.size()) + " of " + std::to_string(n) + " ranks answered");
     }
     *out = directoryFrom(cards, racks, group->id);
+    out->incarnation = group->runtime->newIncarnation();
     down = encodeDirectory(*out);
   }
   cards = {};

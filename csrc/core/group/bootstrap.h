@@ -39,6 +39,7 @@ struct GroupDirectory {
   std::vector<std::string> addresses;   // by rank
   std::vector<std::string> identities;  // by rank
   Topology topology;
+  uint64_t incarnation = 0;  // Group::incarnation, drawn by rank 0
   // Why the group cannot be made, the same on every rank (ok: it can). It travels as its words;
   // every such reason is one of the job's making (ids, rack maps): kInvalidArgument.
   Status error;

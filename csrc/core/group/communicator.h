@@ -95,6 +95,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // Operations started on this group so far.
   uint64_t sequenceNumber() const { return sequence_.load(); }
+  // Tests and the fault campaign: the next op's number (every rank of the group sets the same,
+  // before its first op), to run a group as if it had run that many ops (the counters' wraps).
+  void startSequenceAt(uint64_t next) { sequence_.store(next); }
   // The levels found at creation, and the link costs the planner weighs.
   const Topology& topology() const { return book_->topology(); }
   const LinkCosts& links() const { return book_->links(); }

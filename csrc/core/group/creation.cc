@@ -138,6 +138,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   std::shared_ptr<Group> group = pending.group;
   Engine& engine = *pending.engine;
   const GroupOptions& options = pending.options;
+  group->incarnation = directory.incarnation;
   engine.openControl(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
   std::vector<ProcessIdentity> identities(group->size);

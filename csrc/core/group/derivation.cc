@@ -315,6 +315,7 @@ std::shared_ptr<Communicator> Communicator::finishDerivation(Derivation& d) {
   group->rank = d.rank;
   group->size = static_cast<int>(d.addresses.size());
   group->id = id;
+  group->incarnation = d.result->incarnation;
   group->addresses = d.addresses;
   group->peers.assign(d.addresses.size(), -1);
   nameGroup(*group, engine);

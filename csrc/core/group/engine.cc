@@ -64,14 +64,19 @@ bool Engine::claimGroupId(uint32_t id) {
 
 std::vector<bool> Engine::heldGroupIds() {
   std::vector<bool> held(tag::kMaxGroups, false);
+  const TimePoint now = runtime_.clock().now();
   std::lock_guard<std::mutex> lock(idsMutex_);
   for (uint32_t id : groupIds_) held[id % tag::kMaxGroups] = true;
+  std::erase_if(cooling_, [now](const auto& c) { return c.second <= now; });
+  for (const auto& [id, until] : cooling_) held[id % tag::kMaxGroups] = true;
   return held;
 }
 
 void Engine::releaseGroupId(uint32_t id) {
+  const TimePoint until = runtime_.clock().now() + GroupControl::kGraveLife;
   std::lock_guard<std::mutex> lock(idsMutex_);
   groupIds_.erase(id);
+  cooling_[id] = until;
 }
 
 void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id) {
@@ -122,7 +127,7 @@ Status Engine::admit(Op& op, Ending* ending) {
   }
   GroupControl* control = op.group().control.get();
   if (op.checksCall() && control != nullptr) {
-    control->started = std::max<int64_t>(control->started, op.sequence());
+    control->markStarted(op.sequence());
     auto early = control->early.find(op.sequence());
     if (early != control->early.end()) {
       Notice notice = std::move(early->second);
@@ -145,11 +150,10 @@ void Engine::ended(Op& op, const Status& error, Ending ending, const std::string
                                  op.sequence()) != control.timeoutsHeard.end();
     const bool told = ending == Ending::kOwn || (ending == Ending::kTimeout && !heard);
     if (told && control.open && op.size() > 1) {
-      Notice notice;
-      notice.sequence = op.sequence();
-      notice.scope = ending == Ending::kTimeout ? Notice::Scope::kGroupTimeout : Notice::Scope::kOp;
+      Notice notice = control.notice(
+          ending == Ending::kTimeout ? Notice::Scope::kGroupTimeout : Notice::Scope::kOp,
+          op.sequence());
       notice.kind = error.kind;
-      notice.from = op.rank();
       notice.text = error.detail;
       sendNotice(control, notice);
     }

@@ -67,7 +67,11 @@ class Engine : private Runtime::Supervisor {
   // Group ids are agreed through the store and wrap (base/tag.h): a group claims its id on every
   // rank's engine, and a claim of an id a live group holds fails (false).
   bool claimGroupId(uint32_t id);
-  // The ids live groups of this engine hold, by id (tag::kMaxGroups entries).
+  // The ids live groups of this engine hold, by id (tag::kMaxGroups entries), and those of groups
+  // destroyed in the last GroupControl::kGraveLife: what their failed ops left behind is still
+  // being discarded (notices.h), and a group derived meanwhile must not take their id. (A group
+  // made through the store takes the id the store gives; its creation drops those leftovers'
+  // discards, which would take its own messages.)
   std::vector<bool> heldGroupIds();
   void releaseGroupId(uint32_t id);
   // releaseGroupId, if `engine` still exists (a group may outlive the process engine).
@@ -173,7 +177,8 @@ class Engine : private Runtime::Supervisor {
   std::shared_ptr<SharedBuffers> sharedBuffers_;
 
   std::mutex idsMutex_;
-  std::set<uint32_t> groupIds_;  // held by live groups
+  std::set<uint32_t> groupIds_;            // held by live groups
+  std::map<uint32_t, TimePoint> cooling_;  // released, until then
   std::mutex linksMutex_;
   std::map<std::string, LinkCost> links_;  // probed
   std::atomic<uint64_t> nextWindowId_{0};

@@ -15,6 +15,7 @@ namespace {
 struct NoticeHeader {
   uint32_t magic;
   uint32_t sequence;
+  uint64_t incarnation;
   int32_t from;
   uint8_t scope;
   uint8_t tree;
@@ -41,6 +42,7 @@ std::string Notice::encode() const {
   }
   NoticeHeader header{kNoticeMagic,
                       sequence,
+                      incarnation,
                       from,
                       static_cast<uint8_t>(scope),
                       static_cast<uint8_t>(tree ? 1 : 0),
@@ -66,6 +68,7 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   }
   Notice notice;
   notice.sequence = header.sequence;
+  notice.incarnation = header.incarnation;
   notice.scope = static_cast<Scope>(header.scope);
   notice.from = header.from;
   notice.tree = header.tree != 0;
@@ -83,6 +86,15 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   }
   notice.text.assign(data + sizeof(header) + rangeBytes, bytes - sizeof(header) - rangeBytes);
   return notice;
+}
+
+Notice GroupControl::notice(Notice::Scope scope, uint32_t sequence) const {
+  Notice n;
+  n.sequence = sequence;
+  n.incarnation = incarnation;
+  n.scope = scope;
+  n.from = group->rank;
+  return n;
 }
 
 // --- The notice protocol (Engine) --------------------------------------------------------------
@@ -130,10 +142,7 @@ void Engine::reportWaits(Op& op) {
   GroupControl& control = *op.group().control;
   if (!control.open) return;
   const Op::Waits waits = op.waits();
-  Notice notice;
-  notice.sequence = op.sequence();
-  notice.scope = Notice::Scope::kWaiting;
-  notice.from = op.rank();
+  Notice notice = control.notice(Notice::Scope::kWaiting, op.sequence());
   notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
   if (op.size() <= kWaitReportsToAll) {
     sendNotice(control, notice);
@@ -163,10 +172,15 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   control->group = group.get();
   control->owner = group;
   control->groupId = group->id;
+  control->incarnation = group->incarnation;
   control->open = true;
   group->control = control;
   if (group->size < 2) return;
   call([&] {
+    // A destroyed group that held this id: what it left behind is this group's to take now.
+    for (const std::shared_ptr<GroupControl>& old : controls_) {
+      if (!old->open && old->groupId == control->groupId) old->graves.clear();
+    }
     controls_.push_back(control);
     // Heartbeats: this rank beats and watches its successors and predecessors at distances 2^k.
     Heartbeat& heartbeat = runtime_.heartbeat();
@@ -205,12 +219,9 @@ void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32
   Runtime::postIfAlive(&engine->runtime_, [engine, group, sequence, text = std::move(text)] {
     GroupControl& control = *group->control;
     if (!control.open) return;
-    control.started = std::max<int64_t>(control.started, sequence);
-    Notice notice;
-    notice.sequence = sequence;
-    notice.scope = Notice::Scope::kRefusal;
+    control.markStarted(sequence);
+    Notice notice = control.notice(Notice::Scope::kRefusal, sequence);
     notice.kind = StatusKind::kInvalidArgument;
-    notice.from = group->rank;
     notice.text = text;
     engine->sendNotice(control, notice);
     engine->buryOp(control, sequence);
@@ -291,7 +302,7 @@ bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std
 
 void Engine::buryOp(GroupControl& control, uint32_t sequence) {
   if (control.graves.size() >= GroupControl::kMaxGraves) control.graves.pop_front();
-  control.graves.push_back({sequence, runtime_.clock().now() + std::chrono::seconds(10)});
+  control.graves.push_back({sequence, runtime_.clock().now() + GroupControl::kGraveLife});
 }
 
 Ending Engine::endingOf(const Notice& notice) {
@@ -342,7 +353,7 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
     if (!timedOut) runtime_.finishOp(op, std::move(report), endingOf(notice));
     return;
   }
-  if (static_cast<int64_t>(notice.sequence) > control.started) {
+  if (control.ahead(notice.sequence)) {
     control.early[notice.sequence] = notice;
     if (control.early.size() > GroupControl::kMaxEarly) control.early.erase(control.early.begin());
   }
@@ -383,12 +394,9 @@ void Engine::floodNews(GroupControl& control) {
   const Group& group = *control.group;
   control.newsPending = false;
   control.lastFlood = runtime_.clock().now();
-  Notice notice;
-  notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control.started, 0));
-  notice.scope = Notice::Scope::kNews;
+  Notice notice = control.notice(Notice::Scope::kNews, control.started);
   notice.tree = false;
   notice.kind = StatusKind::kPeerLost;
-  notice.from = group.rank;
   notice.gone = group.state->gone();
   notice.text = control.newsWhy;
   const std::string bytes = notice.encode();
@@ -415,12 +423,9 @@ void Engine::tellGone(GroupControl& control, int rank) {
   auto [it, first] = control.toldGone.emplace(rank, now);
   if (!first && now - it->second < std::chrono::seconds(1)) return;
   it->second = now;
-  Notice notice;
-  notice.sequence = static_cast<uint32_t>(std::max<int64_t>(control.started, 0));
-  notice.scope = Notice::Scope::kNews;
+  Notice notice = control.notice(Notice::Scope::kNews, control.started);
   notice.tree = false;
   notice.kind = StatusKind::kPeerLost;
-  notice.from = control.group->rank;
   notice.gone = {rank};
   notice.text = "it counts rank " + std::to_string(rank) + " gone";
   sendNoticeTo(control, notice, notice.encode(), rank);
@@ -444,6 +449,8 @@ bool Engine::serviceControls(bool housekeeping) {
         control->received = false;
         if (control->open) {
           for (const Notice& notice : arrived) {
+            // Of another group that held this id (destroyed, or not yet made here): dropped.
+            if (notice.incarnation != control->incarnation) continue;
             if (notice.tree && notice.scope != Notice::Scope::kNews) {
               relayNotice(*control, notice, notice.encode());
             }
@@ -463,7 +470,7 @@ bool Engine::serviceControls(bool housekeeping) {
     // sequence field wraps).
     while (!control->graves.empty() &&
            (now > control->graves.front().until ||
-            control->started - control->graves.front().sequence >= (int64_t{1} << 15))) {
+            control->startedSince(control->graves.front().sequence) >= (int64_t{1} << 15))) {
       control->graves.pop_front();
     }
     for (const GroupControl::Grave& grave : control->graves) {
@@ -475,7 +482,9 @@ bool Engine::serviceControls(bool housekeeping) {
             tag::kGroupAndSequence | range.mask);
       }
     }
-    if (!control->open && (!control->receive || control->receive->done) && control->sent.empty()) {
+    // A closed group's control stays while its leftovers are discarded.
+    if (!control->open && (!control->receive || control->receive->done) && control->sent.empty() &&
+        control->graves.empty()) {
       controls_.erase(controls_.begin() + static_cast<long>(i));
       continue;
     }

@@ -40,6 +40,9 @@ struct Notice {
   enum class Scope : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
   static constexpr size_t kMaxBytes = 4096;
   uint32_t sequence = 0;
+  // The sender's group's (Group::incarnation): a notice of another group that held the id is
+  // dropped.
+  uint64_t incarnation = 0;
   Scope scope = Scope::kOp;
   int from = -1;
   // Passed on down a binomial tree rooted at `from` (Engine::relayNotice), so that it reaches
@@ -66,13 +69,32 @@ struct GroupControl {
   const Group* group = nullptr;
   std::weak_ptr<const Group> owner;
   uint32_t groupId = 0;
+  uint64_t incarnation = 0;  // the group's: stamped on what it sends, checked on what arrives
+  // A notice of this group, from this rank, stamped with its incarnation.
+  Notice notice(Notice::Scope scope, uint32_t sequence) const;
   bool open = false;
   bool received = false;  // the receive completed: apply `arrived`, take the next one
   std::unique_ptr<Request> receive;
   std::vector<char> buffer = std::vector<char>(Notice::kMaxBytes);
   std::vector<Notice> arrived;
   std::map<uint32_t, Notice> early;  // for ops not started here yet
-  int64_t started = -1;              // the highest collective sequence number started here
+  // The latest collective sequence number started here (none yet: `anyStarted` false). Sequence
+  // numbers are 32 bits and wrap (after 2^32 ops: 50 days at 1 000 ops/s); they are compared as
+  // serial numbers (RFC 1982), by their difference, never by their value.
+  uint32_t started = 0;
+  bool anyStarted = false;
+  void markStarted(uint32_t sequence) {
+    if (!anyStarted || static_cast<int32_t>(sequence - started) > 0) started = sequence;
+    anyStarted = true;
+  }
+  // Whether op `sequence` has not started here yet (it is after the latest started).
+  bool ahead(uint32_t sequence) const {
+    return !anyStarted || static_cast<int32_t>(sequence - started) > 0;
+  }
+  // How many ops were started here after op `sequence` (negative: it is ahead).
+  int64_t startedSince(uint32_t sequence) const {
+    return anyStarted ? static_cast<int32_t>(started - sequence) : -1;
+  }
   struct Sent {
     std::unique_ptr<Request> request;
     std::string bytes;
@@ -85,6 +107,8 @@ struct GroupControl {
   std::deque<Grave> graves;
   static constexpr size_t kMaxEarly = 1024;
   static constexpr size_t kMaxGraves = 256;
+  // How long a failed op's leftovers are discarded: also after its group is destroyed.
+  static constexpr std::chrono::seconds kGraveLife{10};
   // News (Engine::floodNews): the ranks known gone grew since the last flood; when that was;
   // the words of the first loss known here.
   bool newsPending = false;

@@ -67,6 +67,10 @@ struct Group {
   int rank = 0;
   int size = 1;
   uint32_t id = 0;
+  // Which group of this id it is, the same on every rank (0: none, a group made by hand): the
+  // id is taken again once a group is destroyed, and what its ranks send (notices) carries this,
+  // so that a late word of the old group is never taken for the new one's.
+  uint64_t incarnation = 0;
   // Where each rank is reached (set at creation), and the endpoints opened so far: a rank
   // connects to a peer when it first sends to it (peer()), so it holds endpoints to the peers
   // its operations talked to, not to every rank. peers[r] is -1 while not connected; both are

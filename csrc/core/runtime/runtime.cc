@@ -394,4 +394,13 @@ void Runtime::stop() {
   for (auto& fn : calls) fn();
 }
 
+uint64_t Runtime::newIncarnation() {
+  // splitmix64 of the address's hash and the count: distinct per process and per group made.
+  uint64_t x = std::hash<std::string>{}(address_) + 0x9e3779b97f4a7c15ULL * ++incarnations_;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x == 0 ? 1 : x;
+}
+
 }  // namespace ddl

@@ -122,6 +122,9 @@ class Runtime {
   PeerId connect(const std::string& address) { return transport_->connect(address); }
   const std::string& transportName() const { return transportName_; }
   const std::string& localAddress() const { return address_; }
+  // A number no other group made here, or by another process, is given (group/notices.h: a
+  // group's incarnation): this process's address and a count, mixed. Any thread.
+  uint64_t newIncarnation();
   const Clock& clock() const { return clock_; }
   Memory& hostMemory() const { return *hostMemory_; }
   // The settings this runtime (and what runs on it) uses: the process's, read once, or a
@@ -182,6 +185,7 @@ class Runtime {
   Heartbeat heartbeat_;
   std::unique_ptr<Transport> transport_;
   std::string address_;
+  std::atomic<uint64_t> incarnations_{0};
   std::string transportName_;
   Supervisor* supervisor_ = nullptr;
   const Clock& clock_;

@@ -217,14 +217,20 @@ class Run {
   }
 
   // One op on `members` (by cluster rank); its checks under `what`.
+  // `ranksOf`: the cluster rank of each rank of the group (default: of each member's, as it
+  // reports; a shrunk group's may have ranks that never formed it).
   void runOp(const std::vector<Communicator*>& members, SimCall call, int index,
-             const std::string& what) {
+             const std::string& what, const std::vector<int>* ranksOf = nullptr) {
     int size = 0;
     std::vector<int> clusterOf(members.size(), -1);
     for (int r = 0; r < static_cast<int>(members.size()); ++r) {
       if (members[r] == nullptr) continue;
       ++size;
       clusterOf[members[r]->rank()] = r;
+    }
+    if (ranksOf != nullptr && !ranksOf->empty()) {
+      clusterOf = *ranksOf;
+      size = static_cast<int>(ranksOf->size());
     }
     call.root %= size;  // a shrunk group's ranks
     // Kept for the whole scenario: an op that did not end may still write into them.
@@ -357,7 +363,7 @@ class Run {
     if (ids.empty()) return;
     disagree_.clear();
     for (size_t i = 0; i < s_.after.size(); ++i) {
-      runOp(members, s_.after[i], -1, "after the shrink, op " + std::to_string(i));
+      runOp(members, s_.after[i], -1, "after the shrink, op " + std::to_string(i), &shrink.ranks);
     }
   }
 

@@ -1,5 +1,6 @@
 #include "cluster.h"
 
+#include <algorithm>
 #include <map>
 
 #include "../base/types.h"
@@ -241,10 +242,12 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
   for (int attempt = 0; attempt < Shrink::kAttempts; ++attempt) {
     if (attempt > 0) runUntil([] { return false; }, std::chrono::milliseconds(100));  // news
     std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+    std::vector<std::vector<int>> asked(n);  // the ranks each rank excludes (ascending)
     for (int r = 0; r < n; ++r) {
       if (!trying[r]) continue;
       try {
-        pending[r] = comm(r).beginShrink(comm(r).goneRanks());
+        asked[r] = comm(r).goneRanks();
+        pending[r] = comm(r).beginShrink(asked[r]);
       } catch (const Error& e) {
         trying[r] = false;  // no quorum, or arguments refused: this rank gives up
         result.lastError = "rank " + std::to_string(r) + ": " + e.what();
@@ -269,6 +272,12 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
       try {
         result.groups[r] = Communicator::finishDerivation(*pending[r]);
         trying[r] = false;
+        if (result.ranks.empty()) {
+          const std::vector<int> left = asked[r];
+          for (int q = 0; q < n; ++q) {
+            if (!std::binary_search(left.begin(), left.end(), q)) result.ranks.push_back(q);
+          }
+        }
       } catch (const Error& e) {
         result.lastError = "rank " + std::to_string(r) + ": " + e.what();
         trying[r] = e.kind() == StatusKind::kMismatch || e.kind() == StatusKind::kPeerLost;

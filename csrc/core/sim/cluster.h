@@ -95,6 +95,10 @@ class SimCluster {
     // The ranks of a group formed, by cluster rank (null: none), for run(); its size (0: none).
     std::vector<Communicator*> members() const;
     int size() const;
+    // The cluster rank of each rank of the group formed: every rank its members agreed on, also
+    // one whose own shrink failed (the agreement's answer never reached it: a partition that
+    // struck meanwhile), which the others' ops then name.
+    std::vector<int> ranks;
   };
   Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit);
 
