@@ -123,9 +123,7 @@ void WindowDDL::tensor_deregister() {
     try {
       window_->detach();
     } catch (const ddl::Error& e) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      tensor_ = at::Tensor();
-      layout_.reset();
+      // Still registered (peers may put into it): the tensor is kept, as the window is.
       torch_errors::raise(e.status());
     }
   }
@@ -149,6 +147,12 @@ at::Tensor WindowDDL::map_remote_tensor(int64_t rank) {
                         "; only CPU tensors of peers are mapped");
   }
   if (layout.numel() == 0) return at::empty(layout.sizes(), layout.options().device(device));
+  if (rank == window_->rank()) {
+    // This rank's own tensor: itself, which its storage keeps alive also after
+    // tensor_deregister (a view of memory the window does not own would not be).
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (tensor_.defined()) return tensor_.view(layout.sizes());
+  }
   std::string why;
   std::shared_ptr<char> base = window_->mapped(static_cast<int>(rank), &why);
   if (!base) {

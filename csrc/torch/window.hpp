@@ -38,10 +38,12 @@ class WindowDDL : public torch_compat::WindowBase {
   // (a build with CUDA) a CUDA device; a rank whose tensor is refused makes every rank raise.
   // `owning`: the window keeps the tensor alive until tensor_deregister.
   void tensor_register(const at::Tensor& tensor, bool owning = true) DDL_WINDOW_OVERRIDE;
-  // Collective: waits for this rank's puts to land and for every rank to get here.
+  // Collective: waits for this rank's puts to land and for every rank to get here. When that
+  // fails it raises and the tensor stays registered (peers may still put into it).
   void tensor_deregister() DDL_WINDOW_OVERRIDE;
   // The tensor of `rank`, mapped into this process: a peer on this host whose tensor is in
-  // shared memory, or this rank's own. Raises, saying why, otherwise.
+  // shared memory, or this rank's own (the registered tensor itself when the window owns it; a
+  // view of its memory, which the caller keeps alive, when not). Raises, saying why, otherwise.
   at::Tensor map_remote_tensor(int64_t rank) DDL_WINDOW_OVERRIDE;
 
   // Writes `tensor` at element `targetOffset` of `dstRank`'s tensor. asyncOp false: returns once

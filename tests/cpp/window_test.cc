@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "harness.h"
 
@@ -260,6 +262,261 @@ TEST(Window, WindowsOfOneGroupKeepTheirSignalsApart) {
       check(a->waitSignal(peer));
       check(b->waitSignal(peer));
     }
+  });
+}
+
+// The window's own collectives (creation's allreduce, registration's allgather, deregistration's
+// barrier) are checked as what they are: a user's collective of the same shape on another rank
+// fails both, where before they paired and each returned as if the other had made its call.
+TEST(WindowPaths, ItsOwnCollectivesNeverPairWithAUsersCall) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> data(8, 0.0f);
+        std::shared_ptr<Window> window = Window::create(comm);
+        window->attach(describe(data.data(), data.size()));
+        if (comm.rank() == 0) {
+          EXPECT_THROW(window->detach(), Error);
+          EXPECT_TRUE(window->attached());
+        } else {
+          std::shared_ptr<Work> work = comm.barrier();
+          work->wait();
+          EXPECT_TRUE(work->failed());
+          EXPECT_NE(work->error().find("tensor_deregister"), std::string::npos) << work->error();
+        }
+        if (comm.rank() == 0) {
+          EXPECT_THROW(Window::create(comm), Error);
+        } else {
+          int64_t number = 0;
+          std::shared_ptr<Work> work = comm.allreduce(&number, 1, DataType::kInt64, ReduceOp::kMax);
+          work->wait();
+          EXPECT_TRUE(work->failed());
+          EXPECT_NE(work->error().find("window creation"), std::string::npos) << work->error();
+        }
+        // The group goes on: these were calls that differ, not failures of the group.
+        check(comm.barrier());
+        window->detach();
+      },
+      std::chrono::seconds(10));
+}
+
+// A signal that comes after its wait timed out is not taken by the next wait: that one returns
+// only after the put its own signal covers has landed.
+TEST(WindowPaths, ALateSignalIsNotTakenByTheNextWait) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> data(16, 0.0f);
+        std::shared_ptr<Window> window = Window::create(comm);
+        window->attach(describe(data.data(), data.size()));
+        const int peer = 1 - comm.rank();
+        if (comm.rank() == 1) {
+          CallOptions shortWait;
+          shortWait.timeout = milliseconds(100);
+          std::shared_ptr<Work> first = window->waitSignal(peer, shortWait);
+          first->wait();
+          EXPECT_TRUE(first->failed());
+          check(comm.barrier());
+          std::this_thread::sleep_for(milliseconds(150));  // the first signal arrives meanwhile
+          check(window->waitSignal(peer));
+          EXPECT_EQ(data[0], 2.0f);
+          EXPECT_EQ(data[15], 2.0f);
+        } else {
+          check(comm.barrier());
+          std::vector<float> value(16, 1.0f);
+          check(window->put(value.data(), value.size() * sizeof(float), peer, 0));
+          check(window->signal(peer));  // late: its wait timed out
+          std::this_thread::sleep_for(milliseconds(400));
+          std::fill(value.begin(), value.end(), 2.0f);
+          check(window->put(value.data(), value.size() * sizeof(float), peer, 0));
+          check(window->signal(peer));
+        }
+        check(comm.barrier());
+        window->detach();
+      },
+      std::chrono::seconds(10));
+}
+
+// Two threads of each process make windows at once on two groups of the same processes: their
+// signals never meet (before, both took the same id, and so the same tag).
+TEST(WindowPaths, WindowsMadeAtOnceOnTwoGroupsKeepTheirSignalsApart) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        std::shared_ptr<Communicator> other = comm.split({0, 1});
+        const int peer = 1 - comm.rank();
+        for (int round = 0; round < 5; ++round) {
+          std::shared_ptr<Window> a, b;
+          std::thread makeB([&] { b = Window::create(*other); });
+          a = Window::create(comm);
+          makeB.join();
+          EXPECT_NE(a->id(), b->id());
+          if (comm.rank() == 0) {
+            check(a->signal(peer));
+          } else {
+            CallOptions shortWait;
+            shortWait.timeout = milliseconds(100);
+            std::shared_ptr<Work> wrong = b->waitSignal(peer, shortWait);
+            wrong->wait();
+            EXPECT_TRUE(wrong->failed()) << "a signal of window a was taken by window b";
+            check(a->waitSignal(peer));
+          }
+          check(comm.barrier());
+        }
+      },
+      std::chrono::seconds(20));
+}
+
+// A deregistration that fails (here: the peer never deregisters, and the barrier times out)
+// keeps the memory registered: peers may still put into it. Before, it let the memory go.
+TEST(WindowPaths, AFailedDeregistrationKeepsTheMemoryRegistered) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        std::vector<float> data(8, 0.0f);
+        std::shared_ptr<Window> window = Window::create(comm);
+        window->attach(describe(data.data(), data.size()));
+        if (comm.rank() == 0) {
+          try {
+            window->detach();
+            ADD_FAILURE() << "a deregistration no peer joined succeeded";
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("stays registered"), std::string::npos)
+                << e.what();
+          }
+          EXPECT_TRUE(window->attached());
+          EXPECT_EQ(window->route(1), "put");
+        } else {
+          std::this_thread::sleep_for(milliseconds(1500));
+        }
+      },
+      std::chrono::milliseconds(500));
+}
+
+// A put into mapped memory while another thread deregisters: the copy finishes before the memory
+// is let go (before, detach returned, and the memory was let go, while the copy still ran), and
+// later puts are refused. The copy is a memory kind's that takes 300 ms and notes whether
+// deregistration had returned by the time it wrote.
+std::atomic<bool> gCopying{false}, gDetached{false}, gLate{false};
+
+class SlowMemory : public ddl::Memory {
+ public:
+  MemoryKind kind() const override { return MemoryKind::kCuda; }
+  std::shared_ptr<char> allocate(size_t bytes) override {
+    return memoryFor(MemoryKind::kHost).allocate(bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    gCopying = true;
+    std::this_thread::sleep_for(milliseconds(300));
+    if (gDetached) gLate = true;
+    std::memmove(dst, src, bytes);
+  }
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override {
+    memoryFor(MemoryKind::kHost).reduce(type, op, dst, src, count);
+  }
+  void average(DataType type, void* buf, size_t count, size_t divisor) override {
+    memoryFor(MemoryKind::kHost).average(type, buf, count, divisor);
+  }
+};
+
+ddl::Memory* slowMemory(int) {
+  static SlowMemory memory;
+  return &memory;
+}
+
+TEST(WindowPaths, APutWhileAnotherThreadDeregistersEndsBeforeTheMemoryIsLetGo) {
+  registerMemory(MemoryKind::kCuda, &slowMemory);
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        const size_t n = 1024;
+        Memory target(comm, n * sizeof(float), true);
+        std::vector<float> source(n, 1.0f);
+        std::shared_ptr<Window> window = Window::create(comm);
+        window->attach(describe(target.data, n));
+        check(comm.barrier());
+        if (comm.rank() == 0) {
+          std::thread putter([&] {
+            CallOptions slow;
+            slow.memory = MemoryKind::kCuda;
+            check(window->put(source.data(), n * sizeof(float), 1, 0, slow));
+          });
+          while (!gCopying) std::this_thread::yield();
+          window->detach();
+          gDetached = true;
+          putter.join();
+          try {
+            window->put(source.data(), n * sizeof(float), 1, 0);
+            ADD_FAILURE() << "a put after deregistration";
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("holds no tensor"), std::string::npos) << e.what();
+          }
+        } else {
+          window->detach();
+        }
+        check(comm.barrier());
+      },
+      std::chrono::seconds(30));
+  registerMemory(MemoryKind::kCuda, nullptr);
+  EXPECT_FALSE(gLate) << "the copy wrote after deregistration returned";
+}
+}  // namespace
+}  // namespace ddl::test
+
+namespace ddl::test {
+namespace {
+
+// A window offer as it travels (group/window.cc): a rank that offers more of its shared memory
+// than it shares.
+struct HostileOfferHeader {
+  uint64_t bytes;
+  uint64_t offset;
+  uint32_t layoutBytes;
+  uint32_t shareBytes;
+  uint32_t regionBytes;
+  uint32_t flags;
+};
+
+// Rank 1 registers by hand, offering 1 MiB of a shared buffer of 256 bytes: rank 0 does not map
+// it (a put within the offer would write past the mapping), and says why.
+TEST(WindowPaths, AnOfferLargerThanWhatThePeerSharesIsNotMapped) {
+  runRanks(2, [](Communicator& comm) {
+    const size_t n = size_t{1} << 18;
+    const std::string layout = "float32 [" + std::to_string(n) + "]";
+    std::shared_ptr<Window> window = Window::create(comm);
+    if (comm.rank() == 0) {
+      std::vector<float> data(n, 0.0f);
+      WindowMemory m;
+      m.data = data.data();
+      m.bytes = n * sizeof(float);
+      m.layout = layout;
+      window->attach(m);
+      std::string why;
+      EXPECT_FALSE(window->mapped(1, &why));
+      EXPECT_NE(why.find("passes the end of the 256 bytes it shares"), std::string::npos) << why;
+      EXPECT_NE(window->route(1), "mapped");
+    } else {
+      SharedBuffers& buffers = *comm.engine().sharedBuffers();
+      void* small = buffers.allocate(256);
+      SharedBuffers::Found found;
+      ASSERT_TRUE(buffers.find(small, 256, &found));
+      HostileOfferHeader h{n * sizeof(float),
+                           found.offset,
+                           static_cast<uint32_t>(layout.size()),
+                           static_cast<uint32_t>(found.key.size()),
+                           0,
+                           0};
+      std::string offer(reinterpret_cast<const char*>(&h), sizeof(h));
+      offer += layout + found.key;
+      CallOptions as;
+      as.as = CallAs{Collective::kWindowRegister, "tensor_register"};
+      check(
+          comm.allgatherVarying(offer.data(), offer.size(), std::make_shared<VaryingBlocks>(), as));
+      check(comm.barrier());
+      buffers.release(small);
+      return;
+    }
+    check(comm.barrier());
   });
 }
 

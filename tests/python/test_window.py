@@ -175,6 +175,47 @@ def test_a_window_dropped_while_registered_keeps_its_tensor(monkeypatch, tmp_pat
     run_ranks(_dropped, 2, log)
 
 
+def _own_view(rank, size):
+    import gc
+
+    # The window owns the tensor (nothing else refers to it): this rank's own view stays valid
+    # after tensor_deregister, as the docs promise (before, it viewed memory freed with it).
+    n = 1 << 20  # 4 MiB: glibc maps a block of its own, unmapped once freed
+    w = torch_ddl.new_window()
+    w.tensor_register(torch.full((n,), float(rank + 7)))
+    view = w.map_remote_tensor(rank)
+    assert view.shape == (n,)
+    w.tensor_deregister()
+    gc.collect()
+    junk = [torch.full((n,), -1.0) for _ in range(4)]  # would take the freed block's place
+    assert float(view[0]) == rank + 7 and float(view[-1]) == rank + 7
+    assert bool((view == rank + 7).all())
+    del junk
+
+
+def test_this_ranks_own_view_outlives_deregistration():
+    run_ranks(_own_view, 2)
+
+
+def _failed_deregistration(rank, size):
+    # Rank 1 never deregisters: rank 0's tensor_deregister fails, and its tensor stays registered
+    # and alive (a peer may still put into it): rank 1's put lands, and rank 0 reads it.
+    group = dist.new_group(backend="ddl", timeout=datetime.timedelta(seconds=1))
+    w = torch_ddl.new_window(torch.zeros(16), group)
+    if rank == 0:
+        with pytest.raises(RuntimeError, match="stays registered"):
+            w.tensor_deregister()
+        assert w.map_remote_tensor(0).shape == (16,)
+    dist.barrier()
+    # The window's group failed with the timeout; the tensor is still there to read.
+    if rank == 0:
+        assert bool((w.map_remote_tensor(0) == 0).all())
+
+
+def test_a_failed_deregistration_keeps_the_tensor():
+    run_ranks(_failed_deregistration, 2)
+
+
 def _torch_api(rank, size):
     assert dist.group.WORLD.supports_window if hasattr(dist.group.WORLD, "supports_window") else True
     w = dist._new_window(torch_ddl.empty_shared(8))

@@ -104,6 +104,11 @@ std::shared_ptr<Work> Communicator::start(const CallPrint& print, const char* na
                                           CallOptions& options,
                                           const std::function<Task(Op&)>& body,
                                           const void* inlineData, size_t inlineBytes) {
+  if (options.as) {
+    CallPrint own = callPrint(options.as->collective, options.asCount);
+    return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &own, options.as->name, options,
+                   body, kNotPointToPoint, inlineData, inlineBytes);
+  }
   return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &print, name, options, body,
                  kNotPointToPoint, inlineData, inlineBytes);
 }

@@ -44,6 +44,10 @@ struct CallOptions {
   std::function<void(std::function<void()>)> deferStart;
   // allreduce: this plan instead of the group's (tests; every rank passes an equal one).
   std::shared_ptr<const AllreducePlan> plan;
+  // A collective made for another call (a window's: group/window.h): checked against the other
+  // ranks' calls as that call, and named so. `asCount` takes the print's count.
+  std::optional<CallAs> as;
+  uint64_t asCount = 0;
 };
 
 // How a group is made, beyond its store, rank and size.

@@ -85,9 +85,10 @@ class Engine : private Runtime::Supervisor {
   // thread only.
   std::set<uint64_t>& endedAgreements() { return endedAgreements_; }
   void rememberLink(const std::string& what, const LinkCost& cost);
-  // One-sided windows' ids (group/window.h): the lowest this process may take, and one taken
-  // (the ids of later windows are higher).
-  uint64_t nextWindowId() const { return nextWindowId_.load(); }
+  // One-sided windows' numbers (group/window.h): one this process takes for a window it makes
+  // (no other window made here takes it), and one agreed (the numbers of later windows are
+  // higher).
+  uint64_t takeWindowNumber() { return nextWindowId_.fetch_add(1); }
   void tookWindowId(uint64_t id);
 
   // The transport's name; the devices it can use (asks the progress thread: it may open every

@@ -1,14 +1,14 @@
 #include "window.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 
 #include "../base/tag.h"
 
 namespace ddl {
 namespace {
-
-constexpr uint64_t kSignalSlot = tag::slot(tag::kWindowPhase, 0);
 
 // What each rank tells the others as it registers: its memory, how to reach it, and whether it
 // could register at all.
@@ -61,32 +61,55 @@ Task putTask(Op& op, int peer, uint64_t remote, size_t offset, const void* data,
   co_await op.all(op.put(peer, remote, offset, data, bytes));
 }
 
-// The puts posted to `peer` before this op have landed once the flush completes: the signal
-// leaves after them.
-Task signalTask(Op& op, int peer, uint32_t windowTag, bool flush) {
-  if (flush) co_await op.all(op.flush(peer));
-  const uint64_t token = 1;
-  co_await op.all(op.sendUnder(windowTag, peer, kSignalSlot, &token, sizeof(token)));
-}
-
-Task waitSignalTask(Op& op, int peer, uint32_t windowTag) {
-  op.describeTimeout = [&op, peer] {
-    return "Timed out after " + std::to_string(op.timeout().count()) +
-           " ms waiting for a signal from rank " + std::to_string(peer);
-  };
-  uint64_t token = 0;
-  co_await op.all(op.recvUnder(windowTag, peer, kSignalSlot, &token, sizeof(token)));
-}
-
 Task flushTask(Op& op, std::vector<int> peers) {
   std::vector<Request*> flushes;
   for (int p : peers) flushes.push_back(op.flush(p));
   co_await op.all(std::move(flushes));
 }
 
+// Options for one of the window's own collectives: checked as `as`, not as what it runs.
+CallOptions windowCall(Collective as, const char* name, uint64_t count = 0) {
+  CallOptions options;
+  options.as = CallAs{as, name};
+  options.asCount = count;
+  return options;
+}
+
 }  // namespace
 
-Window::Window(std::shared_ptr<Communicator> comm, uint64_t id) : comm_(std::move(comm)), id_(id) {
+// The puts posted to `peer` before this op have landed once the flush completes: the signal
+// leaves after them.
+Task Window::signalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token token,
+                        bool flush) {
+  if (flush) co_await op.all(op.flush(peer));
+  co_await op.all(op.sendUnder(sequence, peer, slot, &token, sizeof(token)));
+}
+
+// Takes the signal `expected` names from `peer`: signals of another window under the same tag,
+// or that came after the wait they were for timed out, are dropped.
+Task Window::waitSignalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token expected) {
+  op.describeTimeout = [&op, peer] {
+    return "Timed out after " + std::to_string(op.timeout().count()) +
+           " ms waiting for a signal from rank " + std::to_string(peer);
+  };
+  while (true) {
+    Token token;
+    Request* r = op.recvUnder(sequence, peer, slot, &token, sizeof(token));
+    co_await op.all(r);
+    if (r->receivedBytes == sizeof(token) && token.window == expected.window &&
+        token.count >= expected.count) {
+      co_return;
+    }
+  }
+}
+
+Window::Window(std::shared_ptr<Communicator> comm, uint64_t number)
+    : comm_(std::move(comm)),
+      number_(number),
+      id_(number << tag::kGroupBits | comm_->id()),
+      signalSequence_(static_cast<uint32_t>(number)),
+      signalSlot_(tag::slot(tag::kWindowPhase, comm_->id())) {
+  static_assert(tag::kGroupBits <= tag::kStepBits, "a group's id fits a step");
   const Group& of = *comm_->group_;
   group_ = std::make_shared<Group>();
   group_->runtime = of.runtime;
@@ -95,27 +118,36 @@ Window::Window(std::shared_ptr<Communicator> comm, uint64_t id) : comm_(std::mov
   group_->id = tag::kAgreementGroup;
   group_->addresses = of.addresses;
   group_->peers.assign(of.addresses.size(), -1);
-  group_->name = of.name + "'s window " + std::to_string(id);
+  group_->name = of.name + "'s window " + std::to_string(number);
   group_->buffers = of.buffers;
   group_->state = of.state;  // closing or failing the group ends its windows' ops too
+  signalsSent_.assign(static_cast<size_t>(of.size), 0);
+  signalsAwaited_.assign(static_cast<size_t>(of.size), 0);
 }
 
 std::shared_ptr<Window> Window::create(Communicator& comm) {
+  // The number is taken here first (a window made at once on another group of this process
+  // takes a higher one), then agreed: the highest of the ranks'.
   Engine& engine = comm.engine();
-  int64_t id = static_cast<int64_t>(engine.nextWindowId());
-  await(comm.allreduce(&id, 1, DataType::kInt64, ReduceOp::kMax));
-  engine.tookWindowId(static_cast<uint64_t>(id));
-  return std::shared_ptr<Window>(new Window(comm.shared_from_this(), static_cast<uint64_t>(id)));
+  auto number = static_cast<int64_t>(engine.takeWindowNumber());
+  await(comm.allreduce(&number, 1, DataType::kInt64, ReduceOp::kMax,
+                       windowCall(Collective::kWindowCreate, "window creation")));
+  engine.tookWindowId(static_cast<uint64_t>(number));
+  return std::shared_ptr<Window>(
+      new Window(comm.shared_from_this(), static_cast<uint64_t>(number)));
 }
 
 Window::~Window() {
   std::vector<Peer> peers;
   peers.swap(peers_);
   const uint64_t region = region_;
-  Runtime::postIfAlive(group_->runtime,
-                       [runtime = group_->runtime, peers = std::move(peers), region]() mutable {
-                         releaseOn(*runtime, std::move(peers), region);
-                       });
+  // Signals that no wait took are dropped with the window (a later window's tag may be the same).
+  const uint64_t signals = tag::make(tag::kAgreementGroup, signalSequence_, signalSlot_, 0);
+  Runtime::postIfAlive(group_->runtime, [runtime = group_->runtime, peers = std::move(peers),
+                                         region, signals]() mutable {
+    releaseOn(*runtime, std::move(peers), region);
+    runtime->transport().discard(signals, tag::kAnySource);
+  });
 }
 
 std::string Window::where(const char* name) const {
@@ -131,7 +163,7 @@ void Window::checkPeer(const char* name, int peer) const {
 }
 
 bool Window::attached() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   return attached_;
 }
 
@@ -181,7 +213,8 @@ void Window::attach(const WindowMemory& given) {
   try {
     const std::string out = encode(mine);
     auto blocks = std::make_shared<VaryingBlocks>();
-    await(comm_->allgatherVarying(out.data(), out.size(), blocks));
+    await(comm_->allgatherVarying(out.data(), out.size(), blocks,
+                                  windowCall(Collective::kWindowRegister, name)));
     for (int r = 0; r < size(); ++r) {
       offers.push_back(decode(blocks->data.data() + blocks->offsets[r],
                               blocks->offsets[r + 1] - blocks->offsets[r], r));
@@ -263,11 +296,12 @@ void Window::attach(const WindowMemory& given) {
       }
     }
   });
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
   mine_ = given;
   region_ = region;
   peers_ = std::move(peers);
   attached_ = true;
+  detaching_ = false;
 }
 
 Window::Mapping::~Mapping() {
@@ -290,12 +324,13 @@ void Window::release() {
   std::vector<Peer> peers;
   uint64_t region = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::shared_mutex> lock(mutex_);  // after every put's copy
     peers.swap(peers_);
     region = region_;
     region_ = 0;
     mine_ = WindowMemory{};
     attached_ = false;
+    detaching_ = false;
   }
   Runtime& runtime = *group_->runtime;
   comm_->engine().call([&] { releaseOn(runtime, std::move(peers), region); });
@@ -305,38 +340,59 @@ void Window::detach() {
   const char* name = "tensor_deregister";
   std::vector<int> remote;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    // Puts are refused from now on: the ones posted before are flushed below.
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    detaching_ = attached_;
     for (int j = 0; j < static_cast<int>(peers_.size()); ++j) {
       if (peers_[j].remote != 0) remote.push_back(j);
     }
   }
-  std::exception_ptr failed;
-  try {
-    // This rank's puts land; then no rank puts into memory that is let go after the barrier.
-    if (!remote.empty()) {
-      CallOptions options;
-      await(comm_->startOn(
-          group_, static_cast<uint32_t>(id_), nullptr, "flush", options,
-          [remote](Op& op) { return flushTask(op, remote); }, -1));
+  // This rank's puts land; then every rank tells it has done the same, so that no rank puts
+  // into memory let go after the barrier. The barrier is made also when the flush failed (the
+  // others wait for it); the memory is let go only when both succeeded.
+  std::string failed;
+  StatusKind kind = StatusKind::kOther;
+  auto attempt = [&](const std::function<std::shared_ptr<Work>()>& start) {
+    try {
+      await(start());
+    } catch (const Error& e) {
+      if (failed.empty()) {
+        failed = e.what();
+        kind = e.kind();
+      }
     }
-    await(comm_->barrier());
-  } catch (const Error& e) {
-    failed = std::make_exception_ptr(Error(where(name) + ": " + e.what(), e.kind()));
+  };
+  if (!remote.empty()) {
+    attempt([&] {
+      CallOptions options;
+      return comm_->startOn(
+          group_, signalSequence_, nullptr, "flush", options,
+          [remote](Op& op) { return flushTask(op, remote); }, -1);
+    });
+  }
+  attempt([&] { return comm_->barrier(windowCall(Collective::kWindowDeregister, name)); });
+  if (!failed.empty()) {
+    {
+      std::unique_lock<std::shared_mutex> lock(mutex_);
+      detaching_ = false;
+    }
+    throw Error(
+        where(name) + ": " + failed + " (the tensor stays registered: peers may still put into it)",
+        kind);
   }
   release();
-  if (failed) std::rethrow_exception(failed);
 }
 
 size_t Window::bytesOf(int peer) const {
   checkPeer("bytes", peer);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   if (!attached_) return 0;
   return peer == rank() ? mine_.bytes : peers_[peer].bytes;
 }
 
 std::shared_ptr<char> Window::mapped(int peer, std::string* why) const {
   checkPeer("map_remote_tensor", peer);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   if (!attached_) {
     *why = "the window holds no tensor (tensor_register one first)";
     return nullptr;
@@ -353,7 +409,7 @@ std::shared_ptr<char> Window::mapped(int peer, std::string* why) const {
 
 std::string Window::route(int peer) const {
   checkPeer("route", peer);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   if (peer == rank()) return "self";
   if (!attached_) return "none";
   return peers_[peer].mapped != nullptr ? "mapped" : peers_[peer].remote != 0 ? "put" : "none";
@@ -363,59 +419,62 @@ std::shared_ptr<Work> Window::put(const void* data, size_t bytes, int peer, size
                                   CallOptions options) {
   const char* name = "put";
   checkPeer(name, peer);
+  // Held until a copy into mapped memory is made: the memory is let go under the lock alone.
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  if (!attached_ || detaching_) {
+    throw Error(where(name) + (attached_ ? ": the window's tensor is being deregistered"
+                                         : ": the window holds no tensor (tensor_register one "
+                                           "first)"),
+                StatusKind::kInvalidArgument);
+  }
+  const size_t room = peer == rank() ? mine_.bytes : peers_[peer].bytes;
+  if (offset > room || bytes > room - offset) {
+    throw Error(where(name) + ": " + std::to_string(bytes) + " bytes at byte " +
+                    std::to_string(offset) + " do not fit in the " + std::to_string(room) +
+                    " bytes rank " + std::to_string(peer) + " registered",
+                StatusKind::kInvalidArgument);
+  }
   char* target = nullptr;
   uint64_t remote = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!attached_) {
-      throw Error(where(name) + ": the window holds no tensor (tensor_register one first)",
+  if (peer == rank()) {
+    target = static_cast<char*>(mine_.data) + offset;
+  } else if (peers_[peer].mapped != nullptr) {
+    target = peers_[peer].mapped + offset;
+  } else {
+    remote = peers_[peer].remote;
+    if (remote == 0 && bytes > 0) {
+      throw Error(where(name) + ": rank " + std::to_string(peer) +
+                      "'s memory cannot be reached from here: " + peers_[peer].unmapped +
+                      ", and the transport offers no puts to it",
                   StatusKind::kInvalidArgument);
-    }
-    const size_t room = peer == rank() ? mine_.bytes : peers_[peer].bytes;
-    if (offset > room || bytes > room - offset) {
-      throw Error(where(name) + ": " + std::to_string(bytes) + " bytes at byte " +
-                      std::to_string(offset) + " do not fit in the " + std::to_string(room) +
-                      " bytes rank " + std::to_string(peer) + " registered",
-                  StatusKind::kInvalidArgument);
-    }
-    if (peer == rank()) {
-      target = static_cast<char*>(mine_.data) + offset;
-    } else if (peers_[peer].mapped != nullptr) {
-      target = peers_[peer].mapped + offset;
-    } else {
-      remote = peers_[peer].remote;
-      if (remote == 0 && bytes > 0) {
-        throw Error(where(name) + ": rank " + std::to_string(peer) +
-                        "'s memory cannot be reached from here: " + peers_[peer].unmapped +
-                        ", and the transport offers no puts to it",
-                    StatusKind::kInvalidArgument);
-      }
     }
   }
-  if (remote == 0) {
-    // Mapped (or this rank's own): one copy, here and now.
-    std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
-    work->markStarted();
-    Status refused = group_->state->refusal();
-    if (refused.ok()) {
-      const std::vector<int> gone = group_->state->gone();
-      if (std::find(gone.begin(), gone.end(), peer) != gone.end()) {
-        refused = Status(StatusKind::kPeerLost,
-                         where(name) + ": rank " + std::to_string(peer) + " is gone", {peer});
-      }
+  if (remote != 0) {
+    lock.unlock();  // a put through the transport is posted as an op: detach flushes it
+    return comm_->startOn(
+        group_, signalSequence_, nullptr, name, options,
+        [=](Op& op) { return putTask(op, peer, remote, offset, data, bytes); }, peer);
+  }
+  // Mapped (or this rank's own): one copy, here and now.
+  std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);
+  work->markStarted();
+  Status refused = group_->state->refusal();
+  if (refused.ok()) {
+    const std::vector<int> gone = group_->state->gone();
+    if (std::find(gone.begin(), gone.end(), peer) != gone.end()) {
+      refused = Status(StatusKind::kPeerLost,
+                       where(name) + ": rank " + std::to_string(peer) + " is gone", {peer});
     }
-    if (!refused.ok()) {
-      work->finish(refused);
-      return work;
-    }
-    if (bytes > 0) memoryFor(options.memory, options.device).copy(target, data, bytes);
-    std::atomic_thread_fence(std::memory_order_release);
-    work->succeed();
+  }
+  if (!refused.ok()) {
+    work->finish(refused);
     return work;
   }
-  return comm_->startOn(
-      group_, static_cast<uint32_t>(id_), nullptr, name, options,
-      [=](Op& op) { return putTask(op, peer, remote, offset, data, bytes); }, peer);
+  if (bytes > 0) memoryFor(options.memory, options.device).copy(target, data, bytes);
+  std::atomic_thread_fence(std::memory_order_release);
+  lock.unlock();
+  work->succeed();
+  return work;
 }
 
 std::shared_ptr<Work> Window::signal(int peer, CallOptions options) {
@@ -425,14 +484,18 @@ std::shared_ptr<Work> Window::signal(int peer, CallOptions options) {
     throw Error(where(name) + ": a rank cannot signal itself", StatusKind::kInvalidArgument);
   }
   bool flush = false;
+  Token token{number_, 0};
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::shared_mutex> lock(mutex_);
     flush = attached_ && peers_[peer].remote != 0;
+    token.count = signalsSent_[peer]++;
   }
-  const auto windowTag = static_cast<uint32_t>(id_);
   return comm_->startOn(
-      group_, windowTag, nullptr, name, options,
-      [=](Op& op) { return signalTask(op, peer, windowTag, flush); }, peer);
+      group_, signalSequence_, nullptr, name, options,
+      [=, sequence = signalSequence_, slot = signalSlot_](Op& op) {
+        return signalTask(op, peer, sequence, slot, token, flush);
+      },
+      peer);
 }
 
 std::shared_ptr<Work> Window::waitSignal(int peer, CallOptions options) {
@@ -442,10 +505,18 @@ std::shared_ptr<Work> Window::waitSignal(int peer, CallOptions options) {
     throw Error(where(name) + ": a rank cannot wait for a signal from itself",
                 StatusKind::kInvalidArgument);
   }
-  const auto windowTag = static_cast<uint32_t>(id_);
+  // The k-th wait for `peer` takes its k-th signal, whether or not the waits before succeeded.
+  Token expected{number_, 0};
+  {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    expected.count = signalsAwaited_[peer]++;
+  }
   return comm_->startOn(
-      group_, windowTag, nullptr, name, options,
-      [=](Op& op) { return waitSignalTask(op, peer, windowTag); }, peer);
+      group_, signalSequence_, nullptr, name, options,
+      [=, sequence = signalSequence_, slot = signalSlot_](Op& op) {
+        return waitSignalTask(op, peer, sequence, slot, expected);
+      },
+      peer);
 }
 
 }  // namespace ddl

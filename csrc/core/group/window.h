@@ -11,19 +11,24 @@
 // - any other peer is reached through the transport's puts (Transport::put: CMA or shared memory
 //   within a host, TCP or RDMA across hosts), made on the progress thread; before a signal to it
 //   the puts posted so far are flushed (they have landed when the signal leaves).
-// A signal is an 8-byte message under the window's own tag (base/tag.h: kWindowPhase, the
-// agreements' group id, the window's id), received by waitSignal as any message is: each signal
-// is waited for once, and signals not yet waited for queue, in order.
+// A signal is a 16-byte message under the window's own tag (base/tag.h: kWindowPhase with the
+// group's id as its step, the agreements' group id, the low 16 bits of the window's number),
+// received by waitSignal as any message is: each signal is waited for once, and signals not yet
+// waited for queue, in order. It carries the window's number and its place among the sender's
+// signals to that peer; the k-th wait for a peer takes its k-th signal, so a signal that comes
+// after its wait timed out is dropped by the next wait (which would otherwise return before the
+// put it covers has landed), and so is one of another window under the same tag.
 //
-// Window ids are agreed as the window is made (the highest of the ranks' next ids), so that two
-// live windows that share two processes never share an id; the tag carries its low 16 bits (a
-// window that outlives 65 535 windows made after it by the same processes may see their signals).
+// A window's number is agreed as it is made (the highest of the ranks' next numbers, from a
+// counter of the process's that only grows): windows of one group never share one, and windows
+// of two groups share no tag. Its id is the number and the group's id.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -65,7 +70,9 @@ class Window {
   // and its layout), or the window already holds memory somewhere.
   void attach(const WindowMemory& mine);
   // Collective: waits for this rank's puts to land, then for every rank to get here (no peer
-  // puts into this rank's memory after this returns), and lets the memory go.
+  // puts into this rank's memory after this returns), and lets the memory go. When either
+  // fails, it throws and keeps the memory registered (a peer may still put into it): call it
+  // again, or destroy the group.
   void detach();
   bool attached() const;
 
@@ -77,9 +84,10 @@ class Window {
   // Done once a signal from `peer` arrived (one per call).
   std::shared_ptr<Work> waitSignal(int peer, CallOptions options = {});
 
-  // `peer`'s memory mapped into this process (this rank's own for rank()), or null with why it
-  // is not (on another host, or not in shared memory). The mapping lives as long as what is
-  // returned, also after detach() (what is written there then reaches nobody).
+  // `peer`'s memory mapped into this process, or null with why it is not (on another host, or
+  // not in shared memory). The mapping lives as long as what is returned, also after detach()
+  // (what is written there then reaches nobody). For rank() it is the memory this rank
+  // registered, which the caller owns (the torch glue hands out its tensor instead).
   std::shared_ptr<char> mapped(int peer, std::string* why) const;
   // The bytes `peer` registered.
   size_t bytesOf(int peer) const;
@@ -87,7 +95,7 @@ class Window {
   std::string route(int peer) const;
 
  private:
-  Window(std::shared_ptr<Communicator> comm, uint64_t id);
+  Window(std::shared_ptr<Communicator> comm, uint64_t number);
   // A peer's shared memory mapped here: the transport's mapping (Transport::mapWindow), or the
   // mapping of its adopted block; let go when the last holder lets go.
   struct Mapping {
@@ -112,11 +120,26 @@ class Window {
   void release();
   static void releaseOn(Runtime& runtime, std::vector<Peer> peers, uint64_t region);
 
+  // A signal: the window's number and the sender's count of signals to the receiver before it.
+  struct Token {
+    uint64_t window = 0;
+    uint64_t count = 0;
+  };
+  static Task signalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token token,
+                         bool flush);
+  static Task waitSignalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token expected);
+
   std::shared_ptr<Communicator> comm_;
+  uint64_t number_;
   uint64_t id_;
+  uint32_t signalSequence_;       // the tag's sequence field: the number's low bits
+  uint64_t signalSlot_;           // kWindowPhase, the group's id as the step
   std::shared_ptr<Group> group_;  // the window's ops: this group's ranks, the window's tags
-  mutable std::mutex mutex_;
+  // Puts into mapped memory copy under a shared lock: the memory is let go under the lock alone.
+  mutable std::shared_mutex mutex_;
   bool attached_ = false;
+  bool detaching_ = false;  // puts are refused: the ones posted before are being flushed
+  std::vector<uint64_t> signalsSent_, signalsAwaited_;  // by peer
   WindowMemory mine_;
   uint64_t region_ = 0;  // this rank's registration (Transport::registerRegion)
   std::vector<Peer> peers_;

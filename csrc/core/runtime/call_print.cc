@@ -38,6 +38,12 @@ std::string CallPrint::describe() const {
       return "scatter(" + elements + " per rank from rank " + rootRank + ")";
     case Collective::kAlltoall:
       return "all_to_all()";
+    case Collective::kWindowCreate:
+      return "window creation (window " + std::to_string(count) + " of the group)";
+    case Collective::kWindowRegister:
+      return "tensor_register()";
+    case Collective::kWindowDeregister:
+      return "tensor_deregister()";
   }
   return "collective " + std::to_string(static_cast<int>(collective));
 }

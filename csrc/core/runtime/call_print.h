@@ -28,6 +28,17 @@ enum class Collective : uint8_t {
   kGather,
   kScatter,
   kAlltoall,
+  // A window's own collectives (group/window.h), over allreduce, allgather and barrier: prints
+  // of their own, so that they never pair with a user's call of the same shape.
+  kWindowCreate,
+  kWindowRegister,
+  kWindowDeregister,
+};
+
+// A collective made for another call: its print and its name are that call's.
+struct CallAs {
+  Collective collective;
+  const char* name;
 };
 
 // What one rank called, as the next rank checks it. Fields a collective does not have stay at
