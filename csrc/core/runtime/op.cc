@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "../base/tag.h"
 #include "runtime.h"
@@ -369,6 +370,12 @@ Op::Until Op::all(std::vector<Request*> requests) {
 
 Op::Until Op::next() {
   return until([this] { return completions_ != seen_; });
+}
+
+Op::Until Op::yieldTurn() {
+  wakeAt(group_->runtime->clock().now());
+  auto asked = std::make_shared<bool>(false);
+  return until([asked] { return std::exchange(*asked, true); });
 }
 
 std::string Op::pendingPeers() const {

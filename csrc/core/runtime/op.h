@@ -152,6 +152,9 @@ class Op {
   }
   // Suspends until any request completes that had not when the coroutine last resumed.
   Until next();
+  // Suspends until the runtime has turned once: for an op that computes on the turning thread
+  // for long (a large reduction), so that heartbeats leave and other ops move meanwhile.
+  Until yieldTurn();
   // Looks at what the op waits for again at `at` (its runtime's clock), though nothing completed
   // by then: for a wait with a time limit of its own.
   void wakeAt(TimePoint at) { wakeAt_ = std::min(wakeAt_, at); }

@@ -303,7 +303,9 @@ char* SharedBuffers::mapAdopted(const std::string& keyBytes, size_t* length, std
   void* base = MAP_FAILED;
   if (fstat(fd, &st) == 0 && st.st_ino == key.inode &&
       static_cast<uint64_t>(st.st_size) == key.length) {
-    base = mmap(nullptr, key.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Not populated: this runs on the turning thread, and a large block's pages would take it
+    // for long (its first reduction faults them in, letting the runtime turn meanwhile).
+    base = mmap(nullptr, key.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) *why = std::string("mmap: ") + std::strerror(errno);
   } else {
     *why = path + " is not its buffer (another PID namespace?)";

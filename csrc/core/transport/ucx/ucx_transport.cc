@@ -364,9 +364,13 @@ void UcxTransport::releaseWindow(uint64_t id) {
 uint64_t UcxTransport::registerRegion(void* base, size_t bytes, std::string* key) {
   if (bytes == 0) return 0;
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  // Non-blocking: the pages are not pinned here and now (this runs on the turning thread, and
+  // pinning a large tensor would stop heartbeats), but as the network first needs them.
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = base;
   params.length = bytes;
+  params.flags = UCP_MEM_MAP_NONBLOCK;
   Region r;
   if (ucp_mem_map(context_, &params, &r.memory) != UCS_OK) return 0;
   void* packed = nullptr;
