@@ -308,9 +308,11 @@ bool CoalescedWorkDDL::wait(std::chrono::milliseconds timeout) {
       w->wait();
       continue;
     }
+    // At least 1 ms: c10d reads 0 as no timeout, and a member awaited once no time is left
+    // would be waited for without end.
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    w->wait(std::max(left, std::chrono::milliseconds(0)));
+    w->wait(std::max(left, std::chrono::milliseconds(1)));
   }
   return true;
 }

@@ -191,3 +191,28 @@ def test_premul_sum(size):
 @pytest.mark.parametrize("size", [2, 3])
 def test_monitored_barrier_names_missing_ranks(size):
     run_ranks(_monitored, size)
+
+
+def _no_time_left(rank, size):
+    # A coalesced batch whose later member is awaited once no time is left (a 1 ms wait): c10d
+    # reads a 0 ms wait as no timeout, and the batch waited for that member without end.
+    pg = dist.new_group(backend="ddl", timeout=timedelta(seconds=20))
+    t = torch.ones(4)
+    pg._start_coalescing(torch.device("cpu"))
+    try:
+        pg.allreduce([t])
+        if rank == 0:
+            pg.recv([torch.zeros(1)], 1, 5)  # rank 1 never sends it
+    finally:
+        batch = pg._end_coalescing(torch.device("cpu"))
+    time.sleep(0.5)  # the allreduce is done
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="gave up after 1 ms"):
+            batch.wait(timedelta(milliseconds=1))
+        assert time.monotonic() - start < 3, time.monotonic() - start
+    dist.barrier()
+
+
+def test_a_coalesced_wait_with_no_time_left_gives_up():
+    run_ranks(_no_time_left, 2)
