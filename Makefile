@@ -9,7 +9,7 @@ EXT_STAMP := build/.extension
 CORE_SRCS := $(shell find csrc/core -name '*.cc')
 CORE_HDRS := $(shell find csrc/core -name '*.h')
 TORCH_SRCS := $(wildcard csrc/torch/*.cpp csrc/torch/*.hpp csrc/torch/cuda/*.cpp csrc/cuda/*.cu csrc/cuda/*.h)
-TEST_SRCS := $(wildcard tests/cpp/*.cc)
+TEST_SRCS := $(wildcard tests/cpp/*.cc) $(wildcard tests/fuzz/*_fuzz.cc)
 CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
 OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
@@ -35,7 +35,7 @@ $(EXT_STAMP): $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) setup.py pypr
 	@if [ "$$(id -u)" != 0 ]; then echo "GoogleTest is missing: run 'sudo apt-get install libgtest-dev'" >&2; exit 1; fi
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev >/dev/null
 
-build/cpp/core_tests: $(ENV_STAMP) /usr/include/gtest/gtest.h $(CORE_SRCS) $(CORE_HDRS) $(TEST_SRCS) $(wildcard tests/cpp/*.h)
+build/cpp/core_tests: $(ENV_STAMP) /usr/include/gtest/gtest.h $(CORE_SRCS) $(CORE_HDRS) $(TEST_SRCS) $(wildcard tests/cpp/*.h tests/fuzz/*.h)
 	$(MAKE) --no-print-directory -j$(NPROC) link-tests \
 	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)
 
@@ -99,6 +99,40 @@ faults: build $(CLUSTER_TOOLS)
 	  "tests/python/test_launch.py::test_torchrun_restarts_a_job_whose_rank_failed" \
 	  "tests/python/test_launch.py::test_destroy_and_init_again_in_the_same_processes" \
 	  tests/python/test_ddp.py -k "not test_ddp_matches_gloo or power_sgd"
+
+# Fuzzing (docs/testing.md): every target in tests/fuzz (one per decoder of bytes from a peer or
+# the store) under clang's libFuzzer with ASan and UBSan, FUZZ_SECONDS each (default 600). Inputs
+# that reach new code are merged into tests/fuzz/corpus/<target>/, an input that fails is kept in
+# tests/fuzz/crashes/<target>/; core_tests replays both (Fuzz.CorporaReplay).
+FUZZ_TARGETS := $(patsubst tests/fuzz/%_fuzz.cc,%,$(wildcard tests/fuzz/*_fuzz.cc))
+FUZZ_SECONDS ?= 600
+FUZZ_FLAGS := -std=c++20 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
+  -fno-sanitize-recover=undefined
+FUZZ_OBJS := $(patsubst %.cc,build/fuzz/%.o,$(CORE_SRCS))
+/usr/bin/clang++:
+	@if [ "$$(id -u)" != 0 ]; then echo "fuzzing needs clang: run 'sudo apt-get install clang'" >&2; exit 1; fi
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null
+
+fuzz: $(ENV_STAMP) /usr/bin/clang++
+	$(MAKE) --no-print-directory -j$(NPROC) $(addprefix build/fuzz/,$(FUZZ_TARGETS)) \
+	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)
+	set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/corpus/$$t tests/fuzz/corpus/$$t tests/fuzz/crashes/$$t; \
+	  UCX_MEM_EVENTS=no ASAN_OPTIONS=detect_leaks=1 build/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/$$t/ \
+	    build/fuzz/corpus/$$t tests/fuzz/corpus/$$t 2>&1 | tail -n 12; \
+	  build/fuzz/$$t -merge=1 tests/fuzz/corpus/$$t build/fuzz/corpus/$$t 2>&1 | tail -n 1; \
+	done
+
+build/fuzz/%: tests/fuzz/%_fuzz.cc $(FUZZ_OBJS)
+	clang++ $(FUZZ_FLAGS) -fsanitize=fuzzer -DDDL_LIBFUZZER -I$(UCX_INC) $< $(FUZZ_OBJS) -o $@ \
+	  -L$(UCX_LIB) -Wl,-rpath,$(UCX_LIB) -lucp -luct -lucs
+
+build/fuzz/%.o: %.cc
+	@mkdir -p $(dir $@)
+	clang++ $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -I$(UCX_INC) -c $< -o $@
+
+-include $(FUZZ_OBJS:.o=.d)
 
 # PyTorch's own distributed suite: the CI subset (one or more tests per collective) over ddl.
 conformance: build

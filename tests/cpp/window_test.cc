@@ -460,22 +460,6 @@ TEST(WindowPaths, APutWhileAnotherThreadDeregistersEndsBeforeTheMemoryIsLetGo) {
   registerMemory(MemoryKind::kCuda, nullptr);
   EXPECT_FALSE(gLate) << "the copy wrote after deregistration returned";
 }
-}  // namespace
-}  // namespace ddl::test
-
-namespace ddl::test {
-namespace {
-
-// A window offer as it travels (group/window.cc): a rank that offers more of its shared memory
-// than it shares.
-struct HostileOfferHeader {
-  uint64_t bytes;
-  uint64_t offset;
-  uint32_t layoutBytes;
-  uint32_t shareBytes;
-  uint32_t regionBytes;
-  uint32_t flags;
-};
 
 // Rank 1 registers by hand, offering 1 MiB of a shared buffer of 256 bytes: rank 0 does not map
 // it (a put within the offer would write past the mapping), and says why.
@@ -500,14 +484,16 @@ TEST(WindowPaths, AnOfferLargerThanWhatThePeerSharesIsNotMapped) {
       void* small = buffers.allocate(256);
       SharedBuffers::Found found;
       ASSERT_TRUE(buffers.find(small, 256, &found));
-      HostileOfferHeader h{n * sizeof(float),
-                           found.offset,
-                           static_cast<uint32_t>(layout.size()),
-                           static_cast<uint32_t>(found.key.size()),
-                           0,
-                           0};
-      std::string offer(reinterpret_cast<const char*>(&h), sizeof(h));
-      offer += layout + found.key;
+      WindowOffer hostile;
+      hostile.header = {n * sizeof(float),
+                        found.offset,
+                        static_cast<uint32_t>(layout.size()),
+                        static_cast<uint32_t>(found.key.size()),
+                        0,
+                        0};
+      hostile.layout = layout;
+      hostile.share = found.key;
+      const std::string offer = encodeWindowOffer(hostile);
       CallOptions as;
       as.as = CallAs{Collective::kWindowRegister, "tensor_register"};
       check(

@@ -10,44 +10,14 @@
 namespace ddl {
 namespace {
 
-// What each rank tells the others as it registers: its memory, how to reach it, and whether it
-// could register at all.
-struct OfferHeader {
-  uint64_t bytes;
-  uint64_t offset;  // of the data in its shared buffer
-  uint32_t layoutBytes;
-  uint32_t shareBytes;   // the shared buffer's key (SharedBuffers::Found)
-  uint32_t regionBytes;  // the region's key (Transport::registerRegion)
-  uint32_t flags;
-};
-constexpr uint32_t kAdopted = 1;      // the share key is for SharedBuffers::mapAdopted
-constexpr uint32_t kHeldAlready = 2;  // this rank's window already holds memory
-constexpr uint32_t kRefused = 4;      // this rank refused its memory (the layout says why)
-
-struct Offer {
-  OfferHeader header{};
-  std::string layout, share, region;
-};
-
-std::string encode(const Offer& o) {
-  std::string out(reinterpret_cast<const char*>(&o.header), sizeof(o.header));
-  return out + o.layout + o.share + o.region;
-}
-
-Offer decode(const char* data, size_t bytes, int from) {
-  Offer o;
-  if (bytes < sizeof(o.header)) {
+constexpr uint32_t kAdopted = WindowOffer::kAdopted;
+constexpr uint32_t kHeldAlready = WindowOffer::kHeldAlready;
+constexpr uint32_t kRefused = WindowOffer::kRefused;
+WindowOffer decode(const char* data, size_t bytes, int from) {
+  WindowOffer o;
+  if (!decodeWindowOffer(data, bytes, &o)) {
     throw Error("ddl: a malformed window offer from rank " + std::to_string(from));
   }
-  std::memcpy(&o.header, data, sizeof(o.header));
-  const size_t rest = size_t{o.header.layoutBytes} + o.header.shareBytes + o.header.regionBytes;
-  if (bytes != sizeof(o.header) + rest) {
-    throw Error("ddl: a malformed window offer from rank " + std::to_string(from));
-  }
-  const char* p = data + sizeof(o.header);
-  o.layout.assign(p, o.header.layoutBytes);
-  o.share.assign(p + o.header.layoutBytes, o.header.shareBytes);
-  o.region.assign(p + o.header.layoutBytes + o.header.shareBytes, o.header.regionBytes);
   return o;
 }
 
@@ -76,6 +46,23 @@ CallOptions windowCall(Collective as, const char* name, uint64_t count = 0) {
 }
 
 }  // namespace
+
+std::string encodeWindowOffer(const WindowOffer& o) {
+  std::string out(reinterpret_cast<const char*>(&o.header), sizeof(o.header));
+  return out + o.layout + o.share + o.region;
+}
+
+bool decodeWindowOffer(const char* data, size_t bytes, WindowOffer* o) {
+  if (bytes < sizeof(o->header)) return false;
+  std::memcpy(&o->header, data, sizeof(o->header));
+  const size_t rest = size_t{o->header.layoutBytes} + o->header.shareBytes + o->header.regionBytes;
+  if (bytes != sizeof(o->header) + rest) return false;
+  const char* p = data + sizeof(o->header);
+  o->layout.assign(p, o->header.layoutBytes);
+  o->share.assign(p + o->header.layoutBytes, o->header.shareBytes);
+  o->region.assign(p + o->header.layoutBytes + o->header.shareBytes, o->header.regionBytes);
+  return true;
+}
 
 // The puts posted to `peer` before this op have landed once the flush completes: the signal
 // leaves after them.
@@ -176,7 +163,7 @@ void Window::attach(const WindowMemory& given) {
   bool hostPeers = false;
   for (int r = 0; r < size(); ++r) hostPeers |= r != rank() && hostOf[r] == hostOf[rank()];
 
-  Offer mine;
+  WindowOffer mine;
   mine.header.bytes = given.bytes;
   const bool refused = !given.refusal.empty();
   mine.layout = refused ? given.refusal : given.layout;
@@ -209,9 +196,9 @@ void Window::attach(const WindowMemory& given) {
   auto unregister = [&] {
     if (region != 0) engine.call([&] { group_->runtime->transport().closeRegion(region); });
   };
-  std::vector<Offer> offers;
+  std::vector<WindowOffer> offers;
   try {
-    const std::string out = encode(mine);
+    const std::string out = encodeWindowOffer(mine);
     auto blocks = std::make_shared<VaryingBlocks>();
     await(comm_->allgatherVarying(out.data(), out.size(), blocks,
                                   windowCall(Collective::kWindowRegister, name)));
@@ -253,7 +240,7 @@ void Window::attach(const WindowMemory& given) {
   engine.call([&] {
     Transport& transport = group_->runtime->transport();
     for (int j = 0; j < size(); ++j) {
-      const Offer& o = offers[j];
+      const WindowOffer& o = offers[j];
       Peer& p = peers[j];
       p.bytes = o.header.bytes;
       if (j == rank() || p.bytes == 0) continue;

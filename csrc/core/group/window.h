@@ -52,6 +52,27 @@ struct WindowMemory {
   std::string refusal;
 };
 
+// What each rank tells the others as it registers (window.cc): its memory, how to reach it, and
+// whether it could register at all. decodeWindowOffer is false unless the bytes are one whole
+// offer.
+struct WindowOffer {
+  struct Header {
+    uint64_t bytes;
+    uint64_t offset;  // of the data in its shared buffer
+    uint32_t layoutBytes;
+    uint32_t shareBytes;   // the shared buffer's key (SharedBuffers::Found)
+    uint32_t regionBytes;  // the region's key (Transport::registerRegion)
+    uint32_t flags;
+  };
+  static constexpr uint32_t kAdopted = 1;      // the share key is for SharedBuffers::mapAdopted
+  static constexpr uint32_t kHeldAlready = 2;  // this rank's window already holds memory
+  static constexpr uint32_t kRefused = 4;      // this rank refused its memory (layout: why)
+  Header header{};
+  std::string layout, share, region;
+};
+std::string encodeWindowOffer(const WindowOffer& offer);
+bool decodeWindowOffer(const char* data, size_t bytes, WindowOffer* offer);
+
 class Window {
  public:
   // Collective over the ranks of `comm` (which it keeps alive). Throws when the agreement fails.
