@@ -175,6 +175,8 @@ void defineSimulator(py::module_& m) {
       kinds.append(py::make_tuple(faultKindName(static_cast<Fault::Kind>(k)), report.withKind[k],
                                   report.failedWithKind[k]));
     }
+    kinds.append(py::make_tuple("wrap_2^16", report.nearWrap[0], report.failedNearWrap[0]));
+    kinds.append(py::make_tuple("wrap_2^32", report.nearWrap[1], report.failedNearWrap[1]));
     out["kinds"] = kinds;
     py::list failures;
     for (const ScenarioResult& r : report.failures) failures.append(resultDict(r));

@@ -57,6 +57,7 @@ class Run {
   ScenarioResult go() {
     cluster_.createGroup();
     const int n = cluster_.size();
+    for (int r = 0; r < n; ++r) cluster_.comm(r).startSequenceAt(s_.firstOp);
     cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
     std::vector<Communicator*> members = cluster_.members();
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
@@ -414,6 +415,11 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
     report.overBudget += r.overBudget;
     std::array<bool, kFaultKinds> kinds{};
     for (const Fault& f : s.faults) kinds[static_cast<int>(f.kind)] = true;
+    if (s.firstOp != 0) {
+      const int wrap = s.firstOp > (uint64_t{1} << 16) ? 1 : 0;
+      report.nearWrap[wrap] += 1;
+      report.failedNearWrap[wrap] += r.failed();
+    }
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];
       report.failedWithKind[k] += kinds[k] && r.failed();

@@ -49,6 +49,8 @@ struct CampaignReport {
   int hangs = 0, wrong = 0, unnamed = 0, split = 0, slowNews = 0, overBudget = 0;
   // By fault kind: scenarios with it, and of them the ones that failed.
   std::array<int, kFaultKinds> withKind{}, failedWithKind{};
+  // Scenarios whose ops were numbered from just before 2^16 and 2^32, and those that failed.
+  std::array<int, 2> nearWrap{}, failedNearWrap{};
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;
   uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest

@@ -128,6 +128,7 @@ std::string Scenario::describe() const {
   s += " faults:";
   for (const Fault& f : faults) s += " " + f.describe() + ";";
   s += shrink ? " then shrink" : " then give up";
+  if (firstOp != 0) s += "; ops numbered from " + std::to_string(firstOp);
   return s;
 }
 
@@ -238,6 +239,14 @@ Scenario drawScenario(uint64_t seed) {
   s.shrink = rng.chance(0.85);
   const int after = ranks > 128 ? 2 : 3;
   for (int i = 0; i < after; ++i) s.after.push_back(drawCall(rng, ranks, seed + 100 + i));
+  // Long runs: ops numbered from just before a wrap, a third of the time.
+  Rng paths(seed ^ 0x9e3779b97f4a7c15ull);
+  const double wrap = paths.uniform();
+  if (wrap < 1.0 / 6) {
+    s.firstOp = (uint64_t{1} << 16) - static_cast<uint64_t>(paths.between(1, 4));
+  } else if (wrap < 1.0 / 3) {
+    s.firstOp = (uint64_t{1} << 32) - static_cast<uint64_t>(paths.between(1, 4));
+  }
   return s;
 }
 

@@ -44,6 +44,10 @@ struct Scenario {
   ClusterSpec cluster;
   std::vector<SimCall> ops;  // in order
   std::vector<Fault> faults;
+  // The group's first op number: 0, or a few ops before the tag's sequence field wraps (2^16)
+  // or an op's number does (2^32), as in a job that has run for long. Drawn apart from the rest
+  // (the worlds of seeds drawn before it are unchanged).
+  uint64_t firstOp = 0;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;
