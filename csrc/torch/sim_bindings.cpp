@@ -177,6 +177,7 @@ void defineSimulator(py::module_& m) {
     }
     kinds.append(py::make_tuple("wrap_2^16", report.nearWrap[0], report.failedNearWrap[0]));
     kinds.append(py::make_tuple("wrap_2^32", report.nearWrap[1], report.failedNearWrap[1]));
+    kinds.append(py::make_tuple("retry", report.refusedFirst, report.failedRefusedFirst));
     out["kinds"] = kinds;
     py::list failures;
     for (const ScenarioResult& r : report.failures) failures.append(resultDict(r));

@@ -36,7 +36,7 @@ struct Listening {
       const int from = static_cast<int>(tag::source(request->senderTag));
       const bool outsider =
           excluded != nullptr && std::binary_search(excluded->begin(), excluded->end(), from);
-      if (!request->failed() && request->receivedBytes >= sizeof(theirs) && !outsider) {
+      if (!request->failed() && request->receivedBytes > sizeof(theirs) && !outsider) {
         std::memcpy(&theirs, buffer.data(), sizeof(theirs));
         if (theirs == attempt || ended == nullptr || !ended->count(theirs)) return true;
       }
@@ -49,9 +49,13 @@ struct Listening {
     const int from = static_cast<int>(tag::source(request->senderTag));
     out->heardFrom = from;
     out->asked = "; " + out->mine;
+    // The attempt (8 bytes), the failure's kind (1), its words.
     const size_t length = std::min(request->receivedBytes, buffer.size());
-    return Error("rank " + std::to_string(from) +
-                 " reports: " + buffer.substr(sizeof(uint64_t), length - sizeof(uint64_t)));
+    const auto kind = static_cast<uint8_t>(buffer[sizeof(uint64_t)]);
+    return Error(Status(
+        kind > 0 && kind < kStatusKinds ? static_cast<StatusKind>(kind) : StatusKind::kOther,
+        "rank " + std::to_string(from) +
+            " reports: " + buffer.substr(sizeof(uint64_t) + 1, length - sizeof(uint64_t) - 1)));
   }
 };
 
@@ -307,7 +311,7 @@ std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine
         to.push_back(rank);
       }
     }
-    tellRanks(agreement, to, work->error() + out->asked);
+    tellRanks(agreement, to, work->error() + out->asked, {}, work->status().kind);
   });
   auto op = std::make_unique<Op>(agreement.group, agreement.sequence, agreement.what,
                                  agreement.timeout, work);
@@ -318,11 +322,13 @@ std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine
 
 std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             const std::vector<PeerId>& endpoints) {
+                                             const std::vector<PeerId>& endpoints,
+                                             StatusKind kind) {
   const Group& everyone = *agreement.everyone;
   std::vector<std::shared_ptr<Work>> works;
   std::string words(sizeof(agreement.attempt), '\0');
   std::memcpy(words.data(), &agreement.attempt, sizeof(agreement.attempt));
+  words.push_back(static_cast<char>(kind));
   words += text.substr(0, kAbortBytes - words.size());
   const auto timeout = std::min(agreement.timeout, std::chrono::milliseconds(10000));
   for (int peer : ranks) {

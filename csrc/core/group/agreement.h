@@ -95,11 +95,13 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
 std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine,
                                      std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
                                      std::shared_ptr<DeriveResult> out);
-// Sends `text` as the agreement's word of failure to each of `ranks` (parent ranks), each by an
-// op of its own over `endpoints` (by rank; agreement.everyone's when empty): one that is gone
-// fails its own alone. Returns the ops' Works, for a caller that waits for them.
+// Sends `text` as the agreement's word of failure (of `kind`) to each of `ranks` (parent
+// ranks), each by an op of its own over `endpoints` (by rank; agreement.everyone's when empty):
+// one that is gone fails its own alone. Returns the ops' Works, for a caller that waits for
+// them.
 std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             const std::vector<PeerId>& endpoints = {});
+                                             const std::vector<PeerId>& endpoints = {},
+                                             StatusKind kind = StatusKind::kOther);
 
 }  // namespace ddl

@@ -259,6 +259,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   static constexpr std::chrono::milliseconds kTellWait{200};
   // The agreement's sequence for the next call `what` of this group.
   uint32_t nextAgreement(const char* what);
+  // A call `what` (agreement `sequence`) that this rank refused before its agreement began: the
+  // others are told, so that theirs fails at once naming the refusal. Returns `error`.
+  Error refuseDerivation(const char* what, uint32_t sequence, Error error);
   // Starts the members' agreement on `request` (group/agreement.h) under `sequence`, to derive
   // a group of `members` (ranks of this one, ascending). `excluded` (a shrink's): the ranks this
   // rank's request leaves out, told so first.

@@ -162,7 +162,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
                      std::string("the ranks were asked for different groups: rank ") +
                          std::to_string(rank()) + " was asked to " + request + " (" + what +
                          "), which leaves this rank out",
-                     endpoints);
+                     endpoints, StatusKind::kMismatch);
   }
   auto d = std::make_unique<Derivation>();
   d->engine = &engine;
@@ -198,25 +198,32 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
   std::sort(sorted.begin(), sorted.end());
   for (int r : sorted) {
     if (r < 0 || r >= size()) {
-      throw Error(where(name) + ": rank " + std::to_string(r) +
-                      " to exclude is not a rank of a group of " + std::to_string(size()),
-                  StatusKind::kInvalidArgument);
+      throw refuseDerivation(
+          name, sequence,
+          Error(where(name) + ": rank " + std::to_string(r) +
+                    " to exclude is not a rank of a group of " + std::to_string(size()),
+                StatusKind::kInvalidArgument));
     }
     if (out[r]) {
-      throw Error(where(name) + ": rank " + std::to_string(r) + " is excluded twice",
-                  StatusKind::kInvalidArgument);
+      throw refuseDerivation(
+          name, sequence,
+          Error(where(name) + ": rank " + std::to_string(r) + " is excluded twice",
+                StatusKind::kInvalidArgument));
     }
     if (r == rank()) {
-      throw Error(where(name) +
-                      ": this rank is among those to exclude; an excluded rank does not call "
-                      "shrink_group",
-                  StatusKind::kInvalidArgument);
+      throw refuseDerivation(
+          name, sequence,
+          Error(where(name) +
+                    ": this rank is among those to exclude; an excluded rank does not call "
+                    "shrink_group",
+                StatusKind::kInvalidArgument));
     }
     out[r] = true;
     listed += (listed.empty() ? "" : ", ") + std::to_string(r);
   }
   if (sorted.empty()) {
-    throw Error(where(name) + ": no rank to exclude", StatusKind::kInvalidArgument);
+    throw refuseDerivation(
+        name, sequence, Error(where(name) + ": no rank to exclude", StatusKind::kInvalidArgument));
   }
   std::vector<int> members;
   for (int r = 0; r < size(); ++r) {
@@ -227,13 +234,15 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
   const size_t n = static_cast<size_t>(size());
   const bool quorum = members.size() * 2 > n || (members.size() * 2 == n && !out[0]);
   if (requireQuorum && !quorum) {
-    throw Error(Status(StatusKind::kPartitioned,
-                       where(name) + ": the " + std::to_string(members.size()) + " ranks left of " +
-                           std::to_string(n) +
-                           " are no quorum (more than half, or half with rank 0): the others may "
-                           "be alive and cut off, and go on as a group of their own; a caller "
-                           "that knows they are gone shrinks with the quorum not required",
-                       sorted));
+    throw refuseDerivation(
+        name, sequence,
+        Error(Status(StatusKind::kPartitioned,
+                     where(name) + ": the " + std::to_string(members.size()) + " ranks left of " +
+                         std::to_string(n) +
+                         " are no quorum (more than half, or half with rank 0): the others may "
+                         "be alive and cut off, and go on as a group of their own; a caller "
+                         "that knows they are gone shrinks with the quorum not required",
+                     sorted)));
   }
   if (abortFirst) {
     close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
@@ -247,6 +256,36 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   std::unique_ptr<Derivation> d = beginShrink(excluded, abortFirst, requireQuorum);
   d->work->wait();
   return finishDerivation(*d);
+}
+
+Error Communicator::refuseDerivation(const char* what, uint32_t sequence, Error error) {
+  // The others' agreement of this call fails at once with these words (each member that hears
+  // them tells the ranks at distances 1, 2, 4, ... after it), instead of waiting for this rank's
+  // card until its timeout.
+  Agreement a;
+  a.everyone = std::make_shared<Group>();
+  a.everyone->runtime = &engine_->runtime();
+  a.everyone->rank = rank();
+  a.everyone->size = size();
+  a.everyone->id = tag::kAgreementGroup;
+  a.everyone->name = group_->name + "'s " + what;
+  a.everyone->addresses = group_->addresses;
+  engine_->call([&] { a.everyone->peers = group_->peers; });
+  a.group = a.everyone;
+  a.sequence = sequence;
+  a.attempt = sequence;
+  a.what = what;
+  a.timeout = timeout_;
+  std::vector<int> to;
+  for (int step = 1; step < size(); step <<= 1) to.push_back((rank() + step) % size());
+  try {
+    tellRanks(
+        a, to,
+        "rank " + std::to_string(rank()) + " refused its call to " + what + ": " + error.what(), {},
+        error.kind());
+  } catch (...) {  // out of memory: the others time out instead
+  }
+  return error;
 }
 
 uint32_t Communicator::nextAgreement(const char* what) {
@@ -268,13 +307,16 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginSplit(const std::ve
   std::string asked;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] < 0 || members[i] >= size()) {
-      throw Error(where(name) + ": rank " + std::to_string(members[i]) +
-                      " is not a rank of a group of " + std::to_string(size()),
-                  StatusKind::kInvalidArgument);
+      throw refuseDerivation(name, sequence,
+                             Error(where(name) + ": rank " + std::to_string(members[i]) +
+                                       " is not a rank of a group of " + std::to_string(size()),
+                                   StatusKind::kInvalidArgument));
     }
     if (i > 0 && members[i] == members[i - 1]) {
-      throw Error(where(name) + ": rank " + std::to_string(members[i]) + " is named twice",
-                  StatusKind::kInvalidArgument);
+      throw refuseDerivation(
+          name, sequence,
+          Error(where(name) + ": rank " + std::to_string(members[i]) + " is named twice",
+                StatusKind::kInvalidArgument));
     }
     asked += (asked.empty() ? "form a group of ranks " : ", ") + std::to_string(members[i]);
   }

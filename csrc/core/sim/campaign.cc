@@ -335,7 +335,7 @@ class Run {
     if (!anyFailed) return;
     cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
     SimCluster::Shrink shrink =
-        cluster_.shrink(trying, s_.cluster.timeout + std::chrono::milliseconds(8000));
+        cluster_.shrink(trying, s_.cluster.timeout + std::chrono::milliseconds(8000), s_.refuser);
     for (int r : shrink.unfinished) {
       if (!frozen_.count(r))
         broke(result_.hang, "rank " + std::to_string(r) + "'s shrink did not end");
@@ -419,6 +419,10 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
       const int wrap = s.firstOp > (uint64_t{1} << 16) ? 1 : 0;
       report.nearWrap[wrap] += 1;
       report.failedNearWrap[wrap] += r.failed();
+    }
+    if (s.refuser >= 0) {
+      report.refusedFirst += 1;
+      report.failedRefusedFirst += r.failed();
     }
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];

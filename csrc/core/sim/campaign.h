@@ -51,6 +51,8 @@ struct CampaignReport {
   std::array<int, kFaultKinds> withKind{}, failedWithKind{};
   // Scenarios whose ops were numbered from just before 2^16 and 2^32, and those that failed.
   std::array<int, 2> nearWrap{}, failedNearWrap{};
+  // Scenarios whose shrink began with one rank's call refused (then retried), and those failed.
+  int refusedFirst = 0, failedRefusedFirst = 0;
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;
   uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest

@@ -234,19 +234,32 @@ int SimCluster::Shrink::size() const {
   return 0;
 }
 
-SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::milliseconds limit) {
+SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::milliseconds limit,
+                                      int refuser) {
   const int n = size();
   Shrink result;
   result.groups.resize(n);
   auto waited = [this](int r) { return !waitFor || waitFor(r); };
   for (int attempt = 0; attempt < Shrink::kAttempts; ++attempt) {
     if (attempt > 0) runUntil([] { return false; }, std::chrono::milliseconds(100));  // news
+    bool again = false;
     std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
     std::vector<std::vector<int>> asked(n);  // the ranks each rank excludes (ascending)
     for (int r = 0; r < n; ++r) {
       if (!trying[r]) continue;
       try {
         asked[r] = comm(r).goneRanks();
+        if (attempt == 0 && r == refuser) {
+          std::vector<int> wrong = asked[r];
+          wrong.push_back(comm(r).rank());
+          try {
+            (void)comm(r).beginShrink(wrong);
+          } catch (const Error& e) {
+            result.lastError = "rank " + std::to_string(r) + ": " + e.what();
+            again = true;  // it calls again, rightly
+            continue;
+          }
+        }
         pending[r] = comm(r).beginShrink(asked[r]);
       } catch (const Error& e) {
         trying[r] = false;  // no quorum, or arguments refused: this rank gives up
@@ -261,7 +274,6 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
           return true;
         },
         limit);
-    bool again = false;
     for (int r = 0; r < n; ++r) {
       if (!pending[r]) continue;
       if (!pending[r]->work->done()) {
@@ -280,7 +292,10 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
         }
       } catch (const Error& e) {
         result.lastError = "rank " + std::to_string(r) + ": " + e.what();
-        trying[r] = e.kind() == StatusKind::kMismatch || e.kind() == StatusKind::kPeerLost;
+        // Views that differ, a peer found gone, or a rank that refused its arguments (told
+        // here): the job calls again.
+        trying[r] = e.kind() == StatusKind::kMismatch || e.kind() == StatusKind::kPeerLost ||
+                    e.kind() == StatusKind::kInvalidArgument;
         again = again || trying[r];
       }
     }

@@ -100,7 +100,9 @@ class SimCluster {
     // struck meanwhile), which the others' ops then name.
     std::vector<int> ranks;
   };
-  Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit);
+  // `refuser` (a cluster rank, -1: none) first calls with arguments its rank refuses (itself
+  // among the excluded), as a job's bug might, then again rightly: the others, told, retry.
+  Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit, int refuser = -1);
 
   // The most endpoints any rank has opened.
   int maxEndpoints() const;

@@ -129,6 +129,7 @@ std::string Scenario::describe() const {
   for (const Fault& f : faults) s += " " + f.describe() + ";";
   s += shrink ? " then shrink" : " then give up";
   if (firstOp != 0) s += "; ops numbered from " + std::to_string(firstOp);
+  if (refuser >= 0) s += "; rank " + std::to_string(refuser) + "'s first shrink refused";
   return s;
 }
 
@@ -247,6 +248,8 @@ Scenario drawScenario(uint64_t seed) {
   } else if (wrap < 1.0 / 3) {
     s.firstOp = (uint64_t{1} << 32) - static_cast<uint64_t>(paths.between(1, 4));
   }
+  // Retries: a quarter of the shrinks begin with one rank's call refused.
+  if (s.shrink && paths.chance(0.25)) s.refuser = paths.between(0, ranks - 1);
   return s;
 }
 

@@ -48,6 +48,8 @@ struct Scenario {
   // or an op's number does (2^32), as in a job that has run for long. Drawn apart from the rest
   // (the worlds of seeds drawn before it are unchanged).
   uint64_t firstOp = 0;
+  // A rank whose first shrink call names arguments it refuses, then calls again (-1: none).
+  int refuser = -1;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;
