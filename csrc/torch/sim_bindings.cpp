@@ -35,6 +35,7 @@ py::dict resultDict(const ScenarioResult& r) {
   out["split"] = r.split;
   out["slow_news"] = r.slowNews;
   out["over_budget"] = r.overBudget;
+  out["stale"] = r.stale;
   out["why"] = r.why;
   out["digest"] = r.digest;
   out["ranks"] = r.ranks;
@@ -178,6 +179,8 @@ void defineSimulator(py::module_& m) {
     kinds.append(py::make_tuple("wrap_2^16", report.nearWrap[0], report.failedNearWrap[0]));
     kinds.append(py::make_tuple("wrap_2^32", report.nearWrap[1], report.failedNearWrap[1]));
     kinds.append(py::make_tuple("retry", report.refusedFirst, report.failedRefusedFirst));
+    kinds.append(py::make_tuple("lifecycle", report.lifecycles, report.failedLifecycles));
+    out["stale_used"] = report.stale;
     out["kinds"] = kinds;
     py::list failures;
     for (const ScenarioResult& r : report.failures) failures.append(resultDict(r));

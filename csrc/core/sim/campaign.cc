@@ -366,6 +366,69 @@ class Run {
     for (size_t i = 0; i < s_.after.size(); ++i) {
       runOp(members, s_.after[i], -1, "after the shrink, op " + std::to_string(i), &shrink.ranks);
     }
+    if (s_.lifecycle) lifecycle(shrink);
+  }
+
+  // The shrunk group's ranks split it; an op of that group fails on every rank (one calls
+  // another collective) and the group is destroyed at once, what that op sent still in flight;
+  // they split again, and the new group's op must be right (or fail naming a fault that
+  // struck). Only where every rank of the shrunk group formed it and runs, and no link is cut.
+  void lifecycle(const SimCluster::Shrink& shrink) {
+    if (cutOff_) return;
+    const std::vector<Communicator*> of = shrink.members();
+    int formed = 0;
+    for (int r = 0; r < static_cast<int>(of.size()); ++r) {
+      if (of[r] == nullptr) continue;
+      if (frozen_.count(r) || stalled_.count(r) || dead_.count(r)) return;
+      ++formed;
+    }
+    if (formed != static_cast<int>(shrink.ranks.size()) || s_.after.empty()) return;
+    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    auto splitOnce = [&](const char* which) {
+      std::string error;
+      std::vector<std::shared_ptr<Communicator>> groups = cluster_.split(of, limit, &error);
+      for (int r = 0; r < static_cast<int>(of.size()); ++r) {
+        if (of[r] != nullptr && groups[r] == nullptr) {
+          broke(result_.split, std::string(which) + " split did not form on rank " +
+                                   std::to_string(r) + ": " + error);
+          return std::vector<std::shared_ptr<Communicator>>();
+        }
+      }
+      return groups;
+    };
+    auto raw = [](const std::vector<std::shared_ptr<Communicator>>& groups) {
+      std::vector<Communicator*> members;
+      for (const auto& g : groups) members.push_back(g.get());
+      return members;
+    };
+    std::vector<std::shared_ptr<Communicator>> first = splitOnce("the first");
+    if (first.empty()) return;
+    const int odd = shrink.ranks.front();
+    Fault disagree;
+    disagree.kind = Fault::Kind::kDisagree;
+    disagree.ranks = {odd};
+    disagree.how = "collective";
+    struck_.push_back(disagree);
+    disagree_[odd] = disagree.how;
+    SimCall failing = s_.after.front();  // a collective: its call is checked (sends are not)
+    if (failing.collective == "sendrecv") failing.collective = "allreduce";
+    runOp(raw(first), failing, -1, "the first split's op", &shrink.ranks);
+    disagree_.clear();
+    std::set<uint32_t> destroyed;
+    for (const auto& g : first) {
+      if (g) destroyed.insert(g->id());
+    }
+    first.clear();  // destroyed, what its failed op sent still on its way
+    std::vector<std::shared_ptr<Communicator>> second = splitOnce("the second");
+    if (second.empty()) return;
+    for (const auto& g : second) {
+      if (g && destroyed.count(g->id())) {
+        broke(result_.stale, "the second split took the id " + std::to_string(g->id()) +
+                                 " of the group destroyed just before");
+        break;
+      }
+    }
+    runOp(raw(second), s_.after.back(), -1, "the second split's op", &shrink.ranks);
   }
 
   const Scenario& s_;
@@ -424,6 +487,11 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
       report.refusedFirst += 1;
       report.failedRefusedFirst += r.failed();
     }
+    if (s.lifecycle) {
+      report.lifecycles += 1;
+      report.failedLifecycles += r.failed();
+    }
+    report.stale += r.stale;
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];
       report.failedWithKind[k] += kinds[k] && r.failed();

@@ -37,22 +37,29 @@ struct ScenarioResult {
   double newsMicros = 0;  // the last survivor to know every dead rank, from the kill
   uint64_t failureMessages = 0;
   int maxEndpoints = 0;
-  int groups = 0;       // formed by the shrink
+  int groups = 0;  // formed by the shrink
+  // A group split anew after one was destroyed took the destroyed one's id on some rank, where
+  // the old group's leftovers could be taken for the new one's messages.
+  bool stale = false;
   int shrinkRanks = 0;  // the ranks that formed it
-  bool failed() const { return hang || wrong || unnamed || split || slowNews || overBudget; }
+  bool failed() const {
+    return hang || wrong || unnamed || split || slowNews || overBudget || stale;
+  }
 };
 
 ScenarioResult runScenario(const Scenario& scenario);
 
 struct CampaignReport {
   int scenarios = 0;
-  int hangs = 0, wrong = 0, unnamed = 0, split = 0, slowNews = 0, overBudget = 0;
+  int hangs = 0, wrong = 0, unnamed = 0, split = 0, slowNews = 0, overBudget = 0, stale = 0;
   // By fault kind: scenarios with it, and of them the ones that failed.
   std::array<int, kFaultKinds> withKind{}, failedWithKind{};
   // Scenarios whose ops were numbered from just before 2^16 and 2^32, and those that failed.
   std::array<int, 2> nearWrap{}, failedNearWrap{};
   // Scenarios whose shrink began with one rank's call refused (then retried), and those failed.
   int refusedFirst = 0, failedRefusedFirst = 0;
+  // Scenarios with a group lifecycle after the shrink, and those failed.
+  int lifecycles = 0, failedLifecycles = 0;
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;
   uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest

@@ -305,4 +305,40 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
   return result;
 }
 
+std::vector<std::shared_ptr<Communicator>> SimCluster::split(const std::vector<Communicator*>& of,
+                                                             std::chrono::milliseconds limit,
+                                                             std::string* error) {
+  const int n = size();
+  std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+  std::vector<std::shared_ptr<Communicator>> groups(n);
+  for (int r = 0; r < n; ++r) {
+    if (of[r] == nullptr || network_->dead(r)) continue;
+    std::vector<int> all(static_cast<size_t>(of[r]->size()));
+    for (int k = 0; k < of[r]->size(); ++k) all[static_cast<size_t>(k)] = k;
+    try {
+      pending[r] = of[r]->beginSplit(all);
+    } catch (const Error& e) {
+      *error = "rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  auto waited = [this](int r) { return !waitFor || waitFor(r); };
+  runUntil(
+      [&] {
+        for (int r = 0; r < n; ++r) {
+          if (pending[r] && waited(r) && !pending[r]->work->done()) return false;
+        }
+        return true;
+      },
+      limit);
+  for (int r = 0; r < n; ++r) {
+    if (!pending[r] || !pending[r]->work->done()) continue;
+    try {
+      groups[r] = Communicator::finishDerivation(*pending[r]);
+    } catch (const Error& e) {
+      *error = "rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  return groups;
+}
+
 }  // namespace ddl

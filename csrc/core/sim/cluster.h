@@ -104,6 +104,13 @@ class SimCluster {
   // among the excluded), as a job's bug might, then again rightly: the others, told, retry.
   Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit, int refuser = -1);
 
+  // Every rank of the group `of` (by cluster rank; null: none) splits it into a group of all its
+  // ranks, as split_group does; runs until every split `waitFor` waits for has ended, or
+  // `limit`. The groups formed, by cluster rank (null: none; `error` says why, for one).
+  std::vector<std::shared_ptr<Communicator>> split(const std::vector<Communicator*>& of,
+                                                   std::chrono::milliseconds limit,
+                                                   std::string* error);
+
   // The most endpoints any rank has opened.
   int maxEndpoints() const;
 

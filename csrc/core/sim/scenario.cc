@@ -130,6 +130,7 @@ std::string Scenario::describe() const {
   s += shrink ? " then shrink" : " then give up";
   if (firstOp != 0) s += "; ops numbered from " + std::to_string(firstOp);
   if (refuser >= 0) s += "; rank " + std::to_string(refuser) + "'s first shrink refused";
+  if (lifecycle) s += "; then split, a failed op, destroy, split again";
   return s;
 }
 
@@ -250,6 +251,7 @@ Scenario drawScenario(uint64_t seed) {
   }
   // Retries: a quarter of the shrinks begin with one rank's call refused.
   if (s.shrink && paths.chance(0.25)) s.refuser = paths.between(0, ranks - 1);
+  s.lifecycle = s.shrink && paths.chance(0.3);
   return s;
 }
 

@@ -50,6 +50,10 @@ struct Scenario {
   uint64_t firstOp = 0;
   // A rank whose first shrink call names arguments it refuses, then calls again (-1: none).
   int refuser = -1;
+  // Group lifecycles: after the ops on the shrunk group, its ranks split it, fail an op of the
+  // split (one rank calls another collective), destroy it with that op's leftovers in flight,
+  // split again and run an op on the new group.
+  bool lifecycle = false;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;
