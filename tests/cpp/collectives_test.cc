@@ -1226,24 +1226,7 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   }
   const std::vector<int> order = {3, 0, 1};
   const std::vector<std::string> listed = {handles[3], handles[0], handles[1]};
-  auto together = [&](const std::function<void(int)>& body) {
-    std::vector<std::exception_ptr> errors(order.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < order.size(); ++i) {
-      threads.emplace_back([&, i] {
-        try {
-          body(static_cast<int>(i));
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
-  };
-  together([&](int i) {
+  together(static_cast<int>(order.size()), [&](int i) {
     auto comm = Communicator::reconfigure(*engines[order[i]], listed, 7, std::chrono::seconds(30));
     ASSERT_EQ(comm->rank(), i);
     ASSERT_EQ(comm->size(), 3);
@@ -1253,7 +1236,7 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   });
   // Given the same handles but different uuids: every process gets an error naming both.
   std::vector<std::string> errors(order.size());
-  together([&](int i) {
+  together(static_cast<int>(order.size()), [&](int i) {
     try {
       (void)Communicator::reconfigure(*engines[order[i]], listed, i == 1 ? 9 : 8,
                                       std::chrono::seconds(30));

@@ -129,6 +129,26 @@ inline void runRanksOn(const Topology& topology, const RankBody& body,
   runGroup(engines, body, timeout, &topology);
 }
 
+// Runs body(i) on one thread per i in [0, n), rethrowing the first failure (processes that call
+// one thing at once without a group: reconfigure's, a derivation's).
+inline void together(int n, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (...) {
+        errors[static_cast<size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 // Waits and turns a failed Work into an exception.
 inline void check(const std::shared_ptr<Work>& work) {
   work->wait();

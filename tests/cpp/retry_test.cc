@@ -12,25 +12,6 @@
 namespace ddl::test {
 namespace {
 
-// Runs body(i) on one thread per index, rethrowing the first failure.
-void together(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        body(i);
-      } catch (...) {
-        errors[static_cast<size_t>(i)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 void sumsTo(Communicator& comm, double expected) {
   std::vector<double> v(257, 1.0);
   check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));

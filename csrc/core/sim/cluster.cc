@@ -234,12 +234,25 @@ int SimCluster::Shrink::size() const {
   return 0;
 }
 
+void SimCluster::awaitDerivations(
+    const std::vector<std::unique_ptr<Communicator::Derivation>>& pending,
+    std::chrono::milliseconds limit) {
+  runUntil(
+      [&] {
+        for (size_t r = 0; r < pending.size(); ++r) {
+          const bool waited = !waitFor || waitFor(static_cast<int>(r));
+          if (pending[r] && waited && !pending[r]->work->done()) return false;
+        }
+        return true;
+      },
+      limit);
+}
+
 SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::milliseconds limit,
                                       int refuser) {
   const int n = size();
   Shrink result;
   result.groups.resize(n);
-  auto waited = [this](int r) { return !waitFor || waitFor(r); };
   for (int attempt = 0; attempt < Shrink::kAttempts; ++attempt) {
     if (attempt > 0) runUntil([] { return false; }, std::chrono::milliseconds(100));  // news
     bool again = false;
@@ -266,14 +279,7 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
         result.lastError = "rank " + std::to_string(r) + ": " + e.what();
       }
     }
-    runUntil(
-        [&] {
-          for (int r = 0; r < n; ++r) {
-            if (pending[r] && waited(r) && !pending[r]->work->done()) return false;
-          }
-          return true;
-        },
-        limit);
+    awaitDerivations(pending, limit);
     for (int r = 0; r < n; ++r) {
       if (!pending[r]) continue;
       if (!pending[r]->work->done()) {
@@ -321,15 +327,7 @@ std::vector<std::shared_ptr<Communicator>> SimCluster::split(const std::vector<C
       *error = "rank " + std::to_string(r) + ": " + e.what();
     }
   }
-  auto waited = [this](int r) { return !waitFor || waitFor(r); };
-  runUntil(
-      [&] {
-        for (int r = 0; r < n; ++r) {
-          if (pending[r] && waited(r) && !pending[r]->work->done()) return false;
-        }
-        return true;
-      },
-      limit);
+  awaitDerivations(pending, limit);
   for (int r = 0; r < n; ++r) {
     if (!pending[r] || !pending[r]->work->done()) continue;
     try {

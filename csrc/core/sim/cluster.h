@@ -115,6 +115,10 @@ class SimCluster {
   int maxEndpoints() const;
 
  private:
+  // Runs until every derivation in `pending` (by rank) that waitFor waits for has ended, or
+  // `limit` of virtual time has passed.
+  void awaitDerivations(const std::vector<std::unique_ptr<Communicator::Derivation>>& pending,
+                        std::chrono::milliseconds limit);
   class Store;
   std::unique_ptr<SimNetwork> network_;
   std::unique_ptr<SimMemory> memory_;
