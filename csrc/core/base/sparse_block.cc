@@ -26,7 +26,10 @@ bool readSparseBlock(const char* block, size_t length, size_t valueBytes, Sparse
   }
   std::memcpy(fixed, block, sizeof(fixed));
   const int64_t ndim = fixed[3];
-  if (ndim < 0 || ndim > kMaxDims || fixed[0] < 0 || fixed[1] < 0 || fixed[0] + fixed[1] != ndim) {
+  // Each bounded before they are added (a sum of two from the wire may overflow: found by
+  // fuzzing).
+  if (ndim < 0 || ndim > kMaxDims || fixed[0] < 0 || fixed[0] > kMaxDims || fixed[1] < 0 ||
+      fixed[1] > kMaxDims || fixed[0] + fixed[1] != ndim) {
     *why = "a header of " + std::to_string(fixed[0]) + " sparse and " + std::to_string(fixed[1]) +
            " dense dimensions of " + std::to_string(ndim);
     return false;
