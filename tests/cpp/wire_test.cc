@@ -221,7 +221,9 @@ TEST(Wire, SparseBlocksAreCheckedBeforeAnythingIsSizedFromThem) {
        std::vector<std::vector<int64_t>>{{2, 1, 6, 2, 5, 7, 0},
                                          {1, 0, 6, 1000, 0},
                                          {2, 0, 6, 2, -5, 7, 0},
-                                         {1, 2, 6, 3, 5, int64_t{1} << 40, int64_t{1} << 40, 0}}) {
+                                         {1, 2, 6, 3, 5, int64_t{1} << 40, int64_t{1} << 40, 0},
+           // Counts whose sum overflows (fuzzing found it: tests/fuzz/crashes/sparse).
+           {std::numeric_limits<int64_t>::max(), 5, 6, 4, 1, 1, 1, 1, 0}}) {
     b = sparseBlock(header, 0);
     EXPECT_FALSE(readSparseBlock(b.data(), b.size(), 4, &got, &why)) << header[3];
   }
