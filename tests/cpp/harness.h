@@ -155,4 +155,16 @@ inline void check(const std::shared_ptr<Work>& work) {
   if (work->failed()) throw Error(work->error());
 }
 
+// An allreduce of ones over `comm`: what each element sums to (its size, where it works).
+inline double allreduceOnes(Communicator& comm) {
+  std::vector<double> v(257, 1.0);
+  check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
+  return v.back();
+}
+
+// Sends `bytes` as they are to `peer` under `slot`: a rank that speaks wrong bytes.
+inline Task sendRaw(Op& op, int peer, uint64_t slot, std::string bytes) {
+  co_await op.all(op.send(peer, slot, bytes.data(), bytes.size()));
+}
+
 }  // namespace ddl::test

@@ -12,28 +12,18 @@
 namespace ddl::test {
 namespace {
 
-void sumsTo(Communicator& comm, double expected) {
-  std::vector<double> v(257, 1.0);
-  check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
-  EXPECT_EQ(v.back(), expected);
-}
-
 // Before, the group derived next took the destroyed one's id at once (the highest free): what
 // the old group's failed ops left behind could be taken by the new one's ops of the same number.
 TEST(Lifecycle, ADerivedGroupDoesNotTakeTheIdOfOneJustDestroyed) {
   runRanks(3, [](Communicator& comm) {
     std::shared_ptr<Communicator> first = comm.split({0, 1, 2});
     const uint32_t id = first->id();
-    sumsTo(*first, 3.0);
+    EXPECT_EQ(allreduceOnes(*first), 3.0);
     first.reset();
     std::shared_ptr<Communicator> second = comm.split({0, 1, 2});
     EXPECT_NE(second->id(), id);
-    sumsTo(*second, 3.0);
+    EXPECT_EQ(allreduceOnes(*second), 3.0);
   });
-}
-
-Task sendBytes(Op& op, int peer, uint64_t slot, std::string bytes) {
-  co_await op.all(op.send(peer, slot, bytes.data(), bytes.size()));
 }
 
 // A late notice of another group that held the id (here: one made by hand, of no incarnation)
@@ -48,7 +38,7 @@ TEST(Lifecycle, ALateNoticeOfAnotherGroupWithTheIdIsDropped) {
       addresses[comm.rank()] = comm.engine().localAddress();
     }
     std::shared_ptr<Communicator> group = comm.split({0, 1, 2});
-    sumsTo(*group, 3.0);  // every rank has written its address
+    EXPECT_EQ(allreduceOnes(*group), 3.0);  // every rank has written its address
     if (comm.rank() == 0) {
       auto old = std::make_shared<Group>();
       old->runtime = &comm.engine().runtime();
@@ -69,13 +59,12 @@ TEST(Lifecycle, ALateNoticeOfAnotherGroupWithTheIdIsDropped) {
       notice.text = "rank 2 is gone (in the destroyed group's numbering)";
       auto work = std::make_shared<Work>("late notice");
       auto op = std::make_unique<Op>(old, 0, "late notice", std::chrono::seconds(5), work);
-      op->task =
-          sendBytes(*op, 1, tag::slot(tag::kControlPhase, tag::kNoticeStep), notice.encode());
+      op->task = sendRaw(*op, 1, tag::slot(tag::kControlPhase, tag::kNoticeStep), notice.encode());
       comm.engine().submit(std::move(op));
       check(work);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it arrived and was read
-    sumsTo(*group, 3.0);
+    EXPECT_EQ(allreduceOnes(*group), 3.0);
   });
 }
 

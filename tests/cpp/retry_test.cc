@@ -12,12 +12,6 @@
 namespace ddl::test {
 namespace {
 
-void sumsTo(Communicator& comm, double expected) {
-  std::vector<double> v(257, 1.0);
-  check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
-  EXPECT_EQ(v.back(), expected);
-}
-
 // Rank 0 of 3 names a rank twice: its shrink throws before its agreement begins, and tells the
 // others, whose shrink fails at once naming the refusal (before, it waited for rank 0's card
 // until its timeout). Both call again, rightly: before, rank 0 counted only calls that passed
@@ -46,7 +40,7 @@ TEST(Retry, AShrinkRefusedOnOneRankIsRetriedByEveryRank) {
         comm.setTimeout(std::chrono::seconds(20));
         auto shrunk = comm.shrink({2});
         ASSERT_EQ(shrunk->size(), 2);
-        sumsTo(*shrunk, 2.0);
+        EXPECT_EQ(allreduceOnes(*shrunk), 2.0);
       },
       std::chrono::seconds(20));
 }
@@ -67,7 +61,7 @@ TEST(Retry, AShrinkWithoutQuorumOnOneRankIsRetriedByEveryRank) {
         comm.setTimeout(std::chrono::seconds(20));
         auto shrunk = comm.shrink({3, 4});
         ASSERT_EQ(shrunk->size(), 3);
-        sumsTo(*shrunk, 3.0);
+        EXPECT_EQ(allreduceOnes(*shrunk), 3.0);
       },
       std::chrono::seconds(20));
 }
@@ -92,7 +86,7 @@ TEST(Retry, ASplitRefusedOnOneRankIsRetriedByEveryRank) {
           return;
         }
         ASSERT_NE(part, nullptr);
-        sumsTo(*part, 2.0);
+        EXPECT_EQ(allreduceOnes(*part), 2.0);
       },
       std::chrono::seconds(20));
 }
@@ -126,7 +120,7 @@ TEST(Retry, AReconfigureRetriedAfterALateMemberMeets) {
     together(3, [&](int i) {
       auto comm = Communicator::reconfigure(engineOf(i), listed, uuid, std::chrono::seconds(10));
       ASSERT_EQ(comm->size(), 3);
-      sumsTo(*comm, 3.0);
+      EXPECT_EQ(allreduceOnes(*comm), 3.0);
     });
   }
 }

@@ -30,10 +30,6 @@ std::shared_ptr<Group> handMade(Engine& engine, int rank, int size, uint32_t id,
   return group;
 }
 
-Task sendBytes(Op& op, int peer, uint64_t slot, std::string bytes) {
-  co_await op.all(op.send(peer, slot, bytes.data(), bytes.size()));
-}
-
 // Rank 1 of a creation says its cards take a terabyte: rank 0 fails at once naming it, having
 // allocated nothing (before, it sized a buffer from the length it was told).
 TEST(Wire, ACreationMessageLongerThanAGroupCanNeedNamesItsSender) {
@@ -55,8 +51,8 @@ TEST(Wire, ACreationMessageLongerThanAGroupCanNeedNamesItsSender) {
   const uint64_t length = uint64_t{1} << 40;
   auto work = std::make_shared<Work>("hostile");
   auto op = std::make_unique<Op>(group, 0, "hostile", std::chrono::seconds(5), work);
-  op->task = sendBytes(*op, 0, tag::slot(tag::kControlPhase, tag::kBootstrapStep),
-                       std::string(reinterpret_cast<const char*>(&length), sizeof(length)));
+  op->task = sendRaw(*op, 0, tag::slot(tag::kControlPhase, tag::kBootstrapStep),
+                     std::string(reinterpret_cast<const char*>(&length), sizeof(length)));
   hostile.submit(std::move(op));
   const auto start = std::chrono::steady_clock::now();
   zero.join();
@@ -217,11 +213,11 @@ TEST(Wire, SparseBlocksAreCheckedBeforeAnythingIsSizedFromThem) {
   b = sparseBlock({2, 0, 6, 2, 5, 7, -1}, 0);
   EXPECT_FALSE(readSparseBlock(b.data(), b.size(), 4, &got, &why));
   // Dimensions that do not add up, too many, a negative size, a dense product that overflows.
-  for (std::vector<int64_t> header :
-       std::vector<std::vector<int64_t>>{{2, 1, 6, 2, 5, 7, 0},
-                                         {1, 0, 6, 1000, 0},
-                                         {2, 0, 6, 2, -5, 7, 0},
-                                         {1, 2, 6, 3, 5, int64_t{1} << 40, int64_t{1} << 40, 0},
+  for (std::vector<int64_t> header : std::vector<std::vector<int64_t>>{
+           {2, 1, 6, 2, 5, 7, 0},
+           {1, 0, 6, 1000, 0},
+           {2, 0, 6, 2, -5, 7, 0},
+           {1, 2, 6, 3, 5, int64_t{1} << 40, int64_t{1} << 40, 0},
            // Counts whose sum overflows (fuzzing found it: tests/fuzz/crashes/sparse).
            {std::numeric_limits<int64_t>::max(), 5, 6, 4, 1, 1, 1, 1, 0}}) {
     b = sparseBlock(header, 0);
