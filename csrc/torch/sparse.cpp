@@ -53,7 +53,12 @@ at::Tensor sumPackedSparse(const VaryingBlocks& blocks, const at::Tensor& like) 
     const size_t length = blocks.offsets[r + 1] - blocks.offsets[r];
     SparseBlock got;
     std::string why;
-    if (!readSparseBlock(block, length, like._values().element_size(), &got, &why)) {
+    auto valueBytes = [](int64_t dtype) -> size_t {
+      if (dtype < 0 || dtype >= static_cast<int64_t>(at::ScalarType::NumOptions)) return 0;
+      const auto type = static_cast<at::ScalarType>(dtype);
+      return at::isQIntType(type) || type == at::ScalarType::Undefined ? 0 : c10::elementSize(type);
+    };
+    if (!readSparseBlock(block, length, valueBytes, &got, &why)) {
       torch_errors::raise(
           Status(StatusKind::kMismatch,
                  "ddl: all_reduce: rank " + std::to_string(r) + " sent a malformed block: " + why));

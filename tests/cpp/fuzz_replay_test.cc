@@ -130,7 +130,7 @@ TEST(Fuzz, WriteSeeds) {
   std::vector<int64_t> header{2, 0, 6, 2, 5, 7, 1, 0, 4};
   std::string block(reinterpret_cast<const char*>(header.data()), header.size() * 8);
   block += std::string(4, '\0');
-  write("sparse", "block", std::string(1, '\2') + block);
+  write("sparse", "block", std::string(1, '\0') + block);  // float32: 4-byte values
 }
 
 }  // namespace

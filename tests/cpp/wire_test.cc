@@ -197,21 +197,23 @@ std::string sparseBlock(std::vector<int64_t> header, size_t payload) {
 TEST(Wire, SparseBlocksAreCheckedBeforeAnythingIsSizedFromThem) {
   SparseBlock got;
   std::string why;
+  // Element sizes by dtype number: 6 (float32) only.
+  auto float32 = [](int64_t dtype) -> size_t { return dtype == 6 ? 4 : 0; };
   // A 2-D sparse tensor [5, 7] of float32 with 3 entries: 2 x 3 indices, 3 values.
   std::string b = sparseBlock({2, 0, 6, 2, 5, 7, 3}, 2 * 3 * 8 + 3 * 4);
-  ASSERT_TRUE(readSparseBlock(b.data(), b.size(), 4, &got, &why)) << why;
+  ASSERT_TRUE(readSparseBlock(b.data(), b.size(), float32, &got, &why)) << why;
   EXPECT_EQ(got.nnz, 3);
   EXPECT_EQ(got.indexBytes, 48u);
   EXPECT_EQ(got.valueBytes, 12u);
   // Hybrid: [5, 4] with one sparse dimension: values of 4 elements each.
   b = sparseBlock({1, 1, 6, 2, 5, 4, 2}, 2 * 8 + 2 * 4 * 4);
-  ASSERT_TRUE(readSparseBlock(b.data(), b.size(), 4, &got, &why)) << why;
+  ASSERT_TRUE(readSparseBlock(b.data(), b.size(), float32, &got, &why)) << why;
   // An nnz that the bytes do not hold is refused before anything is sized from it.
   b = sparseBlock({2, 0, 6, 2, 5, 7, int64_t{1} << 60}, 16);
-  EXPECT_FALSE(readSparseBlock(b.data(), b.size(), 4, &got, &why));
+  EXPECT_FALSE(readSparseBlock(b.data(), b.size(), float32, &got, &why));
   EXPECT_NE(why.find("nnz"), std::string::npos) << why;
   b = sparseBlock({2, 0, 6, 2, 5, 7, -1}, 0);
-  EXPECT_FALSE(readSparseBlock(b.data(), b.size(), 4, &got, &why));
+  EXPECT_FALSE(readSparseBlock(b.data(), b.size(), float32, &got, &why));
   // Dimensions that do not add up, too many, a negative size, a dense product that overflows.
   for (std::vector<int64_t> header : std::vector<std::vector<int64_t>>{
            {2, 1, 6, 2, 5, 7, 0},
@@ -221,12 +223,12 @@ TEST(Wire, SparseBlocksAreCheckedBeforeAnythingIsSizedFromThem) {
            // Counts whose sum overflows (fuzzing found it: tests/fuzz/crashes/sparse).
            {std::numeric_limits<int64_t>::max(), 5, 6, 4, 1, 1, 1, 1, 0}}) {
     b = sparseBlock(header, 0);
-    EXPECT_FALSE(readSparseBlock(b.data(), b.size(), 4, &got, &why)) << header[3];
+    EXPECT_FALSE(readSparseBlock(b.data(), b.size(), float32, &got, &why)) << header[3];
   }
   // Cut short anywhere.
   b = sparseBlock({2, 0, 6, 2, 5, 7, 3}, 2 * 3 * 8 + 3 * 4);
   for (size_t cut = 0; cut < b.size(); ++cut) {
-    EXPECT_FALSE(readSparseBlock(b.data(), cut, 4, &got, &why)) << cut;
+    EXPECT_FALSE(readSparseBlock(b.data(), cut, float32, &got, &why)) << cut;
   }
 }
 

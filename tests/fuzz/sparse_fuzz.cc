@@ -5,7 +5,11 @@
 DDL_FUZZ_TARGET(sparse) {
   using namespace ddl;
   if (size == 0) return 0;
-  const size_t valueBytes = size_t{1} << (data[0] % 4);
+  // Element sizes of 1 - 8 bytes for dtypes 0 - 15 (as torch's first ones are), none beyond.
+  const size_t shift = data[0] % 4;
+  auto valueBytes = [shift](int64_t dtype) -> size_t {
+    return dtype >= 0 && dtype < 16 ? size_t{1} << ((dtype + shift) % 4) : 0;
+  };
   SparseBlock block;
   std::string why;
   if (!readSparseBlock(reinterpret_cast<const char*>(data + 1), size - 1, valueBytes, &block,

@@ -17,7 +17,8 @@ bool times(size_t a, size_t b, size_t* out) {
 
 }  // namespace
 
-bool readSparseBlock(const char* block, size_t length, size_t valueBytes, SparseBlock* out,
+bool readSparseBlock(const char* block, size_t length,
+                     const std::function<size_t(int64_t dtype)>& valueBytes, SparseBlock* out,
                      std::string* why) {
   int64_t fixed[4];  // sparse_dim, dense_dim, dtype, ndim
   if (length < sizeof(fixed)) {
@@ -59,9 +60,14 @@ bool readSparseBlock(const char* block, size_t length, size_t valueBytes, Sparse
       return false;
     }
   }
+  const size_t elementBytes = valueBytes(out->dtype);
+  if (elementBytes == 0) {
+    *why = "a dtype numbered " + std::to_string(out->dtype) + " that this rank does not know";
+    return false;
+  }
   size_t index = 0, value = 0, entry = 0;
   if (out->nnz < 0 || !times(static_cast<size_t>(out->sparseDim), sizeof(int64_t), &index) ||
-      !times(values, valueBytes, &value) ||
+      !times(values, elementBytes, &value) ||
       !times(static_cast<size_t>(out->nnz), index, &out->indexBytes) ||
       !times(static_cast<size_t>(out->nnz), value, &out->valueBytes) ||
       (entry = out->indexBytes + out->valueBytes) < out->indexBytes ||

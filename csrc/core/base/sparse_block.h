@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,12 @@ struct SparseBlock {
 };
 
 // The block's layout, or false with `why` set: the block is cut short or too long, its header
-// says something impossible (dimensions that do not add up, a negative size or nnz), or its
-// lengths overflow. `valueBytes`: the size of one value element (the dtype this rank expects;
-// a dtype that differs is the caller's to name).
-bool readSparseBlock(const char* block, size_t length, size_t valueBytes, SparseBlock* out,
+// says something impossible (dimensions that do not add up, a negative size or nnz, a dtype
+// `valueBytes` does not know: 0), or its lengths overflow. `valueBytes(dtype)`: the size of one
+// value element of the block's own dtype (a dtype that differs from this rank's is the caller's
+// to name: the block is read whole first).
+bool readSparseBlock(const char* block, size_t length,
+                     const std::function<size_t(int64_t dtype)>& valueBytes, SparseBlock* out,
                      std::string* why);
 
 }  // namespace ddl
