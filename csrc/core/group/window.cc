@@ -72,8 +72,8 @@ Task Window::signalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Toke
   co_await op.all(op.sendUnder(sequence, peer, slot, &token, sizeof(token)));
 }
 
-// Takes the signal `expected` names from `peer`: signals of another window under the same tag,
-// or that came after the wait they were for timed out, are dropped.
+// Takes the next signal of this window from `peer`: one of another window under the same tag
+// (a window destroyed before, on a group that held the id) is dropped.
 Task Window::waitSignalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token expected) {
   op.describeTimeout = [&op, peer] {
     return "Timed out after " + std::to_string(op.timeout().count()) +
@@ -83,10 +83,7 @@ Task Window::waitSignalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, 
     Token token;
     Request* r = op.recvUnder(sequence, peer, slot, &token, sizeof(token));
     co_await op.all(r);
-    if (r->receivedBytes == sizeof(token) && token.window == expected.window &&
-        token.count >= expected.count) {
-      co_return;
-    }
+    if (r->receivedBytes == sizeof(token) && token.window == expected.window) co_return;
   }
 }
 
@@ -108,8 +105,6 @@ Window::Window(std::shared_ptr<Communicator> comm, uint64_t number)
   group_->name = of.name + "'s window " + std::to_string(number);
   group_->buffers = of.buffers;
   group_->state = of.state;  // closing or failing the group ends its windows' ops too
-  signalsSent_.assign(static_cast<size_t>(of.size), 0);
-  signalsAwaited_.assign(static_cast<size_t>(of.size), 0);
 }
 
 std::shared_ptr<Window> Window::create(Communicator& comm) {
@@ -471,12 +466,11 @@ std::shared_ptr<Work> Window::signal(int peer, CallOptions options) {
     throw Error(where(name) + ": a rank cannot signal itself", StatusKind::kInvalidArgument);
   }
   bool flush = false;
-  Token token{number_, 0};
   {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<std::shared_mutex> lock(mutex_);
     flush = attached_ && peers_[peer].remote != 0;
-    token.count = signalsSent_[peer]++;
   }
+  const Token token{number_};
   return comm_->startOn(
       group_, signalSequence_, nullptr, name, options,
       [=, sequence = signalSequence_, slot = signalSlot_](Op& op) {
@@ -492,12 +486,7 @@ std::shared_ptr<Work> Window::waitSignal(int peer, CallOptions options) {
     throw Error(where(name) + ": a rank cannot wait for a signal from itself",
                 StatusKind::kInvalidArgument);
   }
-  // The k-th wait for `peer` takes its k-th signal, whether or not the waits before succeeded.
-  Token expected{number_, 0};
-  {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    expected.count = signalsAwaited_[peer]++;
-  }
+  const Token expected{number_};
   return comm_->startOn(
       group_, signalSequence_, nullptr, name, options,
       [=, sequence = signalSequence_, slot = signalSlot_](Op& op) {

@@ -11,13 +11,13 @@
 // - any other peer is reached through the transport's puts (Transport::put: CMA or shared memory
 //   within a host, TCP or RDMA across hosts), made on the progress thread; before a signal to it
 //   the puts posted so far are flushed (they have landed when the signal leaves).
-// A signal is a 16-byte message under the window's own tag (base/tag.h: kWindowPhase with the
+// A signal is an 8-byte message under the window's own tag (base/tag.h: kWindowPhase with the
 // group's id as its step, the agreements' group id, the low 16 bits of the window's number),
 // received by waitSignal as any message is: each signal is waited for once, and signals not yet
-// waited for queue, in order. It carries the window's number and its place among the sender's
-// signals to that peer; the k-th wait for a peer takes its k-th signal, so a signal that comes
-// after its wait timed out is dropped by the next wait (which would otherwise return before the
-// put it covers has landed), and so is one of another window under the same tag.
+// waited for queue, in order (they count, as torch's signal pads do: a signal that comes after a
+// wait timed out is taken by the next wait, which then returns after the put that signal
+// covers). It carries the window's number: one of another window under the same tag is
+// dropped.
 //
 // A window's number is agreed as it is made (the highest of the ranks' next numbers, from a
 // counter of the process's that only grows): windows of one group never share one, and windows
@@ -141,10 +141,9 @@ class Window {
   void release();
   static void releaseOn(Runtime& runtime, std::vector<Peer> peers, uint64_t region);
 
-  // A signal: the window's number and the sender's count of signals to the receiver before it.
+  // A signal: the window's number.
   struct Token {
     uint64_t window = 0;
-    uint64_t count = 0;
   };
   static Task signalTask(Op& op, int peer, uint32_t sequence, uint64_t slot, Token token,
                          bool flush);
@@ -160,7 +159,6 @@ class Window {
   mutable std::shared_mutex mutex_;
   bool attached_ = false;
   bool detaching_ = false;  // puts are refused: the ones posted before are being flushed
-  std::vector<uint64_t> signalsSent_, signalsAwaited_;  // by peer
   WindowMemory mine_;
   uint64_t region_ = 0;  // this rank's registration (Transport::registerRegion)
   std::vector<Peer> peers_;
