@@ -21,10 +21,15 @@ WindowOffer decode(const char* data, size_t bytes, int from) {
   return o;
 }
 
-// Waits for a collective the window makes; throws what it failed with.
-void await(const std::shared_ptr<Work>& work) {
-  work->wait();
-  if (work->failed()) throw Error(work->status());
+// A step of deregistration: what `start` returns, or a work failed with what it threw.
+std::shared_ptr<Work> startStep(const std::function<std::shared_ptr<Work>()>& start) {
+  try {
+    return start();
+  } catch (const Error& e) {
+    auto failed = std::make_shared<Work>("tensor_deregister");
+    failed->finish(e.status());
+    return failed;
+  }
 }
 
 Task putTask(Op& op, int peer, uint64_t remote, size_t offset, const void* data, size_t bytes) {
@@ -107,16 +112,29 @@ Window::Window(std::shared_ptr<Communicator> comm, uint64_t number)
   group_->state = of.state;  // closing or failing the group ends its windows' ops too
 }
 
-std::shared_ptr<Window> Window::create(Communicator& comm) {
+Window::Creating Window::startCreate(Communicator& comm) {
   // The number is taken here first (a window made at once on another group of this process
   // takes a higher one), then agreed: the highest of the ranks'.
-  Engine& engine = comm.engine();
-  auto number = static_cast<int64_t>(engine.takeWindowNumber());
-  await(comm.allreduce(&number, 1, DataType::kInt64, ReduceOp::kMax,
-                       windowCall(Collective::kWindowCreate, "window creation")));
-  engine.tookWindowId(static_cast<uint64_t>(number));
-  return std::shared_ptr<Window>(
-      new Window(comm.shared_from_this(), static_cast<uint64_t>(number)));
+  Creating creating;
+  creating.comm = &comm;
+  creating.number =
+      std::make_shared<int64_t>(static_cast<int64_t>(comm.engine().takeWindowNumber()));
+  creating.work = comm.allreduce(creating.number.get(), 1, DataType::kInt64, ReduceOp::kMax,
+                                 windowCall(Collective::kWindowCreate, "window creation"));
+  return creating;
+}
+
+std::shared_ptr<Window> Window::finishCreate(const Creating& creating) {
+  if (creating.work->failed()) throw Error(creating.work->status());
+  const auto number = static_cast<uint64_t>(*creating.number);
+  creating.comm->engine().tookWindowId(number);
+  return std::shared_ptr<Window>(new Window(creating.comm->shared_from_this(), number));
+}
+
+std::shared_ptr<Window> Window::create(Communicator& comm) {
+  const Creating creating = startCreate(comm);
+  creating.work->wait();
+  return finishCreate(creating);
 }
 
 Window::~Window() {
@@ -150,11 +168,15 @@ bool Window::attached() const {
 }
 
 void Window::attach(const WindowMemory& given) {
-  const char* name = "tensor_register";
+  std::unique_ptr<Attaching> attaching = startAttach(given);
+  attaching->work->wait();
+  finishAttach(*attaching);
+}
+
+std::unique_ptr<Window::Attaching> Window::startAttach(const WindowMemory& given) {
   Engine& engine = comm_->engine();
   const bool held = attached();
-  const Topology& topology = comm_->topology();
-  const std::vector<int>& hostOf = topology.levels[0].blockOf;
+  const std::vector<int>& hostOf = comm_->topology().levels[0].blockOf;
   bool hostPeers = false;
   for (int r = 0; r < size(); ++r) hostPeers |= r != rank() && hostOf[r] == hostOf[rank()];
 
@@ -163,7 +185,8 @@ void Window::attach(const WindowMemory& given) {
   const bool refused = !given.refusal.empty();
   mine.layout = refused ? given.refusal : given.layout;
   mine.header.flags = (held ? kHeldAlready : 0) | (refused ? kRefused : 0);
-  uint64_t region = 0;
+  auto attaching = std::make_unique<Attaching>();
+  attaching->given = given;
   if (!held && !refused && given.bytes > 0) {
     // Peers on this host map the memory where it is shared, or can be moved into shared memory.
     SharedBuffers::Found found;
@@ -181,28 +204,46 @@ void Window::attach(const WindowMemory& given) {
       }
     }
     engine.call([&] {
-      region = group_->runtime->transport().registerRegion(given.data, given.bytes, &mine.region);
+      attaching->region =
+          group_->runtime->transport().registerRegion(given.data, given.bytes, &mine.region);
     });
   }
   mine.header.layoutBytes = static_cast<uint32_t>(mine.layout.size());
   mine.header.shareBytes = static_cast<uint32_t>(mine.share.size());
   mine.header.regionBytes = static_cast<uint32_t>(mine.region.size());
+  attaching->offer = encodeWindowOffer(mine);
+  attaching->blocks = std::make_shared<VaryingBlocks>();
+  try {
+    attaching->work =
+        comm_->allgatherVarying(attaching->offer.data(), attaching->offer.size(), attaching->blocks,
+                                windowCall(Collective::kWindowRegister, "tensor_register"));
+  } catch (...) {
+    unregister(attaching->region);
+    throw;
+  }
+  return attaching;
+}
 
-  auto unregister = [&] {
-    if (region != 0) engine.call([&] { group_->runtime->transport().closeRegion(region); });
-  };
+void Window::unregister(uint64_t region) {
+  if (region == 0) return;
+  comm_->engine().call([&] { group_->runtime->transport().closeRegion(region); });
+}
+
+void Window::finishAttach(Attaching& attaching) {
+  const char* name = "tensor_register";
+  const WindowMemory& given = attaching.given;
+  const uint64_t region = attaching.region;
+  const std::vector<int>& hostOf = comm_->topology().levels[0].blockOf;
   std::vector<WindowOffer> offers;
   try {
-    const std::string out = encodeWindowOffer(mine);
-    auto blocks = std::make_shared<VaryingBlocks>();
-    await(comm_->allgatherVarying(out.data(), out.size(), blocks,
-                                  windowCall(Collective::kWindowRegister, name)));
+    if (attaching.work->failed()) throw Error(attaching.work->status());
+    const VaryingBlocks& blocks = *attaching.blocks;
     for (int r = 0; r < size(); ++r) {
-      offers.push_back(decode(blocks->data.data() + blocks->offsets[r],
-                              blocks->offsets[r + 1] - blocks->offsets[r], r));
+      offers.push_back(decode(blocks.data.data() + blocks.offsets[r],
+                              blocks.offsets[r + 1] - blocks.offsets[r], r));
     }
   } catch (...) {
-    unregister();
+    unregister(region);
     throw;
   }
   // Every rank has the same offers, so every rank refuses alike.
@@ -217,7 +258,7 @@ void Window::attach(const WindowMemory& given) {
     }
   }
   if (!holding.empty() || !differ.empty() || !refusals.empty()) {
-    unregister();
+    unregister(region);
     if (!refusals.empty()) {
       throw Error(where(name) + ": refused" + refusals, StatusKind::kInvalidArgument);
     }
@@ -232,7 +273,7 @@ void Window::attach(const WindowMemory& given) {
                 StatusKind::kInvalidArgument);
   }
   std::vector<Peer> peers(static_cast<size_t>(size()));
-  engine.call([&] {
+  comm_->engine().call([&] {
     Transport& transport = group_->runtime->transport();
     for (int j = 0; j < size(); ++j) {
       const WindowOffer& o = offers[j];
@@ -319,50 +360,68 @@ void Window::release() {
 }
 
 void Window::detach() {
-  const char* name = "tensor_deregister";
-  std::vector<int> remote;
+  std::unique_ptr<Detaching> detaching = startDetach();
+  do {
+    detaching->work->wait();
+  } while (!stepDetach(*detaching));
+}
+
+// This rank's puts land; then every rank tells it has done the same, so that no rank puts into
+// memory let go after the barrier. The barrier is made also when the flush failed (the others
+// wait for it); the memory is let go only when both succeeded.
+std::unique_ptr<Window::Detaching> Window::startDetach() {
+  auto detaching = std::make_unique<Detaching>();
   {
-    // Puts are refused from now on: the ones posted before are flushed below.
+    // Puts are refused from now on: the ones posted before are flushed first.
     std::unique_lock<std::shared_mutex> lock(mutex_);
     detaching_ = attached_;
     for (int j = 0; j < static_cast<int>(peers_.size()); ++j) {
-      if (peers_[j].remote != 0) remote.push_back(j);
+      if (peers_[j].remote != 0) detaching->remote.push_back(j);
     }
   }
-  // This rank's puts land; then every rank tells it has done the same, so that no rank puts
-  // into memory let go after the barrier. The barrier is made also when the flush failed (the
-  // others wait for it); the memory is let go only when both succeeded.
-  std::string failed;
-  StatusKind kind = StatusKind::kOther;
-  auto attempt = [&](const std::function<std::shared_ptr<Work>()>& start) {
-    try {
-      await(start());
-    } catch (const Error& e) {
-      if (failed.empty()) {
-        failed = e.what();
-        kind = e.kind();
-      }
-    }
-  };
-  if (!remote.empty()) {
-    attempt([&] {
+  if (detaching->remote.empty()) {
+    startBarrier(*detaching);
+  } else {
+    detaching->work = startStep([&] {
       CallOptions options;
       return comm_->startOn(
           group_, signalSequence_, nullptr, "flush", options,
-          [remote](Op& op) { return flushTask(op, remote); }, -1);
+          [remote = detaching->remote](Op& op) { return flushTask(op, remote); }, -1);
     });
   }
-  attempt([&] { return comm_->barrier(windowCall(Collective::kWindowDeregister, name)); });
-  if (!failed.empty()) {
+  return detaching;
+}
+
+void Window::startBarrier(Detaching& detaching) {
+  detaching.barrier = true;
+  detaching.work = startStep([&] {
+    return comm_->barrier(windowCall(Collective::kWindowDeregister, "tensor_deregister"));
+  });
+}
+
+std::shared_ptr<Work> Window::pending(const Detaching& detaching) { return detaching.work; }
+
+bool Window::stepDetach(Detaching& detaching) {
+  if (detaching.work->failed() && detaching.failure.ok())
+    detaching.failure = detaching.work->status();
+  if (!detaching.barrier) {
+    startBarrier(detaching);
+    return false;
+  }
+  detaching.work.reset();
+  if (!detaching.failure.ok()) {
     {
       std::unique_lock<std::shared_mutex> lock(mutex_);
       detaching_ = false;
     }
-    throw Error(
-        where(name) + ": " + failed + " (the tensor stays registered: peers may still put into it)",
-        kind);
+    const Status& failure = detaching.failure;
+    throw Error(Status(failure.kind,
+                       where("tensor_deregister") + ": " + failure.detail +
+                           " (the tensor stays registered: peers may still put into it)",
+                       failure.ranks));
   }
   release();
+  return true;
 }
 
 size_t Window::bytesOf(int peer) const {

@@ -81,6 +81,39 @@ class Window {
   Window(const Window&) = delete;
   Window& operator=(const Window&) = delete;
 
+  // The same in steps, for a caller that turns the engine itself (the simulator's event loop,
+  // where a blocking wait would never end): each start...() begins the window's collective and
+  // returns at once; once its work is done, finish...() does the rest and throws what the
+  // blocking form would. create, attach and detach are these steps, waited for.
+  struct Creating {
+    Communicator* comm = nullptr;
+    std::shared_ptr<int64_t> number;  // this rank's next, then the agreed one
+    std::shared_ptr<Work> work;
+  };
+  static Creating startCreate(Communicator& comm);
+  static std::shared_ptr<Window> finishCreate(const Creating& creating);
+  struct Attaching {
+    WindowMemory given;
+    uint64_t region = 0;  // this rank's registration, closed where the attach fails
+    std::string offer;    // what this rank tells the others
+    std::shared_ptr<VaryingBlocks> blocks;
+    std::shared_ptr<Work> work;  // the offers' all_gather
+  };
+  std::unique_ptr<Attaching> startAttach(const WindowMemory& mine);
+  void finishAttach(Attaching& attaching);
+  struct Detaching {
+    std::vector<int> remote;     // peers whose puts are flushed first
+    std::shared_ptr<Work> work;  // the flush, then the barrier
+    bool barrier = false;
+    Status failure;  // the first
+  };
+  std::unique_ptr<Detaching> startDetach();
+  // The work to wait for before the next step (null: none is left).
+  static std::shared_ptr<Work> pending(const Detaching& detaching);
+  // Once pending() is done: starts the barrier after the flush (false), or ends (true, having
+  // let the memory go; throws when the flush or the barrier failed).
+  bool stepDetach(Detaching& detaching);
+
   uint64_t id() const { return id_; }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
@@ -135,6 +168,8 @@ class Window {
   };
   std::string where(const char* name) const;
   void checkPeer(const char* name, int peer) const;
+  void unregister(uint64_t region);  // closes this rank's registration (0: none)
+  void startBarrier(Detaching& detaching);
   // Maps or opens every peer's memory from their offers (progress thread).
   void reach(const std::vector<std::string>& offers);
   // Lets go of the peers' memory and this rank's registration (progress thread).
