@@ -39,6 +39,9 @@ struct SimNetwork::Message {
   size_t booked = 0;           // bytes whose links are booked
   int64_t end = 0;             // when the last packet booked so far leaves its slowest link
   uint64_t next = kNoMessage;  // the pair's next message, booked once this one is
+  enum : uint8_t { kTagged, kPut, kFlush } kind = kTagged;
+  uint64_t region = 0;  // a put's target region; a flush's id
+  size_t offset = 0;    // a put's
 };
 
 int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
@@ -199,9 +202,7 @@ uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
   return it == bySlot_.end() ? 0 : it->second;
 }
 
-void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
-                      Request* req) {
-  const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
+uint64_t SimNetwork::newMessage(int from, int to, uint64_t tag, size_t bytes, Request* req) {
   uint64_t index;
   if (!freeMessages_.empty()) {
     index = freeMessages_.back();
@@ -212,13 +213,6 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     inFlight_.push_back(Message{from, to, tag, bytes, {}});
   }
   Message& message = inFlight_[index];
-  // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
-  // group's creation: the control phase) always carries its bytes.
-  const uint64_t phase =
-      (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
-  if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
-    message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-  }
   if (!freeSends_.empty()) {
     message.sendIndex = freeSends_.back();
     freeSends_.pop_back();
@@ -229,16 +223,58 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
   }
   ++messages_;
   bytes_ += bytes;
-  ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+  return index;
+}
+
+void SimNetwork::launch(uint64_t index, int64_t at) {
   // A pair's messages leave in the order they were sent, one after another (one connection).
-  Pair& p = pair(from, to);
+  const Message& message = inFlight_[index];
+  Pair& p = pair(message.from, message.to);
   if (p.tail != kNoMessage) {
     inFlight_[p.tail].next = index;
     p.tail = index;
     return;
   }
   p.tail = index;
-  bookPacket(index, t0);
+  bookPacket(index, at);
+}
+
+void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
+                      Request* req) {
+  const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
+  const uint64_t index = newMessage(from, to, tag, bytes, req);
+  Message& message = inFlight_[index];
+  // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
+  // group's creation: the control phase) always carries its bytes.
+  const uint64_t phase =
+      (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
+  if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
+    message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  }
+  ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+  launch(index, t0);
+}
+
+void SimNetwork::put(int from, int to, uint64_t region, size_t offset, const void* data,
+                     size_t bytes, Request* req) {
+  const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
+  const uint64_t index = newMessage(from, to, 0, bytes, req);
+  Message& message = inFlight_[index];
+  message.kind = Message::kPut;
+  message.region = region;
+  message.offset = offset;
+  if (spec_.payload && bytes > 0) {
+    message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  }
+  launch(index, t0);
+}
+
+void SimNetwork::flush(int from, int to, uint64_t id) {
+  const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
+  const uint64_t index = newMessage(from, to, 0, 0, nullptr);
+  inFlight_[index].kind = Message::kFlush;
+  inFlight_[index].region = id;
+  launch(index, t0);
 }
 
 void SimNetwork::bookPacket(uint64_t index, int64_t at) {
@@ -317,17 +353,31 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         mix(&digest_, (static_cast<uint64_t>(m.from) << 32) | static_cast<uint32_t>(m.to));
         mix(&digest_, m.tag);
         mix(&digest_, m.size);
+        if (m.kind == Message::kPut) {  // lands with nothing asked of the receiver
+          transports_[m.to]->land(m.region, m.offset, m.bytes, m.size);
+          break;
+        }
+        if (m.kind == Message::kFlush) {  // every put before it has landed: the answer goes back
+          push(e.at + latencyNs(levelBetween(m.from, m.to)), Kind::kFlushed, m.from, m.to,
+               m.region);
+          break;
+        }
         transports_[m.to]->arrive(Delivered{m.tag, std::move(m.bytes), m.size});
         wake(m.to, now_);
         break;
       }
+      case Kind::kFlushed:
+        if (dead_[e.rank] || severed(e.rank, e.other)) break;
+        transports_[e.rank]->flushed(e.index);
+        wake(e.rank, now_);
+        break;
       case Kind::kPacket:
         bookPacket(e.index, e.at);
         break;
       case Kind::kSent: {
         Request* req = sends_[e.index];
         freeSends_.push_back(e.index);
-        if (dead_[e.rank]) break;
+        if (dead_[e.rank] || req == nullptr) break;
         transports_[e.rank]->sent(req);
         wake(e.rank, now_);
         break;
@@ -423,7 +473,15 @@ bool SimTransport::receiveArrived(uint64_t tag, uint64_t mask, void* data, size_
   return matcher_.receiveArrived(tag, mask, data, bytes, req);
 }
 
-void SimTransport::cancel(Request* req) { matcher_.cancel(req); }
+void SimTransport::cancel(Request* req) {
+  if (matcher_.cancel(req)) return;
+  const auto id = reinterpret_cast<uint64_t>(req->transportData);
+  auto it = flushes_.find(id);
+  if (id != 0 && it != flushes_.end() && it->second.req == req) {
+    flushes_.erase(it);
+    req->fail(StatusKind::kCancelled, "cancelled");
+  }
+}
 
 void SimTransport::discard(uint64_t tag, uint64_t mask) { matcher_.discard(tag, mask); }
 
@@ -432,6 +490,12 @@ bool SimTransport::progress() {
   if (!sentDone_.empty()) {
     std::vector<Request*> done;
     done.swap(sentDone_);
+    for (Request* req : done) req->complete();
+    any = true;
+  }
+  if (!flushesDone_.empty()) {
+    std::vector<Request*> done;
+    done.swap(flushesDone_);
     for (Request* req : done) req->complete();
     any = true;
   }
@@ -444,7 +508,78 @@ bool SimTransport::progress() {
   return any;
 }
 
+uint64_t SimTransport::registerRegion(void* base, size_t bytes, std::string* key) {
+  const uint64_t id = nextRegion_++;
+  regions_[id] = Region{static_cast<char*>(base), bytes};
+  *key = "sim:" + std::to_string(rank_) + ":" + std::to_string(id);
+  return id;
+}
+
+uint64_t SimTransport::openRegion(PeerId peer, const std::string& key) {
+  const int rank = peers_.at(static_cast<size_t>(peer));
+  const std::string prefix = "sim:" + std::to_string(rank) + ":";
+  if (key.rfind(prefix, 0) != 0 || key.size() == prefix.size() || key.size() > prefix.size() + 20 ||
+      key.find_first_not_of("0123456789", prefix.size()) != std::string::npos) {
+    return 0;  // not a region of that peer's
+  }
+  const uint64_t id = nextRegion_++;
+  opened_[id] = Opened{rank, std::stoull(key.substr(prefix.size()))};
+  return id;
+}
+
+void SimTransport::put(PeerId peer, uint64_t remote, size_t offset, const void* data, size_t bytes,
+                       Request* req) {
+  auto it = opened_.find(remote);
+  if (it == opened_.end() || it->second.rank != peers_.at(static_cast<size_t>(peer))) {
+    req->fail(StatusKind::kInvalidArgument, "ddl: a put through a region not opened to that peer");
+    return;
+  }
+  network_->put(rank_, it->second.rank, it->second.region, offset, data, bytes, req);
+}
+
+void SimTransport::flush(PeerId peer, Request* req) {
+  const uint64_t id = nextFlush_++;
+  const int rank = peers_.at(static_cast<size_t>(peer));
+  flushes_[id] = Flush{rank, req};
+  req->transportData = reinterpret_cast<void*>(id);
+  network_->flush(rank_, rank, id);
+}
+
+void SimTransport::closeRegion(uint64_t id) {
+  regions_.erase(id);
+  opened_.erase(id);
+}
+
+void SimTransport::land(uint64_t region, size_t offset, const std::vector<char>& bytes,
+                        size_t size) {
+  auto it = regions_.find(region);
+  if (it == regions_.end() || offset > it->second.bytes || size > it->second.bytes - offset) {
+    ++strayPuts_;
+    return;
+  }
+  if (!bytes.empty()) std::memcpy(it->second.base + offset, bytes.data(), bytes.size());
+}
+
+void SimTransport::flushed(uint64_t id) {
+  auto it = flushes_.find(id);
+  if (it == flushes_.end()) return;  // cancelled meanwhile
+  flushesDone_.push_back(it->second.req);
+  flushes_.erase(it);
+}
+
 void SimTransport::lost(int peerRank, const std::string& why) {
+  // Flushes to a peer lost are never answered.
+  for (auto it = flushes_.begin(); it != flushes_.end();) {
+    if (it->second.rank == peerRank) {
+      it->second.req->status =
+          Status(StatusKind::kPeerLost,
+                 "ddl: a flush to rank " + std::to_string(peerRank) + " failed: " + why);
+      flushesDone_.push_back(it->second.req);  // completed as the rank turns
+      it = flushes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   auto it = byRank_.find(peerRank);
   // Told without an endpoint (a pidfd of a process on this host): one for the report.
   const PeerId id = it != byRank_.end() ? it->second : connect("sim:" + std::to_string(peerRank));

@@ -207,6 +207,15 @@ class SimNetwork {
 
   // Transport side.
   void send(int from, int to, uint64_t tag, const void* data, size_t bytes, Request* req);
+  // A one-sided put of `bytes` at `offset` of `to`'s region `region`: it travels as a message
+  // does (after what `from` sent `to` before it) and lands at once on arrival, with nothing
+  // asked of `to`; `req` completes once the source may be reused. A flush is a mark that
+  // follows `from`'s puts to `to`: it is answered once they have landed (a latency back), and
+  // never where the mark is lost (a dead or cut-off `to`: the transport fails it when it learns
+  // `to` is lost, the op's deadline otherwise).
+  void put(int from, int to, uint64_t region, size_t offset, const void* data, size_t bytes,
+           Request* req);
+  void flush(int from, int to, uint64_t id);
   void connected(int from, int to);
 
   // Counters.
@@ -232,7 +241,8 @@ class SimNetwork {
     kCut,
     kPacket,
     kPartition,
-    kStall
+    kStall,
+    kFlushed
   };
   struct Event {
     int64_t at;  // ns
@@ -244,6 +254,8 @@ class SimNetwork {
     bool operator>(const Event& e) const { return at != e.at ? at > e.at : order > e.order; }
   };
   struct Message;
+  uint64_t newMessage(int from, int to, uint64_t tag, size_t bytes, Request* req);
+  void launch(uint64_t index, int64_t at);  // after the pair's messages before it
   void push(int64_t at, Kind kind, int rank, int other = -1, uint64_t index = 0);
   int levelBetween(int a, int b) const;
   int64_t latencyNs(int level) const;
@@ -322,10 +334,23 @@ class SimTransport : public Transport {
     return "sim:" + std::to_string(peers_.at(static_cast<size_t>(peer)));
   }
 
+  // One-sided puts (Transport's): regions of this rank's memory, and peers' regions opened.
+  uint64_t registerRegion(void* base, size_t bytes, std::string* key) override;
+  uint64_t openRegion(PeerId peer, const std::string& key) override;
+  void put(PeerId peer, uint64_t remote, size_t offset, const void* data, size_t bytes,
+           Request* req) override;
+  void flush(PeerId peer, Request* req) override;
+  void closeRegion(uint64_t id) override;
+
   // Network side.
   void arrive(Delivered message) { inbox_.push_back(std::move(message)); }
   void sent(Request* req) { sentDone_.push_back(req); }
   void lost(int peerRank, const std::string& why);
+  // A put arrived: written into the region now where it is registered and the bytes fit it;
+  // dropped and counted (strayPuts) where not: a put that lands in memory let go.
+  void land(uint64_t region, size_t offset, const std::vector<char>& bytes, size_t size);
+  void flushed(uint64_t id);
+  uint64_t strayPuts() const { return strayPuts_; }
 
  private:
   SimNetwork* network_;
@@ -336,6 +361,25 @@ class SimTransport : public Transport {
   std::vector<Request*> sentDone_;
   std::vector<std::pair<PeerId, std::string>> lost_;
   TagMatcher matcher_;
+  struct Region {
+    char* base;
+    size_t bytes;
+  };
+  std::map<uint64_t, Region> regions_;  // this rank's, by id
+  struct Opened {
+    int rank;
+    uint64_t region;  // the peer's id for it
+  };
+  std::map<uint64_t, Opened> opened_;  // peers' regions, by the id handed out here
+  uint64_t nextRegion_ = 1;
+  struct Flush {
+    int rank;
+    Request* req;
+  };
+  std::map<uint64_t, Flush> flushes_;  // not answered yet, by id
+  uint64_t nextFlush_ = 1;
+  std::vector<Request*> flushesDone_;
+  uint64_t strayPuts_ = 0;
 };
 
 }  // namespace ddl
