@@ -38,20 +38,20 @@ std::shared_ptr<char> SimMemory::allocate(size_t bytes) {
 }
 
 void SimMemory::copy(void* dst, const void* src, size_t bytes) {
-  if (copyBandwidth_ > 0) network_.charge(static_cast<double>(bytes) / copyBandwidth_);
+  if (copyBandwidth_ > 0) network_.chargeReduction(static_cast<double>(bytes) / copyBandwidth_);
   if (payload_) host_.copy(dst, src, bytes);
 }
 
 void SimMemory::reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) {
   if (reduceBandwidth_ > 0) {
-    network_.charge(static_cast<double>(count * elementSize(type)) / reduceBandwidth_);
+    network_.chargeReduction(static_cast<double>(count * elementSize(type)) / reduceBandwidth_);
   }
   if (payload_) host_.reduce(type, op, dst, src, count);
 }
 
 void SimMemory::average(DataType type, void* buf, size_t count, size_t divisor) {
   if (reduceBandwidth_ > 0) {
-    network_.charge(static_cast<double>(count * elementSize(type)) / reduceBandwidth_);
+    network_.chargeReduction(static_cast<double>(count * elementSize(type)) / reduceBandwidth_);
   }
   if (payload_) host_.average(type, buf, count, divisor);
 }

@@ -156,6 +156,22 @@ void SimNetwork::slow(int rank, double factor) { slowRank_.at(rank) = factor; }
 
 void SimNetwork::slowLink(int host, double factor) { slowNic_.at(host) = factor; }
 
+void SimNetwork::slowReductions(int rank, double factor) {
+  if (slowReduce_.empty()) slowReduce_.assign(size(), 1.0);
+  slowReduce_.at(rank) = factor;
+}
+
+void SimNetwork::chargeReduction(double seconds) {
+  if (turning_ >= 0 && !slowReduce_.empty()) seconds *= slowReduce_[turning_];
+  charge(seconds);
+}
+
+uint64_t SimNetwork::strayPuts() const {
+  uint64_t stray = 0;
+  for (const SimTransport* t : transports_) stray += t != nullptr ? t->strayPuts() : 0;
+  return stray;
+}
+
 bool SimNetwork::severed(int a, int b) const {
   if (!side_.empty() && side_[a] != side_[b]) return true;
   return !cuts_.empty() && cuts_.count({std::min(a, b), std::max(a, b)}) > 0;
@@ -229,7 +245,7 @@ uint64_t SimNetwork::newMessage(int from, int to, uint64_t tag, size_t bytes, Re
 void SimNetwork::launch(uint64_t index, int64_t at) {
   // A pair's messages leave in the order they were sent, one after another (one connection).
   const Message& message = inFlight_[index];
-  Pair& p = pair(message.from, message.to);
+  Pair& p = laneOf(message);
   if (p.tail != kNoMessage) {
     inFlight_[p.tail].next = index;
     p.tail = index;
@@ -252,6 +268,8 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   }
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+  if (from == recorded_ && sentByRecorded_.size() < 4096)
+    sentByRecorded_.push_back(Sent{to, tag, message.bytes});
   launch(index, t0);
 }
 
@@ -318,14 +336,21 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
     return;
   }
   push(left, Kind::kSent, m.from, m.to, m.sendIndex);
-  Pair& p = pair(m.from, m.to);
-  p.lastArrival = std::max(m.end + latencyNs(level), p.lastArrival);
+  Pair& p = laneOf(m);
+  // One-sided traffic takes its own way, longer than messages' (a NIC's RDMA engine, a CMA copy
+  // made by the target's transport): a put posted before a message may land after it.
+  const int64_t way = m.kind == Message::kTagged ? 0 : 3 * latencyNs(level);
+  p.lastArrival = std::max(m.end + latencyNs(level) + way, p.lastArrival);
   push(p.lastArrival, Kind::kArrive, m.to, m.from, index);
   if (m.next != kNoMessage) {
     push(left, Kind::kPacket, m.from, m.to, m.next);
   } else {
     p.tail = kNoMessage;
   }
+}
+
+SimNetwork::Pair& SimNetwork::laneOf(const Message& m) {
+  return pair(m.from, m.kind == Message::kTagged ? m.to : m.to + size());
 }
 
 SimNetwork::Pair& SimNetwork::pair(int from, int to) {

@@ -196,6 +196,21 @@ class SimNetwork {
   void stall(int rank, TimePoint from, TimePoint until);
   void slow(int rank, double factor);
   void slowLink(int host, double factor);
+  // The rank's reductions (and the copies of its algorithms) take `factor` times as long, on
+  // top of slow(): a progress thread that reduces on a core it shares.
+  void slowReductions(int rank, double factor);
+  // Adds `seconds` of reduction to the rank being turned.
+  void chargeReduction(double seconds);
+  // Keeps a copy of every message `rank` sends (tag and bytes) from now on, for a replay.
+  void record(int rank) { recorded_ = rank; }
+  struct Sent {
+    int to;
+    uint64_t tag;
+    std::vector<char> bytes;
+  };
+  const std::vector<Sent>& recorded() const { return sentByRecorded_; }
+  // Puts that landed in memory no longer registered (SimTransport::land), over every rank.
+  uint64_t strayPuts() const;
   bool dead(int rank) const { return dead_[rank]; }
   int deaths() const { return deaths_; }
   // Whether a message from a to b would be dropped now (a cut or a partition between them).
@@ -208,9 +223,10 @@ class SimNetwork {
   // Transport side.
   void send(int from, int to, uint64_t tag, const void* data, size_t bytes, Request* req);
   // A one-sided put of `bytes` at `offset` of `to`'s region `region`: it travels as a message
-  // does (after what `from` sent `to` before it) and lands at once on arrival, with nothing
+  // does, but on a lane of its own between the pair, three latencies longer (so a message sent
+  // after it may arrive first, as over a NIC's RDMA engine), and lands on arrival with nothing
   // asked of `to`; `req` completes once the source may be reused. A flush is a mark that
-  // follows `from`'s puts to `to`: it is answered once they have landed (a latency back), and
+  // follows `from`'s puts to `to` on their lane: answered once they have landed (a latency back),
   // never where the mark is lost (a dead or cut-off `to`: the transport fails it when it learns
   // `to` is lost, the op's deadline otherwise).
   void put(int from, int to, uint64_t region, size_t offset, const void* data, size_t bytes,
@@ -281,6 +297,9 @@ class SimNetwork {
   std::vector<std::vector<int>> batches_;   // kKill, kPartition: the ranks, by event index
   std::vector<int64_t> stallUntil_;         // by rank (kStall: index the end)
   std::vector<double> slowRank_, slowNic_;  // factors, by rank and by host
+  std::vector<double> slowReduce_;          // by rank
+  int recorded_ = -1;
+  std::vector<Sent> sentByRecorded_;
   std::vector<std::set<int>> endpointsOf_;  // by rank: the ranks it connected to
   // Links: per rank shared-memory out/in, per host NIC out/in, per rack uplink out/in.
   std::vector<SimLink> shmOut_, shmIn_, nicOut_, nicIn_, upOut_, upIn_;
@@ -291,7 +310,8 @@ class SimNetwork {
     int64_t lastArrival;
     uint64_t tail;
   };
-  Pair& pair(int from, int to);
+  Pair& pair(int from, int to);  // `to` past the ranks: the one-sided lane to `to - size()`
+  Pair& laneOf(const Message& m);
   std::vector<std::vector<Pair>> pairs_;  // by sender, sorted by receiver
   std::vector<Message> inFlight_;
   std::vector<uint64_t> freeMessages_;
