@@ -20,7 +20,7 @@ collective and prints, last, one line:
 A campaign draws whole scenarios from its seed (a machine, a sequence of ops, faults, the
 survivors' response), runs each on the real engine and checks every invariant; its last line is
 
-    CAMPAIGN scenarios=N hangs=H wrong=W unnamed=U split=S slow_news=L over_budget=B stale_used=D wall_s=T
+    CAMPAIGN scenarios=N hangs=H wrong=W unnamed=U split=S slow_news=L over_budget=B stale_used=D early_signal=E wall_s=T
 
 Link figures use TORCH_DDL_LINKS's syntax (dimension:latency:bandwidth; 0 within a host, 1
 between hosts of a rack, 2 between racks): the planner and the network see the same machine.
@@ -275,14 +275,14 @@ def run_campaign(count, seed, max_ranks, verbose):
             print(f"{i}: {describe_result(r)}" if r["failed"] else
                   f"{i}: scenario {r['seed']:016x} ok ({r['ranks']} ranks)", flush=True)
     report = _C.campaign(seed, count, max_ranks, progress)
-    print(f"{'fault':<10} {'scenarios':>9} {'failed':>6}")
+    print(f"{'fault':<12} {'scenarios':>9} {'failed':>6}")
     for kind, scenarios, failed in report["kinds"]:
-        print(f"{kind:<10} {scenarios:>9} {failed:>6}")
+        print(f"{kind:<12} {scenarios:>9} {failed:>6}")
     print(f"TRACE digest={report['digest']:016x}")
     print(f"CAMPAIGN scenarios={report['scenarios']} hangs={report['hangs']} "
           f"wrong={report['wrong']} unnamed={report['unnamed']} split={report['split']} "
           f"slow_news={report['slow_news']} over_budget={report['over_budget']} "
-          f"stale_used={report['stale_used']} "
+          f"stale_used={report['stale_used']} early_signal={report['early_signal']} "
           f"wall_s={report['wall_s']:.1f}")
     return 1 if report["failures"] else 0
 

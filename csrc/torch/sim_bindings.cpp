@@ -180,7 +180,12 @@ void defineSimulator(py::module_& m) {
     kinds.append(py::make_tuple("wrap_2^32", report.nearWrap[1], report.failedNearWrap[1]));
     kinds.append(py::make_tuple("retry", report.refusedFirst, report.failedRefusedFirst));
     kinds.append(py::make_tuple("lifecycle", report.lifecycles, report.failedLifecycles));
+    kinds.append(py::make_tuple("windows", report.windowed, report.failedWindowed));
+    kinds.append(py::make_tuple("two_groups", report.twoGroups, report.failedTwoGroups));
+    kinds.append(py::make_tuple("slow_reduce", report.slowReductions, report.failedSlowReductions));
+    kinds.append(py::make_tuple("hostile", report.hostile, report.failedHostile));
     out["stale_used"] = report.stale;
+    out["early_signal"] = report.earlySignals;
     out["kinds"] = kinds;
     py::list failures;
     for (const ScenarioResult& r : report.failures) failures.append(resultDict(r));

@@ -68,6 +68,10 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x848c7c12988b704e, "a partition as the shrink's answer went down: some members formed the"
                          " group, the others never did, and the check could not map the rank an"
                          " error named to the cluster's"},
+    {0x3922ed8dc6d04553, "a hostile peer replayed a point-to-point message, which (carrying no op"
+                         " number) the next receive took: such a copy is a send of its own, no"
+                         " longer replayed"},
+    {0xf769eb307315e240, "the same, after a kill and a shrink"},
   };
   // clang-format on
   for (const Found& f : found) {
@@ -93,11 +97,20 @@ TEST(Campaign, AFewHundredScenariosKeepEveryInvariant) {
   const CampaignReport report =
       runCampaign(1, count, limits, [verbose](int i, const ScenarioResult& r) {
         if (verbose) {
-          std::fprintf(stderr, "%d %016llx %s\n", i, static_cast<unsigned long long>(r.seed),
-                       r.why.c_str());
+          std::fprintf(stderr, "%d %016llx %s\n  %s\n", i, static_cast<unsigned long long>(r.seed),
+                       r.why.c_str(), r.description.c_str());
         }
       });
   EXPECT_EQ(report.failed(), 0) << failures(report);
+  EXPECT_EQ(report.earlySignals, 0);
+  // The paths drawn beside the faults, each at least once.
+  EXPECT_GT(report.nearWrap[0] + report.nearWrap[1], 0);
+  EXPECT_GT(report.refusedFirst, 0);
+  EXPECT_GT(report.lifecycles, 0);
+  EXPECT_GT(report.windowed, 0);
+  EXPECT_GT(report.twoGroups, 0);
+  EXPECT_GT(report.slowReductions, 0);
+  EXPECT_GT(report.hostile, 0);
   for (int k = 0; k < kFaultKinds; ++k) {
     EXPECT_GT(report.withKind[k], 0) << faultKindName(static_cast<Fault::Kind>(k));
   }

@@ -117,7 +117,7 @@ def test_a_stalled_rank_is_named_and_a_slow_one_only_costs_time():
 
 
 CAMPAIGN_LINE = re.compile(r"CAMPAIGN scenarios=(\d+) hangs=0 wrong=0 unnamed=0 split=0 "
-                           r"slow_news=0 over_budget=0 stale_used=0 wall_s=[\d.]+$")
+                           r"slow_news=0 over_budget=0 stale_used=0 early_signal=0 wall_s=[\d.]+$")
 
 
 def test_a_campaign_checks_every_scenario_and_replays_from_its_seed():

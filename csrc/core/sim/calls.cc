@@ -163,4 +163,22 @@ std::string SimCallBuffers::check(int r) const {
   return "";
 }
 
+// The call a disagreeing rank makes instead of `call`.
+SimCall disagreeingCall(const SimCall& call, const std::string& how, int ranks) {
+  SimCall other = call;
+  if (how == "collective") {
+    other.collective = call.collective == "allreduce" ? "broadcast" : "allreduce";
+    if (call.collective == "barrier" || call.collective == "sendrecv") other.count = 3;
+  } else if (how == "dtype" && call.collective != "barrier" && call.collective != "sendrecv" &&
+             call.collective != "alltoall") {  // (those move bytes: no type to differ on)
+    other.type = DataType::kInt32;
+  } else if (how == "root" && (call.collective == "broadcast" || call.collective == "reduce" ||
+                               call.collective == "gather" || call.collective == "scatter")) {
+    other.root = (call.root + 1) % ranks;
+  } else {
+    other.count = call.count + 1;
+  }
+  return other;
+}
+
 }  // namespace ddl

@@ -26,6 +26,10 @@ struct SimCall {
 // The collectives SimCall knows.
 const std::vector<std::string>& simCollectives();
 
+// The call a rank makes instead of `call` where it disagrees `how` (collective, size, dtype,
+// root) in a group of `ranks`.
+SimCall disagreeingCall(const SimCall& call, const std::string& how, int ranks);
+
 class SimCallBuffers {
  public:
   // The buffers of a group of `size` ranks (with payload; without, addresses nothing may touch).

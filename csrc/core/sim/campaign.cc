@@ -1,6 +1,7 @@
 #include "campaign.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "../base/tag.h"
+#include "paths.h"
 
 namespace ddl {
 namespace {
@@ -28,24 +30,6 @@ bool among(const std::vector<int>& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
 }
 
-// The call a disagreeing rank makes instead of `call`.
-SimCall disagreeing(const SimCall& call, const std::string& how, int ranks) {
-  SimCall other = call;
-  if (how == "collective") {
-    other.collective = call.collective == "allreduce" ? "broadcast" : "allreduce";
-    if (call.collective == "barrier" || call.collective == "sendrecv") other.count = 3;
-  } else if (how == "dtype" && call.collective != "barrier" && call.collective != "sendrecv" &&
-             call.collective != "alltoall") {  // (those move bytes: no type to differ on)
-    other.type = DataType::kInt32;
-  } else if (how == "root" && (call.collective == "broadcast" || call.collective == "reduce" ||
-                               call.collective == "gather" || call.collective == "scatter")) {
-    other.root = (call.root + 1) % ranks;
-  } else {
-    other.count = call.count + 1;
-  }
-  return other;
-}
-
 class Run {
  public:
   explicit Run(const Scenario& s) : s_(s), cluster_(s.cluster) {
@@ -55,9 +39,26 @@ class Run {
   }
 
   ScenarioResult go() {
+    if (s_.hostile >= 0) cluster_.network().record(s_.hostile);
     cluster_.createGroup();
     const int n = cluster_.size();
     for (int r = 0; r < n; ++r) cluster_.comm(r).startSequenceAt(s_.firstOp);
+    if (s_.slowReducer >= 0) {
+      cluster_.network().slowReductions(s_.slowReducer, s_.slowReduction);
+    }
+    if (s_.windows > 0) {
+      windows_ = std::make_unique<WindowRounds>(cluster_, s_);
+      const WindowRounds::Broken broken = windows_->run();
+      if (!broken.hang.empty()) broke(result_.hang, broken.hang);
+      if (!broken.wrong.empty()) broke(result_.wrong, broken.wrong);
+      if (!broken.unnamed.empty()) broke(result_.unnamed, broken.unnamed);
+      result_.earlySignals = broken.earlySignals;
+    }
+    if (s_.twoGroups) secondGroup();
+    if (result_.failed()) {
+      result_.digest = cluster_.network().digest();
+      return result_;
+    }
     cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
     std::vector<Communicator*> members = cluster_.members();
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
@@ -69,7 +70,8 @@ class Run {
     const uint64_t messagesBefore = failureMessages();
     for (size_t i = 0; i < s_.ops.size(); ++i) {
       strike(static_cast<int>(i));
-      runOp(members, s_.ops[i], static_cast<int>(i), "op " + std::to_string(i));
+      runOp(members, s_.ops[i], static_cast<int>(i), "op " + std::to_string(i), nullptr,
+            s_.twoGroups ? &second_ : nullptr);
     }
     checkNews();
     if (s_.shrink) shrink();
@@ -109,6 +111,10 @@ class Run {
       broke(result_.overBudget, "a rank opened " + std::to_string(result_.maxEndpoints) +
                                     " endpoints, over " + std::to_string(endpoints));
     }
+    if (cluster_.network().strayPuts() > 0) {
+      broke(result_.wrong, std::to_string(cluster_.network().strayPuts()) +
+                               " puts landed in memory a window had let go");
+    }
     result_.digest = cluster_.network().digest();
     return result_;
   }
@@ -125,6 +131,10 @@ class Run {
     SimNetwork& net = cluster_.network();
     const TimePoint start = net.now();
     disagree_.clear();
+    if (s_.hostile >= 0 && s_.hostileOp == i && !dead_.count(s_.hostile)) {
+      sendHostile(cluster_, s_, &hostileRequests_);
+      hostileStruck_ = true;
+    }
     for (const Fault& f : s_.faults) {
       if (f.op != i) continue;
       const TimePoint at = after(start, f.micros);
@@ -214,6 +224,10 @@ class Run {
           break;
       }
     }
+    // What a hostile peer sent fails an op naming it (among the ranks, or in the words).
+    if (hostileStruck_ && (r == s_.hostile || namesRank(status, s_.hostile, clusterOf))) {
+      return true;
+    }
     return false;
   }
 
@@ -221,7 +235,8 @@ class Run {
   // `ranksOf`: the cluster rank of each rank of the group (default: of each member's, as it
   // reports; a shrunk group's may have ranks that never formed it).
   void runOp(const std::vector<Communicator*>& members, SimCall call, int index,
-             const std::string& what, const std::vector<int>* ranksOf = nullptr) {
+             const std::string& what, const std::vector<int>* ranksOf = nullptr,
+             const std::vector<std::shared_ptr<Communicator>>* alongside = nullptr) {
     int size = 0;
     std::vector<int> clusterOf(members.size(), -1);
     for (int r = 0; r < static_cast<int>(members.size()); ++r) {
@@ -239,33 +254,76 @@ class Run {
     SimCallBuffers& buffers = *buffers_.back();
     std::map<int, SimCall> others;
     for (const auto& [rank, how] : disagree_) {
-      if (members[rank] != nullptr) others[rank] = disagreeing(call, how, size);
+      if (members[rank] != nullptr) others[rank] = disagreeingCall(call, how, size);
     }
     const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    // The second group's op (two groups): the same call on other data, started before or after
+    // this one as each rank's own order has it.
+    SimCall secondCall = call;
+    secondCall.seed = call.seed ^ 0x5bd1e995u;
+    SimCallBuffers* secondBuffers = nullptr;
+    std::vector<std::shared_ptr<Work>> secondWorks(members.size());
+    if (alongside != nullptr) {
+      buffers_.push_back(std::make_unique<SimCallBuffers>(secondCall, size, s_.cluster.payload));
+      secondBuffers = buffers_.back().get();
+    }
     SimCluster::Outcome outcome = cluster_.run(
         members,
         [&](int r, Communicator& comm, CallOptions options) {
+          const bool second = alongside != nullptr && (*alongside)[r] != nullptr;
+          const bool secondFirst = second && ((s_.seed >> ((r * 7 + index) % 61)) & 1) != 0;
+          if (secondFirst) secondWorks[r] = secondBuffers->start(*(*alongside)[r], CallOptions{});
           auto other = others.find(r);
-          return buffers.start(comm, options, other == others.end() ? nullptr : &other->second);
+          std::shared_ptr<Work> work =
+              buffers.start(comm, options, other == others.end() ? nullptr : &other->second);
+          if (second && !secondFirst) {
+            secondWorks[r] = secondBuffers->start(*(*alongside)[r], CallOptions{});
+          }
+          return work;
         },
         limit);
-    (void)index;
+    if (alongside != nullptr) {
+      auto live = [&](int r) { return !dead_.count(r) && !frozen_.count(r); };
+      cluster_.runUntil(
+          [&] {
+            for (int r = 0; r < static_cast<int>(secondWorks.size()); ++r) {
+              if (secondWorks[r] && live(r) && !secondWorks[r]->done()) return false;
+            }
+            return true;
+          },
+          limit);
+      for (int r = 0; r < static_cast<int>(secondWorks.size()); ++r) {
+        const std::shared_ptr<Work>& work = secondWorks[r];
+        if (!work || !live(r)) continue;
+        checkOp(r,
+                what + " on the second group (" + secondCall.describe() + ") on rank " +
+                    std::to_string(r),
+                work->done(), work->status(), *secondBuffers, (*alongside)[r]->rank(), clusterOf);
+      }
+    }
     for (int r = 0; r < static_cast<int>(members.size()); ++r) {
       if (members[r] == nullptr || dead_.count(r) || frozen_.count(r)) continue;
-      const std::string who = what + " (" + call.describe() + ") on rank " + std::to_string(r);
-      if (!outcome.ended[r]) {
-        broke(result_.hang, who + " did not end within " + std::to_string(limit.count()) + " ms");
-        continue;
-      }
-      const Status& status = outcome.statuses[r];
-      if (status.ok()) {
-        if (others.count(r)) continue;  // it called something else: nothing to check
-        const std::string wrong = buffers.check(members[r]->rank());
-        if (!wrong.empty()) broke(result_.wrong, who + " returned " + wrong);
-      } else if (!names(r, status, clusterOf)) {
-        broke(result_.unnamed, who + " failed without naming a fault that struck: " +
-                                   std::string(statusKindName(status.kind)) + ": " + status.detail);
-      }
+      if (others.count(r) && outcome.ended[r] && outcome.statuses[r].ok())
+        continue;  // (another call)
+      checkOp(r, what + " (" + call.describe() + ") on rank " + std::to_string(r),
+              outcome.ended[r].has_value(), outcome.statuses[r], buffers, members[r]->rank(),
+              clusterOf);
+    }
+  }
+
+  // How rank r's op (`who`) ended: it did, and returned the reference result (`buffers`' of its
+  // rank in the group) or failed naming a fault that struck.
+  void checkOp(int r, const std::string& who, bool ended, const Status& status,
+               const SimCallBuffers& buffers, int groupRank, const std::vector<int>& clusterOf) {
+    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    if (!ended) {
+      broke(result_.hang, who + " did not end within " + std::to_string(limit.count()) + " ms");
+    } else if (status.ok()) {
+      const std::string wrong = buffers.check(groupRank);
+      if (!wrong.empty()) broke(result_.wrong, who + " returned " + wrong);
+    } else if (!names(r, status, clusterOf)) {
+      broke(result_.unnamed, who + " failed without naming a fault that struck: " +
+                                 std::string(statusKindName(status.kind)) + ": " + status.detail);
     }
   }
 
@@ -431,8 +489,24 @@ class Run {
     runOp(raw(second), s_.after.back(), -1, "the second split's op", &shrink.ranks);
   }
 
+  // Two groups: a second group of every rank, split from the first, for the ops to run on too.
+  void secondGroup() {
+    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    std::string error;
+    second_ = cluster_.split(cluster_.members(), limit, &error);
+    for (int r = 0; r < cluster_.size(); ++r) {
+      if (second_[r] == nullptr) {
+        return broke(result_.split,
+                     "the second group did not form on rank " + std::to_string(r) + ": " + error);
+      }
+    }
+  }
+
   const Scenario& s_;
   std::vector<std::unique_ptr<SimCallBuffers>> buffers_;  // outlive the cluster's ops
+  // The windows (their memory) and the hostile peer's requests: outlive them too.
+  std::unique_ptr<WindowRounds> windows_;
+  std::vector<std::unique_ptr<Request>> hostileRequests_;
   SimCluster cluster_;
   ScenarioResult result_;
   std::vector<Fault> struck_;
@@ -441,6 +515,8 @@ class Run {
   bool pointToPointDisagreed_ = false;   // a rank called a collective against sends and receives
   std::map<int, TimePoint> killedAt_;    // by dead rank
   std::map<int, std::string> disagree_;  // this op's, by rank
+  std::vector<std::shared_ptr<Communicator>> second_;  // two groups: the second, by rank
+  bool hostileStruck_ = false;
 };
 
 }  // namespace
@@ -492,6 +568,15 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
       report.failedLifecycles += r.failed();
     }
     report.stale += r.stale;
+    report.earlySignals += r.earlySignals;
+    auto count = [&](bool drawn, int& with, int& failed) {
+      with += drawn;
+      failed += drawn && r.failed();
+    };
+    count(s.windows > 0, report.windowed, report.failedWindowed);
+    count(s.twoGroups, report.twoGroups, report.failedTwoGroups);
+    count(s.slowReducer >= 0, report.slowReductions, report.failedSlowReductions);
+    count(s.hostile >= 0, report.hostile, report.failedHostile);
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];
       report.failedWithKind[k] += kinds[k] && r.failed();

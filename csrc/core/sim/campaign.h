@@ -42,6 +42,8 @@ struct ScenarioResult {
   // the old group's leftovers could be taken for the new one's messages.
   bool stale = false;
   int shrinkRanks = 0;  // the ranks that formed it
+  // Windows: waits for a signal that returned before the put it covers had landed.
+  int earlySignals = 0;
   bool failed() const {
     return hang || wrong || unnamed || split || slowNews || overBudget || stale;
   }
@@ -60,6 +62,11 @@ struct CampaignReport {
   int refusedFirst = 0, failedRefusedFirst = 0;
   // Scenarios with a group lifecycle after the shrink, and those failed.
   int lifecycles = 0, failedLifecycles = 0;
+  // Scenarios with windows, two groups, a slow reduction, a hostile peer; and of them those
+  // that failed.
+  int windowed = 0, failedWindowed = 0, twoGroups = 0, failedTwoGroups = 0, slowReductions = 0,
+      failedSlowReductions = 0, hostile = 0, failedHostile = 0;
+  int earlySignals = 0;
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;
   uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest

@@ -131,6 +131,24 @@ std::string Scenario::describe() const {
   if (firstOp != 0) s += "; ops numbered from " + std::to_string(firstOp);
   if (refuser >= 0) s += "; rank " + std::to_string(refuser) + "'s first shrink refused";
   if (lifecycle) s += "; then split, a failed op, destroy, split again";
+  if (windows > 0) {
+    s += "; first " + std::to_string(windows) + " window(s), " + std::to_string(windowRounds) +
+         " rounds of " + std::to_string(windowFloats) + " floats, rank " +
+         std::to_string(lateSignaler) + "'s signal of round " + std::to_string(lateRound) + " late";
+  }
+  if (twoGroups) s += "; every op also on a second group at once";
+  if (slowReducer >= 0) {
+    s += "; rank " + std::to_string(slowReducer) + " reduces " +
+         std::to_string(static_cast<int>(slowReduction)) + "x slower";
+  }
+  if (hostile >= 0) {
+    s += "; rank " + std::to_string(hostile) + " hostile in op " + std::to_string(hostileOp) + " (";
+    const char* sends[] = {"replays", "call prints", "control", "data"};
+    for (int bit = 0, listed = 0; bit < 4; ++bit) {
+      if (hostileSends & (1 << bit)) s += std::string(listed++ ? ", " : "") + sends[bit];
+    }
+    s += ")";
+  }
   return s;
 }
 
@@ -252,6 +270,23 @@ Scenario drawScenario(uint64_t seed) {
   // Retries: a quarter of the shrinks begin with one rank's call refused.
   if (s.shrink && paths.chance(0.25)) s.refuser = paths.between(0, ranks - 1);
   s.lifecycle = s.shrink && paths.chance(0.3);
+  if (ranks <= 64 && paths.chance(1.0 / 3)) {
+    s.windows = paths.chance(0.5) ? 2 : 1;
+    s.windowRounds = paths.between(3, 6);
+    s.windowFloats = static_cast<size_t>(paths.pick(std::vector<int>{1, 7, 64}));
+    s.lateSignaler = paths.between(0, ranks - 1);
+    s.lateRound = paths.between(0, s.windowRounds - 2);
+  }
+  s.twoGroups = ranks <= 128 && paths.chance(0.2);
+  if (paths.chance(0.15)) {
+    s.slowReducer = paths.between(0, ranks - 1);
+    s.slowReduction = std::exp(std::log(1e3) + paths.uniform() * (std::log(1e5) - std::log(1e3)));
+  }
+  if (ranks <= 128 && paths.chance(0.2)) {
+    s.hostile = paths.between(0, ranks - 1);
+    s.hostileOp = paths.between(0, ops - 1);
+    s.hostileSends = paths.between(1, 15);
+  }
   return s;
 }
 

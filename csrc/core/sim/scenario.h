@@ -54,6 +54,31 @@ struct Scenario {
   // split (one rank calls another collective), destroy it with that op's leftovers in flight,
   // split again and run an op on the new group.
   bool lifecycle = false;
+  // Windows, before the ops (the group still whole): every rank makes `windows` windows at once
+  // (1 or 2) and runs `windowRounds` rounds of a put and a signal to a peer and a wait for a
+  // peer's, checking what each wait covers; in round `lateRound`, rank `lateSignaler` signals a
+  // round late (its peer's wait times out, a later wait takes it); half way every rank
+  // deregisters and registers anew. 0 windows: none.
+  int windows = 0;
+  int windowRounds = 0;
+  size_t windowFloats = 0;  // a rank's block in a peer's memory
+  int lateSignaler = -1, lateRound = -1;
+  // Two groups: every op also runs at once on a second group of every rank (split from the
+  // first), each rank starting the two in an order of its own, as two threads of it would.
+  bool twoGroups = false;
+  // A slow reduction: rank `slowReducer` reduces and copies `slowReduction` times slower than
+  // the others (up to about a second a call, in the largest ops) from the start (-1: none).
+  int slowReducer = -1;
+  double slowReduction = 1;
+  // A hostile peer: as op `hostileOp` starts, rank `hostile` sends its neighbours malformed,
+  // truncated and oversized control messages, data of the wrong size under the op's tag, and
+  // replays of what it sent before (-1: none). It runs the ops as the others do.
+  int hostile = -1;
+  int hostileOp = 0;
+  // What it sends (bits): kReplays, kPrints (call prints), kControl (notices, agreement words,
+  // heartbeats), kData (the op's data slots).
+  enum : int { kReplays = 1, kPrints = 2, kControl = 4, kData = 8 };
+  int hostileSends = 0;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;

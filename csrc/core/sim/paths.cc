@@ -1,0 +1,338 @@
+#include "paths.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+
+#include "../base/tag.h"
+
+namespace ddl {
+namespace {
+
+bool among(const std::vector<int>& ranks, int r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
+}  // namespace
+
+WindowRounds::Broken WindowRounds::run() {
+  windows();
+  return broken_;
+}
+
+void WindowRounds::broke(std::string& what, const std::string& why) {
+  if (what.empty()) what = why;
+}
+
+// Runs until every work is done (a null one: nothing to wait for); a hang where one is not.
+bool WindowRounds::awaitAll(const std::vector<std::shared_ptr<Work>>& works,
+                            const std::string& what) {
+  const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+  cluster_.runUntil(
+      [&] {
+        for (const auto& w : works) {
+          if (w && !w->done()) return false;
+        }
+        return true;
+      },
+      limit);
+  for (size_t i = 0; i < works.size(); ++i) {
+    if (works[i] && !works[i]->done()) {
+      broke(broken_.hang, what + " did not end (" + std::to_string(i) + ")");
+      return false;
+    }
+  }
+  return true;
+}
+
+void WindowRounds::windows() {
+  const int n = cluster_.size(), count = s_.windows;
+  const size_t k = s_.windowFloats;
+  std::vector<Communicator*> members = cluster_.members();
+  auto failedOn = [&](const char* what, int r, const std::string& why) {
+    broke(broken_.unnamed, std::string("windows: ") + what + " failed on rank " +
+                               std::to_string(r) + " with no fault struck: " + why);
+  };
+  // Made at once: every rank starts each creation before any ends.
+  std::vector<std::vector<Window::Creating>> creating(n);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < n; ++r) {
+    for (int w = 0; w < count; ++w) {
+      creating[r].push_back(Window::startCreate(*members[r]));
+      works.push_back(creating[r].back().work);
+    }
+  }
+  if (!awaitAll(works, "windows: creation")) return;
+  std::vector<std::vector<std::shared_ptr<Window>>> win(n);
+  for (int r = 0; r < n; ++r) {
+    for (int w = 0; w < count; ++w) {
+      try {
+        win[r].push_back(Window::finishCreate(creating[r][w]));
+      } catch (const std::exception& e) {
+        return failedOn("creation", r, e.what());
+      }
+    }
+    if (count == 2 && win[r][0]->id() == win[r][1]->id()) {
+      return broke(broken_.wrong,
+                   "windows: two made at once share the id " + std::to_string(win[r][0]->id()));
+    }
+  }
+  // Each rank's memory: a block of k floats for each peer, stamped with the round that put it.
+  std::vector<std::vector<std::vector<float>*>> memory(n, std::vector<std::vector<float>*>(count));
+  auto attach = [&]() -> bool {
+    std::vector<std::unique_ptr<Window::Attaching>> attaching;
+    std::vector<std::shared_ptr<Work>> attached;
+    for (int r = 0; r < n; ++r) {
+      for (int w = 0; w < count; ++w) {
+        memory_.push_back(std::make_unique<std::vector<float>>(n * k, 0.0f));
+        memory[r][w] = memory_.back().get();
+        WindowMemory m;
+        m.data = memory[r][w]->data();
+        m.bytes = n * k * sizeof(float);
+        m.layout = "float32 [" + std::to_string(n * k) + "]";
+        attaching.push_back(win[r][w]->startAttach(m));
+        attached.push_back(attaching.back()->work);
+      }
+    }
+    if (!awaitAll(attached, "windows: tensor_register")) return false;
+    for (int i = 0; i < static_cast<int>(attaching.size()); ++i) {
+      try {
+        win[i / count][i % count]->finishAttach(*attaching[i]);
+      } catch (const std::exception& e) {
+        failedOn("tensor_register", i / count, e.what());
+        return false;
+      }
+    }
+    return true;
+  };
+  // Deregistration, with a put of each rank's still on its way (no signal covers it): it
+  // has landed once tensor_deregister returns, and nothing lands after.
+  auto detach = [&](float stamp) -> bool {
+    std::vector<std::unique_ptr<Window::Detaching>> detaching;
+    for (int r = 0; r < n; ++r) {
+      for (int w = 0; w < count; ++w) {
+        memory_.push_back(std::make_unique<std::vector<float>>(k, stamp));
+        win[r][w]->put(memory_.back()->data(), k * sizeof(float), (r + 1) % n,
+                       r * k * sizeof(float));
+        detaching.push_back(win[r][w]->startDetach());
+      }
+    }
+    std::vector<bool> finished(detaching.size(), false);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::shared_ptr<Work>> pending;
+      for (const auto& d : detaching) pending.push_back(Window::pending(*d));
+      if (!awaitAll(pending, "windows: tensor_deregister")) return false;
+      for (size_t i = 0; i < detaching.size(); ++i) {
+        if (finished[i]) continue;
+        try {
+          finished[i] = win[i / count][i % count]->stepDetach(*detaching[i]);
+        } catch (const std::exception& e) {
+          failedOn("tensor_deregister", static_cast<int>(i / count), e.what());
+          return false;
+        }
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      for (int w = 0; w < count; ++w) {
+        const std::vector<float>& target = *memory[(r + 1) % n][w];
+        if (target[r * k] != stamp || target[r * k + k - 1] != stamp) {
+          broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s put to rank " +
+                                   std::to_string((r + 1) % n) +
+                                   " had not landed when tensor_deregister returned");
+          return false;
+        }
+      }
+    }
+    return true;
+  };
+  if (!attach()) return;
+  // sent[w][from][to]: the round each signal covers, in the order sent; taken[w][to][from]:
+  // how many `to` took.
+  using Counts = std::vector<std::vector<std::vector<int>>>;
+  Counts sent(count, std::vector<std::vector<int>>(n * n));
+  std::vector<std::vector<int>> taken(count, std::vector<int>(n * n, 0));
+  // A wait of `r` for `from` that returned: the put its signal covers is there.
+  auto checkWait = [&](int w, int r, int from) {
+    const int c = taken[w][r * n + from]++;
+    const std::vector<int>& rounds = sent[w][from * n + r];
+    if (c >= static_cast<int>(rounds.size())) {
+      return broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
+                                      std::to_string(from) + " returned with no signal sent");
+    }
+    const float want = static_cast<float>(rounds[c] + 1);
+    const std::vector<float>& mem = *memory[r][w];
+    if (mem[from * k] < want || mem[from * k + k - 1] < want) {
+      ++broken_.earlySignals;
+      broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
+                               std::to_string(from) + " returned before the put of round " +
+                               std::to_string(rounds[c]) + " landed (it reads " +
+                               std::to_string(mem[from * k]) + ")");
+    }
+  };
+  // Every signal sent and not yet taken is waited for, and checked.
+  auto drain = [&]() -> bool {
+    std::vector<std::shared_ptr<Work>> waits;
+    std::vector<std::array<int, 3>> of;  // w, r, from
+    for (int w = 0; w < count; ++w) {
+      for (int r = 0; r < n; ++r) {
+        for (int from = 0; from < n; ++from) {
+          const int left = static_cast<int>(sent[w][from * n + r].size()) - taken[w][r * n + from];
+          for (int i = 0; i < left; ++i) {
+            waits.push_back(win[r][w]->waitSignal(from));
+            of.push_back({w, r, from});
+          }
+        }
+      }
+    }
+    if (!awaitAll(waits, "windows: a wait for a signal sent")) return false;
+    for (size_t i = 0; i < waits.size(); ++i) {
+      if (waits[i]->failed()) {
+        failedOn("a wait for a signal sent", of[i][1], waits[i]->status().detail);
+        return false;
+      }
+      checkWait(of[i][0], of[i][1], of[i][2]);
+    }
+    return true;
+  };
+  const int late = s_.lateSignaler;
+  for (int round = 0; round < s_.windowRounds; ++round) {
+    if (round > 0 && round == s_.windowRounds / 2) {  // deregister and register anew
+      if (!drain() || !detach(1000.0f + round) || !attach()) return;
+    }
+    const int d = 1 + round % (n - 1);
+    std::vector<std::shared_ptr<Work>> works;
+    struct Wait {
+      std::shared_ptr<Work> work;
+      int w, r, from;
+    };
+    std::vector<Wait> waits;
+    for (int r = 0; r < n; ++r) {
+      const int to = (r + d) % n, from = (r - d + n) % n;
+      for (int w = 0; w < count; ++w) {
+        memory_.push_back(std::make_unique<std::vector<float>>(k, static_cast<float>(round + 1)));
+        works.push_back(
+            win[r][w]->put(memory_.back()->data(), k * sizeof(float), to, r * k * sizeof(float)));
+        if (r != late || round != s_.lateRound) {
+          works.push_back(win[r][w]->signal(to));
+          sent[w][r * n + to].push_back(round);
+        }
+        CallOptions options;
+        if (round == s_.lateRound) options.timeout = std::chrono::milliseconds(50);
+        waits.push_back(Wait{win[r][w]->waitSignal(from, options), w, r, from});
+      }
+    }
+    for (const Wait& wait : waits) works.push_back(wait.work);
+    if (!awaitAll(works, "windows: round " + std::to_string(round))) return;
+    for (size_t i = 0; i + waits.size() < works.size(); ++i) {
+      if (works[i]->failed()) return failedOn("a put or signal", -1, works[i]->status().detail);
+    }
+    for (const Wait& wait : waits) {
+      const bool expectLate = round == s_.lateRound && wait.from == late;
+      if (!wait.work->failed()) {
+        checkWait(wait.w, wait.r, wait.from);
+        continue;
+      }
+      const Status& status = wait.work->status();
+      const bool named = status.kind == StatusKind::kTimeout &&
+                         (among(status.ranks, late) ||
+                          status.detail.find("rank " + std::to_string(late)) != std::string::npos);
+      if (!expectLate || !named) {
+        return failedOn("wait_signal", wait.r,
+                        std::string(statusKindName(status.kind)) + ": " + status.detail);
+      }
+    }
+    if (round == s_.lateRound) {  // the late rank's signals now: a later wait takes each
+      std::vector<std::shared_ptr<Work>> signals;
+      const int to = (late + d) % n;
+      for (int w = 0; w < count; ++w) {
+        signals.push_back(win[late][w]->signal(to));
+        sent[w][late * n + to].push_back(round);
+      }
+      if (!awaitAll(signals, "windows: the late signals")) return;
+    }
+  }
+  if (!drain() || !detach(2000.0f)) return;
+  // Destroyed with nothing in flight.
+  win.clear();
+  cluster_.runUntil([] { return false; }, std::chrono::milliseconds(1));
+}
+
+void sendHostile(SimCluster& cluster, const Scenario& s,
+                 std::vector<std::unique_ptr<Request>>* requests) {
+  SimNetwork& net = cluster.network();
+  const int n = cluster.size(), h = s.hostile;
+  Communicator& comm = cluster.comm(h);
+  const uint32_t group = comm.id();
+  const auto sequence = static_cast<uint32_t>(comm.sequenceNumber());
+  uint64_t state = s.seed ^ 0x6a09e667f3bcc909ull;
+  auto junk = [&](size_t bytes) {
+    std::string out(bytes, '\0');
+    for (char& c : out) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      c = static_cast<char>(state >> 56);
+    }
+    return out;
+  };
+  auto send = [&](int to, uint64_t tag, const std::string& bytes) {
+    if (to == h || net.dead(to)) return;
+    requests->push_back(std::make_unique<Request>());
+    net.send(h, to, tag, bytes.data(), bytes.size(), requests->back().get());
+  };
+  const int sends = s.hostileSends;
+  if (sends & Scenario::kReplays) {
+    // (But for its point-to-point messages: they carry their user's tag and no op's number, so
+    // a copy on a live group is a send of that tag, which the receiver takes as the next, as
+    // gloo's would; what a rank sends is its own to choose.)
+    const std::vector<SimNetwork::Sent> before = net.recorded();
+    for (const SimNetwork::Sent& m : before) {
+      const uint32_t phase = static_cast<uint32_t>(
+          (m.tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1));
+      if (phase >= tag::kPointToPointPhase) continue;
+      send(m.to, m.tag, std::string(m.bytes.begin(), m.bytes.end()));
+    }
+  }
+  const int next = (h + 1) % n, prev = (h + n - 1) % n;
+  using tag::kControlPhase;
+  const uint64_t print = tag::make(group, sequence, tag::slot(kControlPhase, tag::kPrintStep), h);
+  const uint64_t notice = tag::make(group, sequence, tag::slot(kControlPhase, tag::kNoticeStep), h);
+  const uint64_t agreement =
+      tag::make(tag::kAgreementGroup, sequence, tag::slot(kControlPhase, tag::kAgreementStep), h);
+  const uint64_t abort = tag::make(tag::kAgreementGroup, sequence,
+                                   tag::slot(kControlPhase, tag::kAgreementAbortStep), h);
+  const uint64_t heartbeat =
+      tag::make(tag::kAgreementGroup, 0, tag::slot(kControlPhase, tag::kHeartbeatStep), h);
+  if (sends & Scenario::kPrints) {
+    send(next, print, junk(3));
+    send(next, print, junk(4096));
+  }
+  for (int to : {prev, next}) {
+    if (!(sends & Scenario::kControl)) break;
+    send(to, notice, junk(1));
+    send(to, notice, junk(40));
+    send(to, notice, junk(70000));
+    send(to, agreement, junk(64));
+    send(to, abort, junk(5));
+    send(to, heartbeat, junk(7));
+  }
+  for (uint32_t step = 0; step < 2 && (sends & Scenario::kData); ++step) {
+    send(next, tag::make(group, sequence, tag::slot(0, step), h), junk(5));
+  }
+}
+
+bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf) {
+  for (int q : status.ranks) {
+    if (q >= 0 && q < static_cast<int>(clusterOf.size()) && clusterOf[q] == rank) return true;
+  }
+  const std::string named = "rank " + std::to_string(rank);
+  for (size_t at = status.detail.find(named); at != std::string::npos;
+       at = status.detail.find(named, at + 1)) {
+    const size_t end = at + named.size();
+    if (end == status.detail.size() ||
+        !std::isdigit(static_cast<unsigned char>(status.detail[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace ddl

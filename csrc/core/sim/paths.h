@@ -1,0 +1,51 @@
+// The paths a fault scenario draws beside its collectives and faults (scenario.h): windows,
+// run before the ops while the group is whole, and what a hostile peer sends as an op starts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../group/window.h"
+#include "cluster.h"
+#include "scenario.h"
+
+namespace ddl {
+
+// Windows on the whole group (Scenario::windows): made at once, rounds of a put, a signal and a
+// wait, one signal late, deregistered and registered anew half way. What each wait covers is
+// checked, a late signal is taken by a later wait, and deregistration lets no put land after it.
+class WindowRounds {
+ public:
+  WindowRounds(SimCluster& cluster, const Scenario& s) : cluster_(cluster), s_(s) {}
+  struct Broken {
+    std::string hang, wrong, unnamed;  // the first invariant broken of each kind ("" if none)
+    int earlySignals = 0;              // waits that returned before their put landed
+  };
+  Broken run();
+
+ private:
+  void windows();
+  void broke(std::string& what, const std::string& why);
+  // Runs until every work is done (a null one: nothing to wait for); a hang where one is not.
+  bool awaitAll(const std::vector<std::shared_ptr<Work>>& works, const std::string& what);
+
+  SimCluster& cluster_;
+  const Scenario& s_;
+  Broken broken_;
+  // The windows' memory and the puts' sources (they outlive the cluster's ops: the owner keeps
+  // this object until the cluster is gone).
+  std::vector<std::unique_ptr<std::vector<float>>> memory_;
+};
+
+// A hostile peer (Scenario::hostile): replays of what it sent before, then malformed, truncated
+// and oversized control messages and data of the wrong size under the next op's tags, to its
+// neighbours (what Scenario::hostileSends picks). `requests` keeps the sends' requests.
+void sendHostile(SimCluster& cluster, const Scenario& s,
+                 std::vector<std::unique_ptr<Request>>* requests);
+
+// Whether `status` names cluster rank `rank`: among its ranks (group ranks, mapped by
+// `clusterOf`), or in its words.
+bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf);
+
+}  // namespace ddl
