@@ -2,6 +2,7 @@
 // as separate processes would, and messages cross UCX's shared-memory and loopback transports.
 #include <gtest/gtest.h>
 
+#include "../../csrc/core/group/window.h"
 #include "../../csrc/core/transport/ucx/ucx_transport.h"
 #include "harness.h"
 #include "values.h"
@@ -51,6 +52,39 @@ TEST(Ucx, TimeoutNamesTheMissingRank) {
       std::chrono::milliseconds(200), makeUcx);
   EXPECT_NE(message.find("Timed out after 200 ms"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+}
+
+// A window dropped right after its puts through UCX, with no tensor_deregister to flush them:
+// the remote keys they use are destroyed only once a flush of the peer has completed, and the
+// group goes on (the memory, which the caller owns, is kept until every rank is done).
+TEST(Ucx, AWindowDroppedWithPutsInFlightLetsThemFinish) {
+  constexpr size_t kCount = size_t{4} << 20;  // 16 MiB a put
+  std::vector<std::vector<float>> memory(2, std::vector<float>(2 * kCount, 0.0f));
+  std::vector<float> source(kCount, 7.0f);
+  runRanks(
+      2,
+      [&](Communicator& comm) {
+        std::shared_ptr<Window> window = Window::create(comm);
+        WindowMemory mine;
+        mine.data = memory[comm.rank()].data();
+        mine.bytes = memory[comm.rank()].size() * sizeof(float);
+        mine.layout = "float32 [" + std::to_string(2 * kCount) + "]";
+        window->attach(mine);
+        ASSERT_EQ(window->route(1 - comm.rank()), "put");
+        std::vector<std::shared_ptr<Work>> puts;
+        for (size_t at = 0; at < 2; ++at) {
+          puts.push_back(window->put(source.data(), kCount * sizeof(float), 1 - comm.rank(),
+                                     at * kCount * sizeof(float)));
+        }
+        window.reset();  // its regions closed with the puts just posted
+        for (const auto& put : puts) put->wait();
+        check(comm.barrier());
+        std::vector<float> one(1024, 1.0f);
+        check(comm.allreduce(one.data(), one.size(), DataType::kFloat32, ReduceOp::kSum));
+        EXPECT_EQ(one[0], 2.0f);
+        check(comm.barrier());
+      },
+      std::chrono::seconds(60), makeUcx);
 }
 
 TEST(Ucx, DevicesAreListed) {

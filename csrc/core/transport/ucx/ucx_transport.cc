@@ -135,6 +135,10 @@ UcxTransport::~UcxTransport() {
   }
   while (!windows_.empty()) releaseWindow(windows_.begin()->first);
   while (!regions_.empty()) closeRegion(regions_.begin()->first);
+  drained = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (keysFlushing_ > 0 && std::chrono::steady_clock::now() < drained) {
+    ucp_worker_progress(worker_);
+  }
   std::vector<ucs_status_ptr_t> closing;
   for (Endpoint* e : endpoints_) {
     ucp_request_param_t p{};
@@ -436,12 +440,46 @@ void UcxTransport::flush(PeerId peer, Request* req) {
   sendStarted(req, ucp_ep_flush_nbx(endpoints_[peer]->ep, &p));
 }
 
+namespace {
+struct FlushingKey {
+  size_t* flushing;
+  ucp_rkey_h key;
+};
+}  // namespace
+
+void UcxTransport::keyFlushed(void* ucxRequest, ucs_status_t /*status*/, void* user) {
+  auto* k = static_cast<FlushingKey*>(user);
+  ucp_rkey_destroy(k->key);
+  --*k->flushing;
+  delete k;
+  ucp_request_free(ucxRequest);
+}
+
 void UcxTransport::closeRegion(uint64_t id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
-  if (it->second.rkey != nullptr) ucp_rkey_destroy(it->second.rkey);
-  if (it->second.memory != nullptr) ucp_mem_unmap(context_, it->second.memory);
-  regions_.erase(it);
+  const Region r = it->second;
+  regions_.erase(it);  // no put goes through it from now on
+  if (r.memory != nullptr) ucp_mem_unmap(context_, r.memory);
+  if (r.rkey == nullptr) return;
+  // Puts posted through the key may still be in flight (a window dropped without
+  // tensor_deregister flushing them): UCX may still read the key, which is destroyed only once a
+  // flush of the peer, posted after them, has completed.
+  if (r.peer >= 0 && r.peer < static_cast<PeerId>(endpoints_.size()) &&
+      endpoints_[r.peer]->failure == UCS_OK) {
+    auto* k = new FlushingKey{&keysFlushing_, r.rkey};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &UcxTransport::keyFlushed;
+    p.user_data = k;
+    ucs_status_ptr_t s = ucp_ep_flush_nbx(endpoints_[r.peer]->ep, &p);
+    if (s != nullptr && !UCS_PTR_IS_ERR(s)) {
+      ++keysFlushing_;
+      return;
+    }
+    delete k;
+  }
+  ucp_rkey_destroy(r.rkey);
 }
 
 bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }

@@ -96,6 +96,10 @@ class UcxTransport : public Transport {
   uint64_t nextWindow_ = 1;
   std::map<uint64_t, Region> regions_;
   uint64_t nextRegion_ = 1;
+  // Remote keys closed while puts through them may still be in flight: each is destroyed once a
+  // flush of its peer has completed (closeRegion).
+  size_t keysFlushing_ = 0;
+  static void keyFlushed(void* ucxRequest, ucs_status_t status, void* user);
   std::vector<std::pair<PeerId, std::string>> lost_;  // since the last lostPeers()
   // Where discarded messages land (their contents are never read; several may land at once).
   std::vector<char> discardBuffer_ = std::vector<char>(64 * 1024);
