@@ -16,7 +16,21 @@ bool among(const std::vector<int>& ranks, int r) {
 }  // namespace
 
 WindowRounds::Broken WindowRounds::run() {
-  windows();
+  n_ = cluster_.size();
+  count_ = s_.windows;
+  k_ = s_.windowFloats;
+  sent_.assign(count_, std::vector<std::vector<int>>(n_ * n_));
+  taken_.assign(count_, std::vector<int>(n_ * n_, 0));
+  if (!create() || !attach()) return broken_;
+  for (int round = 0; round < s_.windowRounds; ++round) {
+    if (round > 0 && round == s_.windowRounds / 2) {  // deregister and register anew
+      if (!drain() || !detach(1000.0f + round) || !attach()) return broken_;
+    }
+    if (!exchange(round)) return broken_;
+  }
+  if (!drain() || !detach(2000.0f)) return broken_;
+  windows_.clear();  // destroyed with nothing in flight
+  cluster_.runUntil([] { return false; }, std::chrono::milliseconds(1));
   return broken_;
 }
 
@@ -24,7 +38,12 @@ void WindowRounds::broke(std::string& what, const std::string& why) {
   if (what.empty()) what = why;
 }
 
-// Runs until every work is done (a null one: nothing to wait for); a hang where one is not.
+bool WindowRounds::failedOn(const char* what, int r, const std::string& why) {
+  broke(broken_.unnamed, std::string("windows: ") + what + " failed on rank " + std::to_string(r) +
+                             " with no fault struck: " + why);
+  return false;
+}
+
 bool WindowRounds::awaitAll(const std::vector<std::shared_ptr<Work>>& works,
                             const std::string& what) {
   const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
@@ -38,223 +57,211 @@ bool WindowRounds::awaitAll(const std::vector<std::shared_ptr<Work>>& works,
       limit);
   for (size_t i = 0; i < works.size(); ++i) {
     if (works[i] && !works[i]->done()) {
-      broke(broken_.hang, what + " did not end (" + std::to_string(i) + ")");
+      broke(broken_.hang, "windows: " + what + " did not end (" + std::to_string(i) + ")");
       return false;
     }
   }
   return true;
 }
 
-void WindowRounds::windows() {
-  const int n = cluster_.size(), count = s_.windows;
-  const size_t k = s_.windowFloats;
+// Made at once: every rank starts each creation before any ends.
+bool WindowRounds::create() {
   std::vector<Communicator*> members = cluster_.members();
-  auto failedOn = [&](const char* what, int r, const std::string& why) {
-    broke(broken_.unnamed, std::string("windows: ") + what + " failed on rank " +
-                               std::to_string(r) + " with no fault struck: " + why);
-  };
-  // Made at once: every rank starts each creation before any ends.
-  std::vector<std::vector<Window::Creating>> creating(n);
+  std::vector<std::vector<Window::Creating>> creating(n_);
   std::vector<std::shared_ptr<Work>> works;
-  for (int r = 0; r < n; ++r) {
-    for (int w = 0; w < count; ++w) {
+  for (int r = 0; r < n_; ++r) {
+    for (int w = 0; w < count_; ++w) {
       creating[r].push_back(Window::startCreate(*members[r]));
       works.push_back(creating[r].back().work);
     }
   }
-  if (!awaitAll(works, "windows: creation")) return;
-  std::vector<std::vector<std::shared_ptr<Window>>> win(n);
-  for (int r = 0; r < n; ++r) {
-    for (int w = 0; w < count; ++w) {
+  if (!awaitAll(works, "creation")) return false;
+  windows_.assign(n_, {});
+  for (int r = 0; r < n_; ++r) {
+    for (int w = 0; w < count_; ++w) {
       try {
-        win[r].push_back(Window::finishCreate(creating[r][w]));
+        windows_[r].push_back(Window::finishCreate(creating[r][w]));
       } catch (const std::exception& e) {
         return failedOn("creation", r, e.what());
       }
     }
-    if (count == 2 && win[r][0]->id() == win[r][1]->id()) {
-      return broke(broken_.wrong,
-                   "windows: two made at once share the id " + std::to_string(win[r][0]->id()));
+    if (count_ == 2 && windows_[r][0]->id() == windows_[r][1]->id()) {
+      broke(broken_.wrong,
+            "windows: two made at once share the id " + std::to_string(windows_[r][0]->id()));
+      return false;
     }
   }
-  // Each rank's memory: a block of k floats for each peer, stamped with the round that put it.
-  std::vector<std::vector<std::vector<float>*>> memory(n, std::vector<std::vector<float>*>(count));
-  auto attach = [&]() -> bool {
-    std::vector<std::unique_ptr<Window::Attaching>> attaching;
-    std::vector<std::shared_ptr<Work>> attached;
-    for (int r = 0; r < n; ++r) {
-      for (int w = 0; w < count; ++w) {
-        memory_.push_back(std::make_unique<std::vector<float>>(n * k, 0.0f));
-        memory[r][w] = memory_.back().get();
-        WindowMemory m;
-        m.data = memory[r][w]->data();
-        m.bytes = n * k * sizeof(float);
-        m.layout = "float32 [" + std::to_string(n * k) + "]";
-        attaching.push_back(win[r][w]->startAttach(m));
-        attached.push_back(attaching.back()->work);
-      }
+  return true;
+}
+
+// Each rank's memory: a block of k floats for each peer, stamped with the round that put it.
+bool WindowRounds::attach() {
+  mine_.assign(n_, std::vector<std::vector<float>*>(count_));
+  std::vector<std::unique_ptr<Window::Attaching>> attaching;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < n_; ++r) {
+    for (int w = 0; w < count_; ++w) {
+      memory_.push_back(std::make_unique<std::vector<float>>(n_ * k_, 0.0f));
+      mine_[r][w] = memory_.back().get();
+      WindowMemory m;
+      m.data = mine_[r][w]->data();
+      m.bytes = n_ * k_ * sizeof(float);
+      m.layout = "float32 [" + std::to_string(n_ * k_) + "]";
+      attaching.push_back(windows_[r][w]->startAttach(m));
+      works.push_back(attaching.back()->work);
     }
-    if (!awaitAll(attached, "windows: tensor_register")) return false;
-    for (int i = 0; i < static_cast<int>(attaching.size()); ++i) {
+  }
+  if (!awaitAll(works, "tensor_register")) return false;
+  for (int i = 0; i < static_cast<int>(attaching.size()); ++i) {
+    try {
+      windows_[i / count_][i % count_]->finishAttach(*attaching[i]);
+    } catch (const std::exception& e) {
+      return failedOn("tensor_register", i / count_, e.what());
+    }
+  }
+  return true;
+}
+
+// Deregistration, with a put of each rank's still on its way (no signal covers it): it has
+// landed once tensor_deregister returns, and nothing lands after.
+bool WindowRounds::detach(float stamp) {
+  std::vector<std::unique_ptr<Window::Detaching>> detaching;
+  for (int r = 0; r < n_; ++r) {
+    for (int w = 0; w < count_; ++w) {
+      memory_.push_back(std::make_unique<std::vector<float>>(k_, stamp));
+      windows_[r][w]->put(memory_.back()->data(), k_ * sizeof(float), (r + 1) % n_,
+                          r * k_ * sizeof(float));
+      detaching.push_back(windows_[r][w]->startDetach());
+    }
+  }
+  std::vector<bool> finished(detaching.size(), false);
+  for (int step = 0; step < 2; ++step) {  // the flush, then the barrier
+    std::vector<std::shared_ptr<Work>> pending;
+    for (const auto& d : detaching) pending.push_back(Window::pending(*d));
+    if (!awaitAll(pending, "tensor_deregister")) return false;
+    for (size_t i = 0; i < detaching.size(); ++i) {
+      if (finished[i]) continue;
       try {
-        win[i / count][i % count]->finishAttach(*attaching[i]);
+        finished[i] = windows_[i / count_][i % count_]->stepDetach(*detaching[i]);
       } catch (const std::exception& e) {
-        failedOn("tensor_register", i / count, e.what());
-        return false;
+        return failedOn("tensor_deregister", static_cast<int>(i / count_), e.what());
       }
-    }
-    return true;
-  };
-  // Deregistration, with a put of each rank's still on its way (no signal covers it): it
-  // has landed once tensor_deregister returns, and nothing lands after.
-  auto detach = [&](float stamp) -> bool {
-    std::vector<std::unique_ptr<Window::Detaching>> detaching;
-    for (int r = 0; r < n; ++r) {
-      for (int w = 0; w < count; ++w) {
-        memory_.push_back(std::make_unique<std::vector<float>>(k, stamp));
-        win[r][w]->put(memory_.back()->data(), k * sizeof(float), (r + 1) % n,
-                       r * k * sizeof(float));
-        detaching.push_back(win[r][w]->startDetach());
-      }
-    }
-    std::vector<bool> finished(detaching.size(), false);
-    for (int step = 0; step < 2; ++step) {
-      std::vector<std::shared_ptr<Work>> pending;
-      for (const auto& d : detaching) pending.push_back(Window::pending(*d));
-      if (!awaitAll(pending, "windows: tensor_deregister")) return false;
-      for (size_t i = 0; i < detaching.size(); ++i) {
-        if (finished[i]) continue;
-        try {
-          finished[i] = win[i / count][i % count]->stepDetach(*detaching[i]);
-        } catch (const std::exception& e) {
-          failedOn("tensor_deregister", static_cast<int>(i / count), e.what());
-          return false;
-        }
-      }
-    }
-    for (int r = 0; r < n; ++r) {
-      for (int w = 0; w < count; ++w) {
-        const std::vector<float>& target = *memory[(r + 1) % n][w];
-        if (target[r * k] != stamp || target[r * k + k - 1] != stamp) {
-          broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s put to rank " +
-                                   std::to_string((r + 1) % n) +
-                                   " had not landed when tensor_deregister returned");
-          return false;
-        }
-      }
-    }
-    return true;
-  };
-  if (!attach()) return;
-  // sent[w][from][to]: the round each signal covers, in the order sent; taken[w][to][from]:
-  // how many `to` took.
-  using Counts = std::vector<std::vector<std::vector<int>>>;
-  Counts sent(count, std::vector<std::vector<int>>(n * n));
-  std::vector<std::vector<int>> taken(count, std::vector<int>(n * n, 0));
-  // A wait of `r` for `from` that returned: the put its signal covers is there.
-  auto checkWait = [&](int w, int r, int from) {
-    const int c = taken[w][r * n + from]++;
-    const std::vector<int>& rounds = sent[w][from * n + r];
-    if (c >= static_cast<int>(rounds.size())) {
-      return broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
-                                      std::to_string(from) + " returned with no signal sent");
-    }
-    const float want = static_cast<float>(rounds[c] + 1);
-    const std::vector<float>& mem = *memory[r][w];
-    if (mem[from * k] < want || mem[from * k + k - 1] < want) {
-      ++broken_.earlySignals;
-      broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
-                               std::to_string(from) + " returned before the put of round " +
-                               std::to_string(rounds[c]) + " landed (it reads " +
-                               std::to_string(mem[from * k]) + ")");
-    }
-  };
-  // Every signal sent and not yet taken is waited for, and checked.
-  auto drain = [&]() -> bool {
-    std::vector<std::shared_ptr<Work>> waits;
-    std::vector<std::array<int, 3>> of;  // w, r, from
-    for (int w = 0; w < count; ++w) {
-      for (int r = 0; r < n; ++r) {
-        for (int from = 0; from < n; ++from) {
-          const int left = static_cast<int>(sent[w][from * n + r].size()) - taken[w][r * n + from];
-          for (int i = 0; i < left; ++i) {
-            waits.push_back(win[r][w]->waitSignal(from));
-            of.push_back({w, r, from});
-          }
-        }
-      }
-    }
-    if (!awaitAll(waits, "windows: a wait for a signal sent")) return false;
-    for (size_t i = 0; i < waits.size(); ++i) {
-      if (waits[i]->failed()) {
-        failedOn("a wait for a signal sent", of[i][1], waits[i]->status().detail);
-        return false;
-      }
-      checkWait(of[i][0], of[i][1], of[i][2]);
-    }
-    return true;
-  };
-  const int late = s_.lateSignaler;
-  for (int round = 0; round < s_.windowRounds; ++round) {
-    if (round > 0 && round == s_.windowRounds / 2) {  // deregister and register anew
-      if (!drain() || !detach(1000.0f + round) || !attach()) return;
-    }
-    const int d = 1 + round % (n - 1);
-    std::vector<std::shared_ptr<Work>> works;
-    struct Wait {
-      std::shared_ptr<Work> work;
-      int w, r, from;
-    };
-    std::vector<Wait> waits;
-    for (int r = 0; r < n; ++r) {
-      const int to = (r + d) % n, from = (r - d + n) % n;
-      for (int w = 0; w < count; ++w) {
-        memory_.push_back(std::make_unique<std::vector<float>>(k, static_cast<float>(round + 1)));
-        works.push_back(
-            win[r][w]->put(memory_.back()->data(), k * sizeof(float), to, r * k * sizeof(float)));
-        if (r != late || round != s_.lateRound) {
-          works.push_back(win[r][w]->signal(to));
-          sent[w][r * n + to].push_back(round);
-        }
-        CallOptions options;
-        if (round == s_.lateRound) options.timeout = std::chrono::milliseconds(50);
-        waits.push_back(Wait{win[r][w]->waitSignal(from, options), w, r, from});
-      }
-    }
-    for (const Wait& wait : waits) works.push_back(wait.work);
-    if (!awaitAll(works, "windows: round " + std::to_string(round))) return;
-    for (size_t i = 0; i + waits.size() < works.size(); ++i) {
-      if (works[i]->failed()) return failedOn("a put or signal", -1, works[i]->status().detail);
-    }
-    for (const Wait& wait : waits) {
-      const bool expectLate = round == s_.lateRound && wait.from == late;
-      if (!wait.work->failed()) {
-        checkWait(wait.w, wait.r, wait.from);
-        continue;
-      }
-      const Status& status = wait.work->status();
-      const bool named = status.kind == StatusKind::kTimeout &&
-                         (among(status.ranks, late) ||
-                          status.detail.find("rank " + std::to_string(late)) != std::string::npos);
-      if (!expectLate || !named) {
-        return failedOn("wait_signal", wait.r,
-                        std::string(statusKindName(status.kind)) + ": " + status.detail);
-      }
-    }
-    if (round == s_.lateRound) {  // the late rank's signals now: a later wait takes each
-      std::vector<std::shared_ptr<Work>> signals;
-      const int to = (late + d) % n;
-      for (int w = 0; w < count; ++w) {
-        signals.push_back(win[late][w]->signal(to));
-        sent[w][late * n + to].push_back(round);
-      }
-      if (!awaitAll(signals, "windows: the late signals")) return;
     }
   }
-  if (!drain() || !detach(2000.0f)) return;
-  // Destroyed with nothing in flight.
-  win.clear();
-  cluster_.runUntil([] { return false; }, std::chrono::milliseconds(1));
+  for (int r = 0; r < n_; ++r) {
+    for (int w = 0; w < count_; ++w) {
+      const std::vector<float>& target = *mine_[(r + 1) % n_][w];
+      if (target[r * k_] != stamp || target[r * k_ + k_ - 1] != stamp) {
+        broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s put to rank " +
+                                 std::to_string((r + 1) % n_) +
+                                 " had not landed when tensor_deregister returned");
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// A wait of `r` for `from` that returned: the put its signal covers is there.
+void WindowRounds::checkWait(int w, int r, int from) {
+  const int c = taken_[w][r * n_ + from]++;
+  const std::vector<int>& rounds = sent_[w][from * n_ + r];
+  if (c >= static_cast<int>(rounds.size())) {
+    return broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
+                                    std::to_string(from) + " returned with no signal sent");
+  }
+  const float want = static_cast<float>(rounds[c] + 1);
+  const std::vector<float>& mem = *mine_[r][w];
+  if (mem[from * k_] < want || mem[from * k_ + k_ - 1] < want) {
+    ++broken_.earlySignals;
+    broke(broken_.wrong, "windows: rank " + std::to_string(r) + "'s wait for rank " +
+                             std::to_string(from) + " returned before the put of round " +
+                             std::to_string(rounds[c]) + " landed (it reads " +
+                             std::to_string(mem[from * k_]) + ")");
+  }
+}
+
+// Every signal sent and not yet taken is waited for, and checked.
+bool WindowRounds::drain() {
+  std::vector<std::shared_ptr<Work>> waits;
+  std::vector<std::array<int, 3>> of;  // w, r, from
+  for (int w = 0; w < count_; ++w) {
+    for (int r = 0; r < n_; ++r) {
+      for (int from = 0; from < n_; ++from) {
+        const int left =
+            static_cast<int>(sent_[w][from * n_ + r].size()) - taken_[w][r * n_ + from];
+        for (int i = 0; i < left; ++i) {
+          waits.push_back(windows_[r][w]->waitSignal(from));
+          of.push_back({w, r, from});
+        }
+      }
+    }
+  }
+  if (!awaitAll(waits, "a wait for a signal sent")) return false;
+  for (size_t i = 0; i < waits.size(); ++i) {
+    if (waits[i]->failed()) {
+      return failedOn("a wait for a signal sent", of[i][1], waits[i]->status().detail);
+    }
+    checkWait(of[i][0], of[i][1], of[i][2]);
+  }
+  return true;
+}
+
+// A round: every rank puts into the peer `d` after it and signals it (but the late rank, in
+// the late round), and waits for the peer `d` before it (50 ms in the late round: the late
+// rank's peer times out, naming it); then the late rank signals, for a later wait to take.
+bool WindowRounds::exchange(int round) {
+  const int late = s_.lateSignaler, d = 1 + round % (n_ - 1);
+  const bool lateRound = round == s_.lateRound;
+  std::vector<std::shared_ptr<Work>> works;
+  struct Wait {
+    std::shared_ptr<Work> work;
+    int w, r, from;
+  };
+  std::vector<Wait> waits;
+  for (int r = 0; r < n_; ++r) {
+    const int to = (r + d) % n_, from = (r - d + n_) % n_;
+    for (int w = 0; w < count_; ++w) {
+      memory_.push_back(std::make_unique<std::vector<float>>(k_, static_cast<float>(round + 1)));
+      works.push_back(windows_[r][w]->put(memory_.back()->data(), k_ * sizeof(float), to,
+                                          r * k_ * sizeof(float)));
+      if (r != late || !lateRound) {
+        works.push_back(windows_[r][w]->signal(to));
+        sent_[w][r * n_ + to].push_back(round);
+      }
+      CallOptions options;
+      if (lateRound) options.timeout = std::chrono::milliseconds(50);
+      waits.push_back(Wait{windows_[r][w]->waitSignal(from, options), w, r, from});
+    }
+  }
+  const size_t posted = works.size();
+  for (const Wait& wait : waits) works.push_back(wait.work);
+  if (!awaitAll(works, "round " + std::to_string(round))) return false;
+  for (size_t i = 0; i < posted; ++i) {
+    if (works[i]->failed()) return failedOn("a put or signal", -1, works[i]->status().detail);
+  }
+  for (const Wait& wait : waits) {
+    if (!wait.work->failed()) {
+      checkWait(wait.w, wait.r, wait.from);
+      continue;
+    }
+    const Status& status = wait.work->status();
+    const bool named = status.kind == StatusKind::kTimeout &&
+                       (among(status.ranks, late) ||
+                        status.detail.find("rank " + std::to_string(late)) != std::string::npos);
+    if (!lateRound || wait.from != late || !named) {
+      return failedOn("wait_signal", wait.r,
+                      std::string(statusKindName(status.kind)) + ": " + status.detail);
+    }
+  }
+  if (!lateRound) return true;
+  std::vector<std::shared_ptr<Work>> signals;
+  const int to = (late + d) % n_;
+  for (int w = 0; w < count_; ++w) {
+    signals.push_back(windows_[late][w]->signal(to));
+    sent_[w][late * n_ + to].push_back(round);
+  }
+  return awaitAll(signals, "the late signals");
 }
 
 void sendHostile(SimCluster& cluster, const Scenario& s,
@@ -285,8 +292,8 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
     // gloo's would; what a rank sends is its own to choose.)
     const std::vector<SimNetwork::Sent> before = net.recorded();
     for (const SimNetwork::Sent& m : before) {
-      const uint32_t phase = static_cast<uint32_t>(
-          (m.tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1));
+      const uint32_t phase = static_cast<uint32_t>((m.tag >> (tag::kSlotShift + tag::kStepBits)) &
+                                                   ((1u << tag::kPhaseBits) - 1));
       if (phase >= tag::kPointToPointPhase) continue;
       send(m.to, m.tag, std::string(m.bytes.begin(), m.bytes.end()));
     }

@@ -25,14 +25,28 @@ class WindowRounds {
   Broken run();
 
  private:
-  void windows();
+  bool create();
+  bool attach();
+  bool detach(float stamp);
+  bool exchange(int round);
+  bool drain();
+  void checkWait(int w, int r, int from);
   void broke(std::string& what, const std::string& why);
+  bool failedOn(const char* what, int r, const std::string& why);  // false
   // Runs until every work is done (a null one: nothing to wait for); a hang where one is not.
   bool awaitAll(const std::vector<std::shared_ptr<Work>>& works, const std::string& what);
 
   SimCluster& cluster_;
   const Scenario& s_;
   Broken broken_;
+  int n_ = 0, count_ = 0;
+  size_t k_ = 0;
+  std::vector<std::vector<std::shared_ptr<Window>>> windows_;  // by rank, then window
+  std::vector<std::vector<std::vector<float>*>> mine_;         // what each registered
+  // sent_[w][from * n + to]: the round each signal covers, in the order sent; taken_[w][to * n +
+  // from]: how many `to` took.
+  std::vector<std::vector<std::vector<int>>> sent_;
+  std::vector<std::vector<int>> taken_;
   // The windows' memory and the puts' sources (they outlive the cluster's ops: the owner keeps
   // this object until the cluster is gone).
   std::vector<std::unique_ptr<std::vector<float>>> memory_;
