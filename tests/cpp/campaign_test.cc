@@ -101,6 +101,8 @@ TEST(Campaign, AFewHundredScenariosKeepEveryInvariant) {
                        r.why.c_str(), r.description.c_str());
         }
       });
+  if (verbose)
+    std::fprintf(stderr, "digest %016llx\n", static_cast<unsigned long long>(report.digest));
   EXPECT_EQ(report.failed(), 0) << failures(report);
   EXPECT_EQ(report.earlySignals, 0);
   // The paths drawn beside the faults, each at least once.
