@@ -72,6 +72,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " number) the next receive took: such a copy is a send of its own, no"
                          " longer replayed"},
     {0xf769eb307315e240, "the same, after a kill and a shrink"},
+    {0xfc307c8338e454fe, "a shrink refused on a rank whose successors at distances 1, 2, 4 had all"
+                         " died with their host: no live rank heard the refusal, and the others"
+                         " waited out their timeout instead of calling again"},
   };
   // clang-format on
   for (const Found& f : found) {
