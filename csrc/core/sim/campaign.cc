@@ -415,7 +415,7 @@ class Run {
     if (clean && quorum && (ids.empty() || result_.shrinkRanks != survivors)) {
       broke(result_.split,
             "the " + std::to_string(survivors) + " survivors, of one view, " +
-                (ids.empty() ? std::string("formed no group")
+                (ids.empty() ? "formed no group (" + shrink.lastError + ")"
                              : "formed a group of " + std::to_string(result_.shrinkRanks)));
       return;
     }
