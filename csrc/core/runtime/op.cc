@@ -152,10 +152,12 @@ void Op::observe(Request* req) {
   } else if (req->failed()) {
     const StatusKind kind =
         req->status.kind == StatusKind::kTruncated ? StatusKind::kMismatch : req->status.kind;
-    op->failure_ = Status(kind,
-                          std::string(req->isSend ? "send to" : "receive from") + " rank " +
-                              std::to_string(req->peer) + " failed: " + req->status.detail,
-                          peer());
+    const std::string what = std::string(req->isSend ? "send to" : "receive from") + " rank " +
+                             std::to_string(req->peer) + " failed: " + req->status.detail;
+    // A peer the transport found gone reads as the heartbeats' news of it does, whichever
+    // transport carried the message (TCP's reset, a shared-memory peer's death).
+    op->failure_ = Status(
+        kind, kind == StatusKind::kPeerLost ? rank() + " is gone: " + what : what, peer());
   } else if (sized && req->receivedBytes != req->expectedBytes) {
     op->failure_ = Status(StatusKind::kMismatch,
                           rank() + " sent " + std::to_string(req->receivedBytes) +
