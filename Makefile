@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-python test-tsan fuzz faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
+.PHONY: all env build test test-cpp test-cpp-asan test-asan-python test-python test-tsan test-tsan-python fuzz faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
 
 all: build
 
@@ -79,15 +79,51 @@ build/tsan/core_tests: $(TSAN_OBJS)
 	$(CXX) -fsanitize=thread -o $@ $(TSAN_OBJS) -pthread -L$(UCX_LIB) -Wl,-rpath,$(UCX_LIB) \
 	  -lucp -luct -lucs -lgtest -lgtest_main
 
-# The reduction kernels are left uninstrumented: their target_clones resolvers run while the
-# program is relocated, before TSan's runtime is up (they touch no shared state of their own).
-TSAN_FLAGS := -fsanitize=thread
-build/tsan/csrc/core/reduce/reduce.o: TSAN_FLAGS :=
 build/tsan/%.o: %.cc
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -O1 $(TSAN_FLAGS) -I$(UCX_INC) -c $< -o $@
+	$(CXX) $(CXXFLAGS) -O1 -fsanitize=thread -I$(UCX_INC) -c $< -o $@
 
 -include $(TSAN_OBJS:.o=.d)
+
+# The real-process tests of windows and groups (every rank a process, torch's glue included)
+# under AddressSanitizer or ThreadSanitizer (not in `make test`): the extension built with
+# TORCH_DDL_SANITIZE into build/<sanitizer>-ext, which the tests import first (python -P: the
+# working directory's torch_ddl does not come before it); every rank loads
+# the sanitizer's runtime first, and libstdc++ with it for its interceptors of C++ exceptions to
+# find what they wrap (LD_PRELOAD). Python, torch and UCX are not instrumented: what is
+# checked is ddl's own code. Adoption is off (it reads glibc's chunk headers, which the
+# sanitizers' allocators do not write), and so is ASan's leak check (Python's own allocations);
+# UCX's CMA transport is off (it probes a peer with process_vm_readv of the peer's addresses,
+# which the sanitizers' interceptor checks as this process's).
+SAN_TESTS ?= tests/python/test_window.py tests/python/test_groups.py tests/python/test_shrink.py \
+  tests/python/test_reconfigure.py
+SAN_FILTER ?=
+build/%-ext/.built: $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) setup.py
+	rm -rf build/$*-ext/torch_ddl && mkdir -p build/$*-ext
+	TORCH_DDL_SANITIZE=$(if $(filter asan,$*),address,thread) MAX_JOBS=$(NPROC) $(PY) setup.py -q \
+	  build_ext --build-lib build/$*-ext --build-temp build/$*-ext/tmp 2>&1 | grep -v -i warn || true
+	test -n "$$(ls build/$*-ext/torch_ddl/_C*.so)"
+	cp torch_ddl/*.py build/$*-ext/torch_ddl/
+	touch $@
+
+test-asan-python: build/asan-ext/.built $(CLUSTER_TOOLS)
+	PYTHONPATH=$(CURDIR)/build/asan-ext $(PY) -P -c "import importlib.util as u; \
+	  o = u.find_spec('torch_ddl').origin; assert o.startswith('$(CURDIR)/build/asan-ext/'), o"
+	PYTHONPATH=$(CURDIR)/build/asan-ext \
+	  LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UCX_MEM_EVENTS=no UCX_TLS=^cma \
+	  TORCH_DDL_SHARE_TENSORS=0 \
+	  $(PY) -P -m pytest -q -x -p no:cacheprovider $(SAN_TESTS) $(if $(SAN_FILTER),-k "$(SAN_FILTER)")
+
+test-tsan-python: build/tsan-ext/.built $(CLUSTER_TOOLS)
+	PYTHONPATH=$(CURDIR)/build/tsan-ext $(PY) -P -c "import importlib.util as u; \
+	  o = u.find_spec('torch_ddl').origin; assert o.startswith('$(CURDIR)/build/tsan-ext/'), o"
+	PYTHONPATH=$(CURDIR)/build/tsan-ext \
+	  LD_PRELOAD="$$($(CXX) -print-file-name=libtsan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
+	  TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  UCX_MEM_EVENTS=no UCX_TLS=^cma TORCH_DDL_SHARE_TENSORS=0 \
+	  setarch $$(uname -m) -R $(PY) -P -m pytest -q -x -p no:cacheprovider $(SAN_TESTS) \
+	  $(if $(SAN_FILTER),-k "$(SAN_FILTER)")
 
 build/asan/core_tests: $(ASAN_OBJS)
 	$(CXX) -fsanitize=address -o $@ $(ASAN_OBJS) -pthread -L$(UCX_LIB) -Wl,-rpath,$(UCX_LIB) \

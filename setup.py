@@ -55,19 +55,28 @@ def shared_libstdcxx():
     return found[:1]
 
 
-why_not = cuda_toolkit()
+# TORCH_DDL_SANITIZE=address or thread: a build for the real-process tests under a sanitizer
+# (make test-asan-python, make test-tsan-python; docs/testing.md).
+SANITIZE = os.environ.get("TORCH_DDL_SANITIZE", "")
+if SANITIZE not in ("", "address", "thread"):
+    sys.exit(f"torch_ddl: TORCH_DDL_SANITIZE={SANITIZE}: give address or thread")
+sanitize = [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"] if SANITIZE else []
+optimize = ["-O1", "-g"] if SANITIZE else ["-O3"]
+
+why_not = "" if not SANITIZE else "a sanitizer build"
+why_not = why_not or cuda_toolkit()
 common = dict(
     include_dirs=[UCX_INCLUDE],
     library_dirs=[UCX_LIB],
     libraries=["ucp", "uct", "ucs"],
-    extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"] + shared_libstdcxx(),
+    extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"] + shared_libstdcxx() + sanitize,
 )
 if why_not:
     print(f"torch_ddl: building without CUDA ({why_not})")
     extension = CppExtension(
         "torch_ddl._C",
         sources,
-        extra_compile_args=["-O3", "-std=c++20", "-Wall"],
+        extra_compile_args=optimize + ["-std=c++20", "-Wall"] + sanitize,
         **common,
     )
 else:

@@ -231,6 +231,12 @@ def assert_same(got, want, what):
                              f"want {want.flatten()[bad]}")
 
 
+# Under a sanitizer (make test-asan-python, test-tsan-python) the allocator is the sanitizer's:
+# glibc maps no block of its own for a tensor, which adoption needs (docs/testing.md).
+SANITIZED = any(lib in os.environ.get("LD_PRELOAD", "") for lib in ("libasan", "libtsan"))
+NO_GLIBC_BLOCKS = "the sanitizer's allocator maps no glibc blocks (adoption)"
+
+
 def glibc_block(numel, dtype=torch.float32):
     """An empty tensor whose storage glibc mmapped for it (what is adopted). Above the mmap
     threshold glibc still serves a request from a free chunk or the heap's top when one is large

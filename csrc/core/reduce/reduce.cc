@@ -11,7 +11,13 @@ namespace ddl {
 namespace {
 
 #define DDL_ALWAYS_INLINE inline __attribute__((always_inline))
+// A build under ThreadSanitizer gets no clones: their resolvers run while the program is
+// relocated, before the sanitizer's runtime is up.
+#if defined(__SANITIZE_THREAD__)
+#define DDL_CLONES
+#else
 #define DDL_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#endif
 
 struct BF16 {
   uint16_t bits;
