@@ -75,6 +75,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0xfc307c8338e454fe, "a shrink refused on a rank whose successors at distances 1, 2, 4 had all"
                          " died with their host: no live rank heard the refusal, and the others"
                          " waited out their timeout instead of calling again"},
+    {0xdc2c0fb07c0cb8b1, "the same where the members passed the refusal on to distances 1, 2, 4"
+                         " of the whole group: rank 0's predecessors there had all died, and it"
+                         " never heard"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -299,25 +299,32 @@ std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine
   auto work = std::make_shared<Work>(agreement.what);
   // A member whose agreement fails here tells the others at once, from the turning thread,
   // whether or not anyone waits for this Work yet (a simulated rank's caller looks only later):
-  // the ranks at distances 1, 2, 4, ... after it, but those its request leaves out.
+  // the ranks at distances 1, 2, 4, ... after it among those its request keeps, so that news
+  // passed on so reaches every one of them however many of the ranks left out sit between.
   work->setCompletionHook([agreement, out, work = work.get()] {
     if (agreement.ended != nullptr) agreement.ended->insert(agreement.attempt);
     if (!work->failed()) return;
-    const int n = agreement.everyone->size, me = agreement.everyone->rank;
-    std::vector<int> to;
-    for (int step = 1; step < n; step <<= 1) {
-      const int rank = (me + step) % n;
-      if (!std::binary_search(agreement.excluded.begin(), agreement.excluded.end(), rank)) {
-        to.push_back(rank);
-      }
-    }
-    tellRanks(agreement, to, work->error() + out->asked, {}, work->status().kind);
+    tellRanks(
+        agreement,
+        successorsAmong(agreement.everyone->rank, agreement.everyone->size, agreement.excluded),
+        work->error() + out->asked, {}, work->status().kind);
   });
   auto op = std::make_unique<Op>(agreement.group, agreement.sequence, agreement.what,
                                  agreement.timeout, work);
   op->task = agreeOnDerived(*op, agreement, std::move(mine), out, std::move(told), toldBy);
   agreement.group->runtime->submit(std::move(op));
   return work;
+}
+
+std::vector<int> successorsAmong(int rank, int size, const std::vector<int>& leftOut) {
+  std::vector<int> kept;  // after `rank`, in order
+  for (int k = 1; k < size; ++k) {
+    const int r = (rank + k) % size;
+    if (std::find(leftOut.begin(), leftOut.end(), r) == leftOut.end()) kept.push_back(r);
+  }
+  std::vector<int> to;
+  for (size_t step = 1; step <= kept.size(); step <<= 1) to.push_back(kept[step - 1]);
+  return to;
 }
 
 std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,

@@ -95,6 +95,11 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
 std::shared_ptr<Work> startAgreement(const Agreement& agreement, DeriveCard mine,
                                      std::vector<std::shared_ptr<Work>> told, TimePoint toldBy,
                                      std::shared_ptr<DeriveResult> out);
+// The ranks a failure is passed on to from `rank` of a group of `size`: those at distances
+// 1, 2, 4, ... after it among the ranks not `leftOut` (each that hears does the same, so every
+// one of them hears, whichever ranks left out sit between).
+std::vector<int> successorsAmong(int rank, int size, const std::vector<int>& leftOut);
+
 // Sends `text` as the agreement's word of failure (of `kind`) to each of `ranks` (parent
 // ranks), each by an op of its own over `endpoints` (by rank; agreement.everyone's when empty):
 // one that is gone fails its own alone. Returns the ops' Works, for a caller that waits for

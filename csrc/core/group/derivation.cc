@@ -278,17 +278,9 @@ Error Communicator::refuseDerivation(const char* what, uint32_t sequence, Error 
   a.timeout = timeout_;
   // To the ranks at distances 1, 2, 4, ... after this one among those not known gone: the
   // ranks right after it may all be dead (a host of them, which is why a shrink is called).
-  const std::vector<int> gone = goneRanks();
-  std::vector<int> live;
-  for (int k = 1; k < size(); ++k) {
-    const int r = (rank() + k) % size();
-    if (std::find(gone.begin(), gone.end(), r) == gone.end()) live.push_back(r);
-  }
-  std::vector<int> to;
-  for (size_t step = 1; step <= live.size(); step <<= 1) to.push_back(live[step - 1]);
   try {
     tellRanks(
-        a, to,
+        a, successorsAmong(rank(), size(), goneRanks()),
         "rank " + std::to_string(rank()) + " refused its call to " + what + ": " + error.what(), {},
         error.kind());
   } catch (...) {  // out of memory: the others time out instead
