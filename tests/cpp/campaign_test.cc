@@ -78,6 +78,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0xdc2c0fb07c0cb8b1, "the same where the members passed the refusal on to distances 1, 2, 4"
                          " of the whole group: rank 0's predecessors there had all died, and it"
                          " never heard"},
+    {0x8c7a90754b28ff55, "a rank reducing 78 304 times slower: a tree's turn reduced 256 KiB"
+                         " several times (1 s each) and sent no heartbeat for 2 s, so its peers"
+                         " counted it gone"},
   };
   // clang-format on
   for (const Found& f : found) {

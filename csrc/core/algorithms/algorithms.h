@@ -30,6 +30,15 @@ struct PipelineSettings {
   size_t directMinBytes = 8 << 20;  // allreduceShared, kAuto: see below
 };
 
+// in_turns.cc: the op's Memory's reduce, copy and average, in blocks on the turning thread,
+// giving up the turn between blocks once the op has held it for Op::kTurnSlice, so that a rank's
+// heartbeats leave while it works through a large buffer slowly. Memory of a device is given to
+// it whole (its kernels do not hold the turn).
+Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void* src,
+                   size_t count);
+Task copyInTurns(Op& op, void* dst, const void* src, size_t bytes);
+Task averageInTurns(Op& op, DataType type, void* data, size_t count, size_t divisor);
+
 // allreduce_ring.cc: data split across `rings` rings; each runs reduce-scatter then allgather.
 Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    PipelineSettings settings);

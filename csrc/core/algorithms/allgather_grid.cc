@@ -17,7 +17,7 @@ Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,
                    std::shared_ptr<const BlockPlan> stages, PipelineSettings settings) {
   char* base = static_cast<char*>(out);
   char* mine = base + static_cast<size_t>(op.rank()) * bytes;
-  if (bytes > 0 && in != mine) op.memory().copy(mine, in, bytes);
+  if (bytes > 0 && in != mine) co_await copyInTurns(op, mine, in, bytes);
   if (op.size() == 1 || bytes == 0) co_return;
   co_await runBlockPlan(op, stages, [&](const BlockRing& r) {
     RingSchedule schedule;

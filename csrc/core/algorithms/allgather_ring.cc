@@ -29,7 +29,7 @@ Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSett
   const int n = op.size();
   char* base = static_cast<char*>(out);
   char* mine = base + static_cast<size_t>(op.rank()) * bytes;
-  if (bytes > 0 && in != mine) op.memory().copy(mine, in, bytes);
+  if (bytes > 0 && in != mine) co_await copyInTurns(op, mine, in, bytes);
   if (n == 1 || bytes == 0) co_return;
   std::vector<Range> chunks;
   for (int c = 0; c < n; ++c) chunks.push_back(Range{c * bytes, bytes});

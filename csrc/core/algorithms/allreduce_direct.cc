@@ -39,7 +39,6 @@ constexpr uint32_t kOfferStep = 5, kDoneStep = 6, kMappedStep = 7;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxReleased = 64;  // released serials reported per offer
 constexpr size_t kBlockBytes = 16 << 10;
-constexpr std::chrono::milliseconds kYieldAfter{5};
 
 struct OfferHeader {
   uint64_t count;
@@ -242,15 +241,10 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
     const Range chunk = splitEven(count, n)[rank];
     const size_t block = std::max<size_t>(kBlockBytes / es, 1);
     char* own = at[rank] + chunk.offset * es;
-    // On the turning thread: it lets the runtime turn every kYieldAfter, so that heartbeats
+    // On the turning thread: it gives up the turn every Op::kTurnSlice, so that heartbeats
     // leave while a large buffer is reduced (peers count a rank silent for long gone for good).
-    const Clock& clock = op.group().runtime->clock();
-    TimePoint yieldAt = clock.now() + kYieldAfter;
     for (size_t begin = 0; begin < chunk.length; begin += block) {
-      if (clock.now() >= yieldAt) {
-        co_await op.yieldTurn();
-        yieldAt = clock.now() + kYieldAfter;
-      }
+      if (op.turnDue()) co_await op.yieldTurn();
       const size_t length = std::min(block, chunk.length - begin);
       const size_t byteOffset = (chunk.offset + begin) * es;
       for (int j = 0; j < n; ++j) {

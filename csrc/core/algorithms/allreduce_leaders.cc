@@ -44,7 +44,7 @@ Task allreduceLeaders(Op& op, void* data, size_t count, DataType type, ReduceOp 
     }
     co_await op.all(arrivals);
     for (size_t i = 1; i < members; ++i) {
-      op.memory().reduce(type, reduce, data, scratch.get() + (i - 1) * bytes, count);
+      co_await reduceInTurns(op, type, reduce, data, scratch.get() + (i - 1) * bytes, count);
     }
   }
   co_await recursiveDoublingAmong(op, leaders, data, count, type, reduce, kLeaders);

@@ -115,7 +115,7 @@ class LaneRun {
       bool done = true;
       for (auto& p : pipelines_) done = p->advance() && done;
       if (!done) {
-        stuckAt_ = counted_ ? completions() : -1;
+        stuckAt_ = counted_ && !op_.turnGivenUp() ? completions() : -1;
         return false;
       }
       pipelines_.clear();

@@ -45,7 +45,7 @@ Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t c
       virtualRank = -1;
     } else {
       co_await op.all(op.recv(ranks[rank - 1], tag::slot(0, kFold), incoming, bytes));
-      op.memory().reduce(type, reduce, data, incoming, count);
+      co_await reduceInTurns(op, type, reduce, data, incoming, count);
       virtualRank = rank / 2;
     }
   }
@@ -57,7 +57,7 @@ Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t c
       Request* s = op.send(ranks[peer], tag::slot(0, kExchange + round), data, bytes);
       Request* r = op.recv(ranks[peer], tag::slot(0, kExchange + round), incoming, bytes);
       co_await op.all(s, r);
-      op.memory().reduce(type, reduce, data, incoming, count);
+      co_await reduceInTurns(op, type, reduce, data, incoming, count);
     }
   }
   if (rank < 2 * extra) {

@@ -16,8 +16,8 @@ Task alltoallPairwise(Op& op, const void* in, void* out, AlltoallLayout layout) 
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   if (layout.sendBytes[me] > 0) {
-    op.memory().copy(dst + layout.recvOffsets[me], src + layout.sendOffsets[me],
-                     layout.sendBytes[me]);
+    co_await copyInTurns(op, dst + layout.recvOffsets[me], src + layout.sendOffsets[me],
+                         layout.sendBytes[me]);
   }
   std::vector<Request*> requests;
   for (int i = 1; i < n; ++i) {

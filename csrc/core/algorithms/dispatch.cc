@@ -87,7 +87,7 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
   AllreduceCall call{data, count, type, reduce, adoptable, plan, pipelineSettings(op)};
   co_await entry->body(op, std::move(call));
   if (reduce == ReduceOp::kAvg) {
-    op.memory().average(type, data, count, static_cast<size_t>(op.size()));
+    co_await averageInTurns(op, type, data, count, static_cast<size_t>(op.size()));
   }
 }
 
@@ -100,7 +100,7 @@ Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp
   }
   if (reduce == ReduceOp::kAvg) {
     char* mine = static_cast<char*>(data) + op.rank() * count * elementSize(type);
-    op.memory().average(type, mine, count, static_cast<size_t>(op.size()));
+    co_await averageInTurns(op, type, mine, count, static_cast<size_t>(op.size()));
   }
 }
 
@@ -108,7 +108,7 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
                 int root) {
   co_await reduceTree(op, in, out, count, type, reduce, root);
   if (reduce == ReduceOp::kAvg && op.rank() == root) {
-    op.memory().average(type, out, count, static_cast<size_t>(op.size()));
+    co_await averageInTurns(op, type, out, count, static_cast<size_t>(op.size()));
   }
 }
 

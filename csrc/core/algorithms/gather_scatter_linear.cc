@@ -16,7 +16,9 @@ Task gatherLinear(Op& op, const void* in, void* out, size_t bytes, int root) {
     co_return;
   }
   char* base = static_cast<char*>(out);
-  if (bytes > 0 && base + root * bytes != in) op.memory().copy(base + root * bytes, in, bytes);
+  if (bytes > 0 && base + root * bytes != in) {
+    co_await copyInTurns(op, base + root * bytes, in, bytes);
+  }
   if (bytes == 0) co_return;
   std::vector<Request*> arrivals;
   for (int r = 0; r < n; ++r) {
@@ -32,7 +34,9 @@ Task scatterLinear(Op& op, const void* in, void* out, size_t bytes, int root) {
     co_return;
   }
   const char* base = static_cast<const char*>(in);
-  if (bytes > 0 && out != base + root * bytes) op.memory().copy(out, base + root * bytes, bytes);
+  if (bytes > 0 && out != base + root * bytes) {
+    co_await copyInTurns(op, out, base + root * bytes, bytes);
+  }
   if (bytes == 0) co_return;
   std::vector<Request*> departures;
   for (int r = 0; r < n; ++r) {

@@ -18,7 +18,7 @@ Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, 
   const int n = op.size();
   const size_t bytes = count * elementSize(type);
   const bool isRoot = op.rank() == root;
-  if (isRoot && bytes > 0 && out != in) op.memory().copy(out, in, bytes);
+  if (isRoot && bytes > 0 && out != in) co_await copyInTurns(op, out, in, bytes);
   if (n == 1 || count == 0) co_return;
   const int v = (op.rank() - root + n) % n;
   Memory& memory = op.memory();
@@ -34,12 +34,12 @@ Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, 
     if (v + mask >= n) continue;
     if (!isRoot && !accumulator) {
       accumulator = memory.allocate(bytes);
-      memory.copy(accumulator.get(), in, bytes);
+      co_await copyInTurns(op, accumulator.get(), in, bytes);
       partial = accumulator.get();
     }
     int child = (v + mask + root) % n;
     co_await op.all(op.recv(child, tag::slot(0, round), incoming.get(), bytes));
-    memory.reduce(type, reduce, const_cast<void*>(partial), incoming.get(), count);
+    co_await reduceInTurns(op, type, reduce, const_cast<void*>(partial), incoming.get(), count);
   }
 }
 

@@ -111,8 +111,8 @@ bool RingPipeline::handle(const Arrival& a) {
 
 bool RingPipeline::move() {
   const int n = schedule_.ring.length();
-  bool moved = true;
-  while (moved) {
+  bool moved = true, paused = false;
+  while (moved && !paused) {
     moved = false;
     link_->poll();
     // 1. New data enters the ring: this position's chunk of step 0. Before any receive is
@@ -153,6 +153,11 @@ bool RingPipeline::move() {
     }
     while (takenFrom_ < schedule_.steps && taken_[takenFrom_] >= segments_) ++takenFrom_;
     for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (op_.turnDue()) {  // the rest in the op's next turn: heartbeats leave meanwhile
+        op_.giveUpTurn();
+        paused = true;
+        break;
+      }
       if (handle(*it)) {
         it = waiting_.erase(it);
         moved = true;
@@ -163,7 +168,7 @@ bool RingPipeline::move() {
   }
   const size_t total = static_cast<size_t>(schedule_.steps) * segments_;
   done_ = injected_ == segments_ && handled_ == total && link_->idle();
-  stuckAt_ = done_ || activity_ == nullptr ? -1 : *activity_;
+  stuckAt_ = done_ || paused || activity_ == nullptr ? -1 : *activity_;
   return done_;
 }
 

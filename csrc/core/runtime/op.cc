@@ -156,8 +156,8 @@ void Op::observe(Request* req) {
                              std::to_string(req->peer) + " failed: " + req->status.detail;
     // A peer the transport found gone reads as the heartbeats' news of it does, whichever
     // transport carried the message (TCP's reset, a shared-memory peer's death).
-    op->failure_ = Status(
-        kind, kind == StatusKind::kPeerLost ? rank() + " is gone: " + what : what, peer());
+    op->failure_ =
+        Status(kind, kind == StatusKind::kPeerLost ? rank() + " is gone: " + what : what, peer());
   } else if (sized && req->receivedBytes != req->expectedBytes) {
     op->failure_ = Status(StatusKind::kMismatch,
                           rank() + " sent " + std::to_string(req->receivedBytes) +
@@ -371,8 +371,11 @@ Op::Until Op::all(std::vector<Request*> requests) {
 }
 
 Op::Until Op::next() {
+  if (std::exchange(turnGivenUp_, false)) return yieldTurn();
   return until([this] { return completions_ != seen_; });
 }
+
+bool Op::turnDue() const { return group_->runtime->clock().now() - resumedAt_ >= kTurnSlice; }
 
 Op::Until Op::yieldTurn() {
   wakeAt(group_->runtime->clock().now());

@@ -155,6 +155,14 @@ class Op {
   // Suspends until the runtime has turned once: for an op that computes on the turning thread
   // for long (a large reduction), so that heartbeats leave and other ops move meanwhile.
   Until yieldTurn();
+  // The op has computed for kTurnSlice since the engine last resumed it: long work stops here
+  // and yields its turn (peers count a rank whose heartbeats stop for
+  // TORCH_DDL_HEARTBEAT_TIMEOUT_MS gone). Work of a step of its own (a ring pipeline's) calls
+  // giveUpTurn() instead, and its op's next co_await next() yields.
+  static constexpr std::chrono::milliseconds kTurnSlice{5};
+  bool turnDue() const;
+  void giveUpTurn() { turnGivenUp_ = true; }
+  bool turnGivenUp() const { return turnGivenUp_; }
   // Looks at what the op waits for again at `at` (its runtime's clock), though nothing completed
   // by then: for a wait with a time limit of its own.
   void wakeAt(TimePoint at) { wakeAt_ = std::min(wakeAt_, at); }
@@ -253,6 +261,8 @@ class Op {
   uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate
   Until* waiting_ = nullptr;
   TimePoint wakeAt_ = TimePoint::max();
+  TimePoint resumedAt_;  // when the engine last resumed the coroutine (turnDue)
+  bool turnGivenUp_ = false;
   std::coroutine_handle<> resumePoint_;
   Status failure_;
   void sendPrint(int peer);

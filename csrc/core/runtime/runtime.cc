@@ -196,6 +196,7 @@ void Runtime::resume(Op& op) {
   std::coroutine_handle<> point = op.resumePoint_ ? op.resumePoint_ : op.task.handle();
   op.resumePoint_ = {};
   op.waiting_ = nullptr;
+  op.resumedAt_ = clock_.now();
   point.resume();
 }
 

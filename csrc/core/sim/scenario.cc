@@ -280,7 +280,7 @@ Scenario drawScenario(uint64_t seed) {
   s.twoGroups = ranks <= 128 && paths.chance(0.2);
   if (paths.chance(0.15)) {
     s.slowReducer = paths.between(0, ranks - 1);
-    s.slowReduction = std::exp(std::log(1e2) + paths.uniform() * (std::log(1e4) - std::log(1e2)));
+    s.slowReduction = std::exp(std::log(1e3) + paths.uniform() * (std::log(1e5) - std::log(1e3)));
   }
   if (ranks <= 128 && paths.chance(0.2)) {
     s.hostile = paths.between(0, ranks - 1);

@@ -67,9 +67,10 @@ struct Scenario {
   // first), each rank starting the two in an order of its own, as two threads of it would.
   bool twoGroups = false;
   // A slow reduction: rank `slowReducer` reduces and copies `slowReduction` times slower than
-  // the others (100 - 10 000 times: up to about 0.13 s a call, in the largest ops) from the
-  // start (-1: none). A single reduction longer than the heartbeats' timeout is not drawn: the
-  // ring's and the tree's reductions do not yield to the heartbeats yet (docs/faults.md).
+  // the others (10^3 - 10^5 times: up to about 13 s a call, in the largest ops) from the start
+  // (-1: none). Its heartbeats must still leave: every algorithm gives up its turn between
+  // blocks of its reductions and copies (Op::turnDue), and a block (a ring's segment, 256 KiB)
+  // takes at most 1.3 s at 10^5, within the heartbeats' timeout of 2 s.
   int slowReducer = -1;
   double slowReduction = 1;
   // A hostile peer: as op `hostileOp` starts, rank `hostile` sends its neighbours malformed,
