@@ -26,8 +26,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
   CallOptions options = callOptions(*work, "allreduce", opts.timeout);
-  if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() &&
-      comm_->offersAdoption(count(buffer), type)) {
+  options.plan = comm_->allreducePlan(count(buffer), type);
+  if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() && options.plan->offersAdoption) {
     options.adoptable = ReuseTracker::instance().adoptable(buffer);
   }
   return launch(work, options, [&](CallOptions& o) {

@@ -16,15 +16,15 @@ namespace py = pybind11;
 
 namespace {
 
-// For each size in bytes: (bytes, [(plan, predicted seconds), ...]), the chosen plan first.
+// For each size in bytes of float32: (bytes, [(plan, predicted seconds), ...]), the chosen
+// plan first.
 py::list planRows(const ddl::Topology& topology, const ddl::LinkCosts& links,
                   const std::vector<int64_t>& sizes) {
   py::list rows;
+  const ddl::PlanBook book(topology, links, ddl::planRequest(), false);
   for (int64_t bytes : sizes) {
     py::list candidates;
-    size_t count = static_cast<size_t>(bytes) / 4;  // float32
-    for (const ddl::AllreducePlan& plan :
-         ddl::allreduceCandidates(topology, links, count, 4, ddl::Communicator::planRequest())) {
+    for (const ddl::AllreducePlan& plan : book.candidates(static_cast<size_t>(bytes) / 4, 4)) {
       candidates.append(py::make_tuple(plan.describe(), plan.predicted));
     }
     rows.append(py::make_tuple(bytes, candidates));

@@ -393,10 +393,16 @@ double ProcessGroupDDL::estimateSeconds(c10d::OpType type,
     case c10d::OpType::ALLREDUCE:
     case c10d::OpType::ALLREDUCE_COALESCED: {
       if (size_ <= 1) return 0;
-      const size_t count = static_cast<size_t>(bytes) / 4;
-      auto plans = ddl::allreduceCandidates(
-          topology, links, count, 4, ddl::Communicator::planRequest(comm_->engine().config()));
-      return plans.empty() ? 0 : plans.front().predicted;
+      size_t elementSize = 4;  // in elements of the first tensor's type
+      for (const at::Tensor& t : tensors) {
+        if (t.defined()) {
+          elementSize = static_cast<size_t>(t.element_size());
+          break;
+        }
+      }
+      return comm_->planBook()
+          .allreduce(static_cast<size_t>(bytes) / elementSize, elementSize)
+          ->predicted;
     }
     case c10d::OpType::BARRIER:
       return ddl::estimateSeconds(Shape::kBarrier, topology, links, bytes);

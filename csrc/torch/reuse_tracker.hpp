@@ -10,7 +10,7 @@
 namespace ddl {
 
 // Which allreduce tensors' blocks may be adopted into shared memory (SharedBuffers::adopt), of the
-// sizes the group offers for adoption (Communicator::offersAdoption): those
+// sizes the group offers for adoption (AllreducePlan::offersAdoption): those
 // of storages allreduced before, and only when the tensor is its whole storage. The block is
 // copied while it moves; the op owns the tensor it reduces, but not the rest of a storage that a
 // view leaves out, which other threads may be writing then (a gradient buffer whose next bucket

@@ -85,9 +85,9 @@ void defineSimulator(py::module_& m) {
       q.slowLinkHost = a["slow_host"].cast<int>();
       q.slowLinkFactor = a["slow_host_factor"].cast<double>();
     }
-    PlanRequest plan = Communicator::planRequest();
+    PlanRequest plan = planRequest();
     const std::string algo = a["algo"].cast<std::string>();
-    const std::optional<AllreduceAlgorithm> named = allreduceAlgorithmNamed(algo);
+    const std::optional<AllreduceAlgorithm> named = algorithmNamed(algo);
     if (!named || *named == AllreduceAlgorithm::kTrivial) {
       throw py::value_error("unknown algorithm '" + algo + "'");
     }

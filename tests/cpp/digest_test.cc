@@ -57,7 +57,7 @@ TEST(Digest, TheRecordedRunsDeliverTheSameMessagesAtTheSameTimes) {
     q.cluster.ranksPerHost = s.perHost;
     q.cluster.hostsPerRack = s.hostsPerRack;
     q.cluster.links = kLinks;
-    q.cluster.plan = Communicator::planRequest();
+    q.cluster.plan = planRequest();
     q.cluster.plan->algorithm = s.algorithm;
     q.collective = s.collective;
     q.bytes = s.bytes;

@@ -23,7 +23,7 @@ SimRequest request(int ranks, int perHost, int hostsPerRack, size_t bytes,
   q.cluster.ranksPerHost = perHost;
   q.cluster.hostsPerRack = hostsPerRack;
   q.cluster.links = kLinks;
-  q.cluster.plan = Communicator::planRequest();
+  q.cluster.plan = planRequest();
   q.cluster.plan->algorithm = algorithm;
   q.bytes = bytes;
   return q;

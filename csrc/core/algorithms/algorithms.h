@@ -27,7 +27,6 @@ struct PipelineSettings {
   size_t segmentBytes = 256 << 10;
   size_t depth = 4;
   int rings = 1;
-  size_t directMinBytes = 8 << 20;  // allreduceShared, kAuto: see below
 };
 
 // in_turns.cc: the op's Memory's reduce, copy and average, in blocks on the turning thread,
@@ -48,14 +47,15 @@ Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp red
 Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
                        std::shared_ptr<const AllreducePlan> plan, PipelineSettings settings);
 
-// allreduce_shared.cc: for ranks of one host. kShared: the direct allreduce below when every rank's
-// tensor is in a shared buffer, else the ring through the group's shared-memory windows
-// (shm/shared_ring.h), else (some rank cannot map its neighbour's window) the message ring above.
-// Finding out costs a round of messages: kShared asks for allreduces of at least directMinBytes,
-// and for smaller ones while the group's last answer was yes. kSharedRing and kDirect take that
-// algorithm or fail on every rank.
+// allreduce_shared.cc: for ranks of one host, a plan of kShared, kSharedRing or kDirect. kShared:
+// the direct allreduce below when every rank's tensor is in a shared buffer, else the ring through
+// the group's shared-memory windows (shm/shared_ring.h), else (some rank cannot map its
+// neighbour's window) the message ring above. Finding out costs a round of messages: kShared asks
+// where the plan says (plan.asksDirect), and for smaller ones while the group's last answer was
+// yes. kSharedRing and kDirect take that algorithm or fail on every rank.
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, AllreduceAlgorithm mode, Adoptable adoptable = {});
+                     PipelineSettings settings, const AllreducePlan& plan,
+                     Adoptable adoptable = {});
 
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
 // Called by allreduceShared while it holds the ring's turn, which it gives up; sets *used to

@@ -1,5 +1,5 @@
 // Shared-memory ring allreduce: the ring of allreduce_ring.cc (the ring pipeline of
-// ring_pipeline.h) over a SlotLink (shm/slot_link.h) instead of messages: every byte moves
+// ring_pipeline.h) over a SlotLink (algorithms/slot_link.h) instead of messages: every byte moves
 // through the group's shared windows (shm/shared_ring.h) in user space, and messages only say
 // which slot holds what and which slot is free again.
 //
@@ -44,7 +44,8 @@ std::string unavailable(AllreduceAlgorithm mode) {
 }  // namespace
 
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                     PipelineSettings settings, AllreduceAlgorithm mode, Adoptable adoptable) {
+                     PipelineSettings settings, const AllreducePlan& plan, Adoptable adoptable) {
+  const AllreduceAlgorithm mode = plan.algorithm;
   const bool required = mode != AllreduceAlgorithm::kShared;
   const int n = op.size();
   if (n == 1 || count == 0) co_return;
@@ -82,8 +83,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     }
   }
   if (mode == AllreduceAlgorithm::kDirect ||
-      (mode == AllreduceAlgorithm::kShared &&
-       (ring.lastAllShared || count * es >= settings.directMinBytes))) {
+      (mode == AllreduceAlgorithm::kShared && (ring.lastAllShared || plan.asksDirect))) {
     bool used = false;
     co_await allreduceDirect(op, data, count, type, reduce, ring,
                              mode == AllreduceAlgorithm::kDirect, turn, &used);

@@ -11,7 +11,7 @@ PipelineSettings pipelineSettings(const Op& op) {
   const Config& c = op.group().runtime->config();
   const bool host = op.memory().kind() == MemoryKind::kHost;
   return PipelineSettings{host ? c.segmentBytes : c.deviceSegmentBytes, c.pipelineDepth,
-                          static_cast<int>(std::max<size_t>(c.rings, 1)), c.directMinBytes};
+                          static_cast<int>(std::max<size_t>(c.rings, 1))};
 }
 
 namespace {
@@ -49,17 +49,11 @@ Task sharedBody(Op& op, AllreduceCall c) {
     co_await allreduceRing(op, c.data, c.count, c.type, c.reduce, c.settings);
     co_return;
   }
-  const Config& settings = op.group().runtime->config();
-  const AllreduceAlgorithm asked = settings.allreduceAlgorithm;
-  const AllreduceAlgorithm mode =
-      asked == AllreduceAlgorithm::kSharedRing || asked == AllreduceAlgorithm::kDirect
-          ? asked
-          : AllreduceAlgorithm::kShared;
-  if (!settings.shareTensors || mode == AllreduceAlgorithm::kSharedRing) c.adoptable = {};
-  co_await allreduceShared(op, c.data, c.count, c.type, c.reduce, c.settings, mode, c.adoptable);
+  if (!c.plan->adopts) c.adoptable = {};
+  co_await allreduceShared(op, c.data, c.count, c.type, c.reduce, c.settings, *c.plan, c.adoptable);
 }
 
-// What each plan algorithm runs (an algorithm that is only ever asked for has no entry).
+// What each plan algorithm runs.
 constexpr AllreduceEntry kAllreduceTable[] = {
     {AllreduceAlgorithm::kTrivial, &trivialBody},
     {AllreduceAlgorithm::kRecursiveDoubling, &recursiveDoublingBody},
@@ -67,6 +61,8 @@ constexpr AllreduceEntry kAllreduceTable[] = {
     {AllreduceAlgorithm::kRing, &ringBody},
     {AllreduceAlgorithm::kMultiDim, &multiDimBody},
     {AllreduceAlgorithm::kShared, &sharedBody},
+    {AllreduceAlgorithm::kSharedRing, &sharedBody},
+    {AllreduceAlgorithm::kDirect, &sharedBody},
 };
 
 }  // namespace
@@ -80,8 +76,7 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
     if (e.algorithm == plan->algorithm) entry = &e;
   }
   if (entry == nullptr) {
-    throw Error(std::string("ddl: no allreduce runs a plan of ") +
-                allreduceAlgorithmName(plan->algorithm));
+    throw Error(std::string("ddl: no allreduce runs a plan of ") + algorithmName(plan->algorithm));
   }
   // (A local, not a braced list inside co_await: GCC 12 miscompiles those in coroutines.)
   AllreduceCall call{data, count, type, reduce, adoptable, plan, pipelineSettings(op)};

@@ -21,14 +21,14 @@ constexpr Named kNames[] = {
 
 }  // namespace
 
-const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm) {
+const char* algorithmName(AllreduceAlgorithm algorithm) {
   for (const Named& n : kNames) {
     if (n.algorithm == algorithm) return n.name;
   }
   return "?";
 }
 
-std::optional<AllreduceAlgorithm> allreduceAlgorithmNamed(const std::string& name) {
+std::optional<AllreduceAlgorithm> algorithmNamed(const std::string& name) {
   for (const Named& n : kNames) {
     if (name == n.name) return n.algorithm;
   }

@@ -17,13 +17,13 @@ enum class AllreduceAlgorithm : uint8_t {
   kRing,               // a flat ring over every rank
   kMultiDim,           // the multi-dimensional ring: stages by machine level, colours, waves
   kShared,             // one host's shared memory: direct where every tensor is shared, else the
-                       // shared-memory ring
-  kSharedRing,         // asked for: the shared-memory ring alone (a kShared plan runs it)
-  kDirect,             // asked for: the direct path alone (a kShared plan runs it)
+                       // shared-memory ring (never asked for by name)
+  kSharedRing,         // the shared-memory ring alone, failing where it cannot run
+  kDirect,             // the direct path alone, failing where some tensor is not shared
 };
 
 // "auto", "trivial", "recursive_doubling", "leaders", "ring", "multidim", "shared", "shm_ring",
 // "direct".
-const char* allreduceAlgorithmName(AllreduceAlgorithm algorithm);
-std::optional<AllreduceAlgorithm> allreduceAlgorithmNamed(const std::string& name);
+const char* algorithmName(AllreduceAlgorithm algorithm);
+std::optional<AllreduceAlgorithm> algorithmNamed(const std::string& name);
 }  // namespace ddl

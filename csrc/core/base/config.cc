@@ -104,7 +104,7 @@ size_t parseSize(const ConfigEntry& entry, size_t minimum) {
 Config read() {
   Config c;
   const std::string algo = configValue(kTable[0]);
-  const std::optional<AllreduceAlgorithm> named = allreduceAlgorithmNamed(algo);
+  const std::optional<AllreduceAlgorithm> named = algorithmNamed(algo);
   if (!named || *named == AllreduceAlgorithm::kTrivial || *named == AllreduceAlgorithm::kShared) {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
                 " is not one of auto, multidim, leaders, direct, shm_ring, ring, "

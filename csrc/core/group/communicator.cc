@@ -85,16 +85,6 @@ void Communicator::close(const std::string& reason) {
   engine_->closeGroup(group_, Status(StatusKind::kClosed, reason));
 }
 
-bool Communicator::offersAdoption(size_t count, DataType type) {
-  const Config& c = config();
-  if (!c.shareTensors || count * elementSize(type) < c.directMinBytes ||
-      (c.allreduceAlgorithm != AllreduceAlgorithm::kAuto &&
-       c.allreduceAlgorithm != AllreduceAlgorithm::kDirect)) {
-    return false;
-  }
-  return allreducePlan(count, type)->algorithm == AllreduceAlgorithm::kShared;
-}
-
 std::string Communicator::where(const char* name) const {
   return std::string("ddl: ") + name + " on " + group_->name + " (rank " + std::to_string(rank()) +
          " of " + std::to_string(size()) + ")";
@@ -168,7 +158,7 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   } else if (plan->count != count || plan->elementSize != elementSize(type)) {
     refuse("allreduce", "the plan given is for " + std::to_string(plan->count) + " elements of " +
                             std::to_string(plan->elementSize) + " bytes");
-  } else {
+  } else if (!plan->checked) {
     try {
       checkPlan(*plan, size());
     } catch (const Error& e) {

@@ -42,7 +42,8 @@ struct CallOptions {
   // deferStart calls the function it is given, from any thread: e.g. once a device stream has
   // produced the input.
   std::function<void(std::function<void()>)> deferStart;
-  // allreduce: this plan instead of the group's (tests; every rank passes an equal one).
+  // allreduce: this plan, e.g. the group's own that the caller looked up (allreducePlan), or one
+  // built by hand (tests; every rank passes an equal one, checked unless the planner made it).
   std::shared_ptr<const AllreducePlan> plan;
   // A collective made for another call (a window's: group/window.h): checked against the other
   // ranks' calls as that call, and named so. `asCount` takes the print's count.
@@ -63,7 +64,7 @@ struct GroupOptions {
   std::optional<std::string> identity;
   std::optional<std::string> racks;
   std::optional<std::string> links;
-  // What the planner is asked (default: the configuration's, planRequest()).
+  // What the planner is asked (default: the configuration's, topology's planRequest()).
   std::optional<PlanRequest> plan;
 };
 
@@ -105,6 +106,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // The levels found at creation, and the link costs the planner weighs.
   const Topology& topology() const { return book_->topology(); }
   const LinkCosts& links() const { return book_->links(); }
+  PlanBook& planBook() const { return *book_; }
   // The host-level rings of multidim allreduces set up so far: how many move their bytes
   // through shared-memory slots, and how many over messages (their ranks could not map each
   // other's windows). Asks the progress thread.
@@ -173,13 +175,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // ascending order: what a shrink after a failure excludes.
   std::vector<int> goneRanks() const { return group_->state->gone(); }
   std::optional<TimePoint> goneSince(int rank) const { return group_->state->goneSince(rank); }
-  // The allreduce plan for `count` elements of `type` (cached per size), and the request the
+  // The allreduce plan for `count` elements of `type` (cached per size; plan->offersAdoption
+  // says whether to hand the op a buffer to adopt, CallOptions::adoptable), and the request the
   // configuration makes of the planner (a group keeps the one in effect when it was created).
   std::shared_ptr<const AllreducePlan> allreducePlan(size_t count, DataType type);
-  static PlanRequest planRequest(const Config& settings = config());
-  // Whether an allreduce of this size may take a buffer to adopt (CallOptions::adoptable): only
-  // where its plan is the shared-memory one and the configuration allows it.
-  bool offersAdoption(size_t count, DataType type);
 
   std::shared_ptr<Work> allreduce(void* data, size_t count, DataType type, ReduceOp op,
                                   CallOptions options = {});

@@ -162,19 +162,6 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   return comm;
 }
 
-PlanRequest Communicator::planRequest(const Config& c) {
-  PlanRequest request;
-  request.algorithm = c.allreduceAlgorithm;
-  request.colors = static_cast<int>(c.colors);
-  request.rings = static_cast<int>(c.rings);
-  request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));
-  request.order = c.levelOrder;
-  request.waves = static_cast<int>(c.waves);
-  request.smallBytes = c.smallBytes;
-  request.hostSlots = c.hostSlots;
-  return request;
-}
-
 void Communicator::logCreation(const char* how) const {
   if (!logs(LogLevel::kInfo)) return;
   logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) + " of " +

@@ -133,7 +133,7 @@ void SimCluster::createGroup() {
     options.links = groupLinks;
     // The simulated transport maps no shared-memory windows: host rings run over messages from
     // the first op, where a real process that cannot map them would try once and go on so.
-    options.plan = spec_.plan ? *spec_.plan : Communicator::planRequest();
+    options.plan = spec_.plan ? *spec_.plan : planRequest();
     options.plan->hostSlots = false;
     pending[r] = Communicator::begin(*engines_[r], *store_, r, n, options);
   }

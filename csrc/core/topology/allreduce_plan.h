@@ -70,10 +70,24 @@ struct AllreducePlan {
   std::vector<Lane> lanes;              // kMultiDim only
   std::vector<std::vector<int>> hosts;  // kLeaders: each host's ranks, its leader first
   // kMultiDim: the rings of the host level (dimension 0) run over shared-memory slots
-  // (shm/slot_link.h) where their ranks can map each other's windows and the buffer is in host
-  // memory; over messages otherwise.
+  // (algorithms/slot_link.h) where their ranks can map each other's windows and the buffer is in
+  // host memory; over messages otherwise.
   bool hostSlots = true;
+  // kShared, kSharedRing, kDirect (algorithms/allreduce_shared.cc):
+  // - asksDirect: the op first asks whether every rank's tensor is in a shared buffer, to take
+  //   the direct path (kShared from request.directMinBytes on, and below while the group's last
+  //   answer was yes; kDirect always);
+  // - adopts: the op moves a block it is handed (CallOptions::adoptable) into shared memory
+  //   (kShared and kDirect, where request.shareTensors);
+  // - offersAdoption: callers that keep tensors (the torch glue) hand one: adopts, from
+  //   directMinBytes on, unless the request forced kShared.
+  bool asksDirect = false;
+  bool adopts = false;
+  bool offersAdoption = false;
   double predicted = 0;  // seconds, by the cost model
+  // Made by the planner, which checks what it makes (a plan built by hand is checked by the
+  // communicator it is given to).
+  bool checked = false;
 
   // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
   std::string describe() const;
@@ -82,7 +96,7 @@ struct AllreducePlan {
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
 struct PlanRequest {
-  // kAuto: the cheapest; else that algorithm's plan (kSharedRing, kDirect: kShared's).
+  // kAuto: the cheapest; else that algorithm's plan.
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   int colors = 0;
   int rings = 0;
@@ -91,7 +105,15 @@ struct PlanRequest {
   size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
   int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
   bool hostSlots = true;      // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
+  size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
+                                    // of TORCH_DDL_DIRECT_MIN_BYTES)
+  bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
 };
+// What the configuration asks of the planner (the process's configuration by default): the one
+// place that reads the settings that choose an allreduce.
+struct Config;
+PlanRequest planRequest(const Config& settings);
+PlanRequest planRequest();
 
 // The multi-dimensional plan: `colors` lanes walking rotated orders, each split into `rings`
 // lanes whose odd members run backwards, each cut into `waves`. `order` lists dimensions for

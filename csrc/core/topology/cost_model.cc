@@ -164,6 +164,8 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
       return predictLeaders(t, links, bytes, plan.hosts);
     case AllreduceAlgorithm::kRing:
     case AllreduceAlgorithm::kShared:
+    case AllreduceAlgorithm::kSharedRing:
+    case AllreduceAlgorithm::kDirect:
       return predictRing(t, links, bytes, plan.rings);
     case AllreduceAlgorithm::kMultiDim:
       break;

@@ -16,7 +16,8 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
   key += links.describe() + "|" + std::to_string(static_cast<int>(r.algorithm)) + "," +
          std::to_string(r.colors) + "," + std::to_string(r.rings) + "," + std::to_string(r.waves) +
          "," + std::to_string(r.smallBytes) + "," + std::to_string(r.ringRings) + "," +
-         (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + ":";
+         (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + "," +
+         std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + ":";
   for (int d : r.order) key += std::to_string(d) + ",";
   return key;
 }
@@ -44,6 +45,10 @@ std::shared_ptr<PlanBook> PlanBook::forMachine(Topology topology, LinkCosts link
                                          hierarchical);
   books[key] = book;
   return book;
+}
+
+std::vector<AllreducePlan> PlanBook::candidates(size_t count, size_t elementSize) const {
+  return allreduceCandidates(topology_, links_, count, elementSize, request_);
 }
 
 std::shared_ptr<const AllreducePlan> PlanBook::allreduce(size_t count, size_t elementSize) {

@@ -27,8 +27,11 @@ class PlanBook {
   const LinkCosts& links() const { return links_; }
   const PlanRequest& request() const { return request_; }
   bool hierarchical() const { return hierarchical_; }
-  // The allreduce plan for `count` elements of `elementSize` bytes (the latest kCache sizes kept).
+  // The allreduce plan for `count` elements of `elementSize` bytes (the latest kCache sizes kept);
+  // its `predicted` is the estimate of an allreduce of that size.
   std::shared_ptr<const AllreducePlan> allreduce(size_t count, size_t elementSize);
+  // Every plan the planner weighs for that size, the chosen one first (not kept).
+  std::vector<AllreducePlan> candidates(size_t count, size_t elementSize) const;
   // The level-by-level stages of reduce-scatter or allgather (empty: the flat ring).
   std::shared_ptr<const BlockPlan> blockStages(bool reduceScatter);
 

@@ -70,7 +70,7 @@ Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, i
 
 std::string AllreducePlan::describe() const {
   std::ostringstream out;
-  out << allreduceAlgorithmName(algorithm);
+  out << algorithmName(algorithm);
   if (algorithm == AllreduceAlgorithm::kRing) out << " rings=" << rings;
   if (algorithm == AllreduceAlgorithm::kMultiDim) {
     out << " colors=" << colors << " rings=" << rings << " waves=" << waves;

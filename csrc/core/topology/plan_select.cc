@@ -2,6 +2,7 @@
 // first (allreduce_plan.h).
 #include <algorithm>
 
+#include "../base/config.h"
 #include "../base/tag.h"
 #include "allreduce_plan.h"
 #include "cost_model.h"
@@ -16,6 +17,18 @@ AllreducePlan simplePlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
   plan.count = count;
   plan.elementSize = elementSize;
   plan.rings = rings;
+  return plan;
+}
+
+// One host's shared memory: kShared, or kSharedRing or kDirect where the request forces them.
+AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elementSize,
+                         const PlanRequest& request) {
+  using A = AllreduceAlgorithm;
+  AllreducePlan plan = simplePlan(algorithm, count, elementSize);
+  const bool large = count * elementSize >= request.directMinBytes;
+  plan.asksDirect = algorithm == A::kDirect || (algorithm == A::kShared && large);
+  plan.adopts = algorithm != A::kSharedRing && request.shareTensors;
+  plan.offersAdoption = plan.adopts && large && request.algorithm != A::kShared;
   return plan;
 }
 
@@ -77,7 +90,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
     case A::kShared:
     case A::kSharedRing:
     case A::kDirect:
-      out.push_back(simplePlan(AllreduceAlgorithm::kShared, count, elementSize));
+      out.push_back(sharedPlan(request.algorithm, count, elementSize, request));
       break;
     case A::kMultiDim:
       multiDimChoices();
@@ -85,10 +98,9 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
     case A::kAuto:
     case A::kTrivial:  // (not a request: the planner's choice)
       if (t.hosts() == 1) {
-        out.push_back(simplePlan(bytes <= request.smallBytes
-                                     ? AllreduceAlgorithm::kRecursiveDoubling
-                                     : AllreduceAlgorithm::kShared,
-                                 count, elementSize));
+        out.push_back(bytes <= request.smallBytes
+                          ? simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize)
+                          : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request));
         break;
       }
       out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
@@ -120,12 +132,30 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
   return out;
 }
 
+PlanRequest planRequest(const Config& c) {
+  PlanRequest request;
+  request.algorithm = c.allreduceAlgorithm;
+  request.colors = static_cast<int>(c.colors);
+  request.rings = static_cast<int>(c.rings);
+  request.ringRings = static_cast<int>(std::max<size_t>(c.rings, 1));
+  request.order = c.levelOrder;
+  request.waves = static_cast<int>(c.waves);
+  request.smallBytes = c.smallBytes;
+  request.hostSlots = c.hostSlots;
+  request.directMinBytes = c.directMinBytes;
+  request.shareTensors = c.shareTensors;
+  return request;
+}
+
+PlanRequest planRequest() { return planRequest(config()); }
+
 AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t count,
                             size_t elementSize, const PlanRequest& request) {
   std::vector<AllreducePlan> candidates =
       allreduceCandidates(t, links, count, elementSize, request);
   AllreducePlan plan = std::move(candidates.front());
   if (plan.algorithm == AllreduceAlgorithm::kMultiDim) checkPlan(plan, t.size);
+  plan.checked = true;
   return plan;
 }
 
