@@ -1,5 +1,7 @@
 """The layers of csrc/, checked: every quoted include points to the file's own layer or one below
-it, and no source file is longer than 600 lines. docs/internals.md draws the same order.
+it, no source file is longer than 600 lines, no function longer than 80 (but the few listed in
+LONG_FUNCTIONS, a list that may only shrink), and no comment names a file that does not exist
+(one that moved or is gone). docs/internals.md draws the same order.
 
     python tools/check_layers.py        # prints each breach; exit status 1 if there is one
 """
@@ -23,8 +25,30 @@ LAYERS = [
     ["torch"],
 ]
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 80
+# Functions still longer, each at most as long as it is now: split one and take it off.
+LONG_FUNCTIONS = {
+    "csrc/core/algorithms/allreduce_direct.cc allreduceDirect": 211,
+    "csrc/core/base/config.cc read": 83,
+    "csrc/core/group/agreement.cc agreeOnDerived": 100,
+    "csrc/core/group/derivation.cc Communicator::beginReconfigure": 90,
+    "csrc/core/group/derivation.cc Communicator::startDerivation": 104,
+    "csrc/core/group/window.cc Window::finishAttach": 97,
+    "csrc/core/runtime/trace.cc FlightRecorder::dump": 121,
+    "csrc/core/shm/shared_buffers.cc SharedBuffers::adopt": 93,
+    "csrc/core/sim/network.cc SimNetwork::run": 108,
+    "csrc/core/sim/scenario.cc drawScenario": 132,
+    "csrc/core/sim/simulate.cc simulate": 180,
+    "csrc/core/topology/cost_model.cc predictSeconds": 134,
+    "csrc/core/topology/plan_select.cc allreduceCandidates": 91,
+    "csrc/torch/module.cpp PYBIND11_MODULE": 157,
+    "csrc/torch/sim_bindings.cpp defineSimulator": 144,
+}
 SOURCES = (".h", ".hpp", ".cc", ".cpp", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# A file named in a comment: "shm/shared_ring.h", "ring_pipeline.h", "benchmarks/x.py".
+NAMED = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:h|hpp|cc|cpp|cu|py|md|sh|txt))\b")
+SKIPPED = {".git", ".venv", "build", "node_modules"}
 
 
 def folder_of(path, root=ROOT):
@@ -73,8 +97,88 @@ def breaches(root=ROOT):
     return found
 
 
+def functions(text):
+    """(name, first line, lines) of each function defined at the top level of a C++ file (in
+    clang-format's Google style: its signature starts in column 0, its body ends with a "}" there)."""
+    lines = text.split("\n")
+    found = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if (line and not line[0].isspace() and "(" in line and not line.startswith(("//", "#", "}"))
+                and not re.match(r"(namespace|class|struct|enum|union|using|extern|static_assert)\b",
+                                 line)):
+            end = i
+            while end < len(lines) and end - i < 8 and not lines[end].rstrip().endswith(("{", ";")):
+                end += 1
+            if end < len(lines) and lines[end].rstrip().endswith("{") and "=" not in line.split("(")[0]:
+                close = end + 1
+                while close < len(lines) and not lines[close].startswith("}"):
+                    close += 1
+                if close < len(lines) and lines[close].rstrip() == "}":
+                    name = re.findall(r"([\w:~]+)\s*\(", line)
+                    found.append((name[0] if name else line[:40], i + 1, close - i + 1))
+                    i = close
+        i += 1
+    return found
+
+
+def long_functions(root=ROOT, allowed=None):
+    """Every function over MAX_FUNCTION_LINES not in `allowed` (LONG_FUNCTIONS), or longer than it
+    allows, and every entry of `allowed` that no longer needs to be there."""
+    allowed = LONG_FUNCTIONS if allowed is None else allowed
+    found, seen = [], set()
+    for directory, _, files in os.walk(os.path.join(root, "csrc")):
+        for name in sorted(files):
+            if not name.endswith(SOURCES):
+                continue
+            path = os.path.join(directory, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            for function, first, length in functions(open(path).read()):
+                key = f"{rel} {function}"
+                if length <= MAX_FUNCTION_LINES:
+                    continue
+                seen.add(key)
+                if length > allowed.get(key, MAX_FUNCTION_LINES):
+                    found.append(f"{rel}:{first}: {function} is {length} lines (at most "
+                                 f"{allowed.get(key, MAX_FUNCTION_LINES)})")
+    for key in sorted(set(allowed) - seen):
+        found.append(f"{key}: listed in LONG_FUNCTIONS, and no longer over "
+                     f"{MAX_FUNCTION_LINES} lines: take it off")
+    return found
+
+
+def stale_names(root=ROOT):
+    """Every file a comment under root/csrc names that does not exist. A path is looked for from
+    the file's folder, csrc/, csrc/core/ and the root; a bare name anywhere in the tree."""
+    names = set()
+    for directory, folders, files in os.walk(root):
+        folders[:] = [f for f in folders if f not in SKIPPED]
+        names.update(files)
+    found = []
+    for directory, _, files in os.walk(os.path.join(root, "csrc")):
+        for name in sorted(files):
+            if not name.endswith(SOURCES):
+                continue
+            path = os.path.join(directory, name)
+            for number, line in enumerate(open(path), 1):
+                comment = line.find("//")
+                if comment < 0:
+                    continue
+                for named in NAMED.findall(line[comment:]):
+                    if "/" not in named and named in names:
+                        continue
+                    bases = [directory, os.path.join(root, "csrc"), os.path.join(root, "csrc", "core"),
+                             root]
+                    if any(os.path.exists(os.path.join(b, named)) for b in bases):
+                        continue
+                    found.append(f"{os.path.relpath(path, root)}:{number}: names {named}, "
+                                 "which does not exist")
+    return found
+
+
 def main():
-    found = breaches()
+    found = breaches() + long_functions() + stale_names()
     for line in found:
         print(line)
     return 1 if found else 0

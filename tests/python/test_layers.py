@@ -1,5 +1,6 @@
 """The layers of csrc/ (docs/internals.md): no include runs from a lower layer to a higher one,
-and no source file is longer than 600 lines (tools/check_layers.py)."""
+no source file is longer than 600 lines, and no comment names a file that does not exist
+(tools/check_layers.py)."""
 
 import os
 import sys
@@ -25,3 +26,39 @@ def test_the_check_finds_an_include_that_runs_up_and_a_file_too_long(tmp_path):
     assert any("runtime/op.cc: includes ../group/engine.h" in f for f in found), found
     assert any("runtime/op.h: 602 lines" in f for f in found), found
     assert len(found) == 2, found
+
+
+def test_no_comment_names_a_file_that_is_gone():
+    assert check_layers.stale_names() == []
+
+
+def test_the_check_finds_a_comment_naming_a_file_that_moved(tmp_path):
+    shm = tmp_path / "csrc" / "core" / "shm"
+    algorithms = tmp_path / "csrc" / "core" / "algorithms"
+    shm.mkdir(parents=True)
+    algorithms.mkdir(parents=True)
+    (algorithms / "slot_link.h").write_text("#pragma once\n")
+    (shm / "ring.h").write_text(
+        "// over a SlotLink (shm/slot_link.h), see slot_link.h and algorithms/slot_link.h;\n"
+        "// agreed as derive.h says\n")
+    found = check_layers.stale_names(str(tmp_path))
+    assert found == ["csrc/core/shm/ring.h:1: names shm/slot_link.h, which does not exist",
+                     "csrc/core/shm/ring.h:2: names derive.h, which does not exist"], found
+
+
+def test_the_check_finds_a_long_function_and_an_entry_no_longer_needed(tmp_path):
+    core = tmp_path / "csrc" / "core" / "base"
+    core.mkdir(parents=True)
+    body = "".join(f"  x += {i};\n" for i in range(85))
+    (core / "a.cc").write_text(f"int longOne(int x) {{\n{body}  return x;\n}}\n\n"
+                               "int shortOne(int x) {\n  return x;\n}\n")
+    found = check_layers.long_functions(str(tmp_path), allowed={})
+    assert found == ["csrc/core/base/a.cc:1: longOne is 88 lines (at most 80)"], found
+    assert check_layers.long_functions(str(tmp_path), allowed={"csrc/core/base/a.cc longOne": 88}) == []
+    found = check_layers.long_functions(str(tmp_path), allowed={"csrc/core/base/a.cc shortOne": 90})
+    assert "csrc/core/base/a.cc shortOne: listed in LONG_FUNCTIONS" in found[-1], found
+
+
+def test_no_function_is_longer_than_80_lines_but_the_few_listed():
+    assert check_layers.long_functions() == []
+    assert len(check_layers.LONG_FUNCTIONS) <= 15

@@ -9,7 +9,8 @@
 // 3. The allgather runs the same rings backwards, last stage first, storing instead of reducing.
 // 4. Waves of a lane keep their order on each rank: wave w starts a stage (of either half) only
 //    once wave w-1 has finished it here, so the waves pipeline through the levels.
-// 5. The host level (dimension 0) runs over shared-memory slots (shm/slot_link.h) when the plan
+// 5. The host level (dimension 0) runs over shared-memory slots (algorithms/slot_link.h) when the
+// plan
 //    says so, the buffer is in host memory and the ring's ranks can map each other's windows;
 //    every other level, and a host ring that cannot, over messages. Each host ring gets windows
 //    of its own per half (reduce-scatter, allgather) and per first wave of a lane: waves of one

@@ -4,7 +4,8 @@
 //
 //   MessageLink (message_link.h)  transport messages: sends straight from the buffer, receives
 //                                 into scratch (reducing steps) or in place (storing steps).
-//   SlotLink (shm/slot_link.h)    a shared-memory window of slots in the next rank's inbox: the
+//   SlotLink (algorithms/slot_link.h)    a shared-memory window of slots in the next rank's inbox:
+//   the
 //                                 sender writes the bytes there in user space, and messages only
 //                                 say which slot holds what and which slot is free again.
 //

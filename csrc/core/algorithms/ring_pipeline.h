@@ -16,7 +16,7 @@
 // Allgather: n-1 steps, none reducing, shift 0 (p starts owning chunk p).
 //
 // Links. Where segments travel is the link's business (link.h): messages (the default, over
-// the transport), or shared-memory slots in the next rank's inbox (shm/slot_link.h). The
+// the transport), or shared-memory slots in the next rank's inbox (algorithms/slot_link.h). The
 // pipeline handles each arrival of step s in one go: reduce (or store) it, and hand the result
 // to the link as segment k of step s+1, written straight into the link's outbox when it has one
 // of its own (a reduction then reads the buffer and the arrival and writes the next inbox).

@@ -113,7 +113,7 @@ inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 inline constexpr uint32_t kGroupIds = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementGroup = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementStep = 3;
-// A member whose agreement failed tells its neighbours in the agreement's tree (derive.h).
+// A member whose agreement failed tells its neighbours in the agreement's tree (group/agreement.h).
 inline constexpr uint32_t kAgreementAbortStep = 4;
 // The link probe at a group's creation (group/link_probe.h), under sequence 0: pings, data,
 // acknowledgements, the host ring's token and steps, the figures up and down the tree.

@@ -1,4 +1,4 @@
-// The bytes of creation messages (bootstrap.h, derive.h): numbers (8 bytes) and texts (a
+// The bytes of creation messages (bootstrap.h, agreement.h): numbers (8 bytes) and texts (a
 // length, then the bytes), read back with a check that everything was there.
 #pragma once
 

@@ -138,7 +138,6 @@ class Op {
 
    private:
     friend class Runtime;
-    struct SharedRing;
     Op* op_;
     std::function<bool()> predicate_;
   };
@@ -231,7 +230,6 @@ class Op {
 
  private:
   friend class Runtime;
-  struct SharedRing;
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
   Request* postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);

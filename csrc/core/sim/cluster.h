@@ -1,5 +1,5 @@
 // A simulated cluster: the real engine, communicator, planner and algorithms of thousands of
-// ranks in one process, turned by one event loop in virtual time (transport/sim/network.h).
+// ranks in one process, turned by one event loop in virtual time (sim/network.h).
 // Each rank has its own Engine (driven from outside, on the rank's virtual clock), its
 // SimTransport and SimMemory, and its Communicator, created through the real creation path over
 // an in-memory store that counts its requests. Nothing here re-implements what a real process
