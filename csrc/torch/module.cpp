@@ -103,12 +103,43 @@ void bindWindow(py::module_& m) {
       .def_property_readonly("id", &WindowDDL::id);
 }
 
-}  // namespace
+using Backend =
+    py::class_<ddl::ProcessGroupDDL, c10d::Backend, c10::intrusive_ptr<ddl::ProcessGroupDDL>>;
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::module_::import("torch.distributed");
-  py::class_<ddl::ProcessGroupDDL, c10d::Backend, c10::intrusive_ptr<ddl::ProcessGroupDDL>>(
-      m, "ProcessGroupDDL")
+#ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
+// Completion hooks are C++-only in torch 2.15: a hook that records what it is given, for
+// the tests (hook_id as registerCompletionHook's), and what it recorded.
+void bindCompletionRecords(Backend& backend) {
+  backend
+      .def("_record_completions",
+           [](ddl::ProcessGroupDDL& pg, int64_t hookId) {
+             auto record = std::make_shared<CompletionRecord>();
+             pg.registerCompletionHook(hookId, [record](const c10d::CompletionHookArgs& args) {
+               std::lock_guard<std::mutex> lock(record->mutex);
+               record->calls.emplace_back(args.completionKey, args.duration_ms);
+             });
+             std::unique_lock<std::mutex> lock;
+             completionRecords(lock)[hookId] = record;
+           })
+      .def_static("_recorded_completions", [](int64_t hookId) {
+        std::shared_ptr<CompletionRecord> record;
+        {
+          std::unique_lock<std::mutex> lock;
+          auto& records = completionRecords(lock);
+          auto it = records.find(hookId);
+          if (it == records.end()) return CompletionRecord::Calls{};
+          record = it->second;
+        }
+        std::lock_guard<std::mutex> lock(record->mutex);
+        return record->calls;
+      });
+}
+#endif
+
+// The backend class: ProcessGroupDDL and what ddl adds to it.
+void bindBackend(py::module_& m) {
+  Backend backend(m, "ProcessGroupDDL");
+  backend
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
@@ -148,45 +179,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // dist._time_estimator's calls (torch binds them for NCCL only).
       .def("_start_time_estimate", &ddl::ProcessGroupDDL::startTimeEstimate)
       .def("_end_time_estimate", &ddl::ProcessGroupDDL::endTimeEstimate)
-      .def("host_rings",
-           [](const ddl::ProcessGroupDDL& pg) {
-             std::pair<int, int> counts;
-             {
-               py::gil_scoped_release released;  // the progress thread may be waiting for Python
-               counts = pg.communicator()->hostRings();
-             }
-             py::dict out;
-             out["shared_memory"] = counts.first;
-             out["messages"] = counts.second;
-             return out;
-           })
+      .def("host_rings", [](const ddl::ProcessGroupDDL& pg) {
+        std::pair<int, int> counts;
+        {
+          py::gil_scoped_release released;  // the progress thread may be waiting for Python
+          counts = pg.communicator()->hostRings();
+        }
+        py::dict out;
+        out["shared_memory"] = counts.first;
+        out["messages"] = counts.second;
+        return out;
+      });
 #ifdef DDL_TORCH_HAS_COMPLETION_HOOKS
-      // Completion hooks are C++-only in torch 2.15: a hook that records what it is given, for
-      // the tests (hook_id as registerCompletionHook's), and what it recorded.
-      .def("_record_completions",
-           [](ddl::ProcessGroupDDL& pg, int64_t hookId) {
-             auto record = std::make_shared<CompletionRecord>();
-             pg.registerCompletionHook(hookId, [record](const c10d::CompletionHookArgs& args) {
-               std::lock_guard<std::mutex> lock(record->mutex);
-               record->calls.emplace_back(args.completionKey, args.duration_ms);
-             });
-             std::unique_lock<std::mutex> lock;
-             completionRecords(lock)[hookId] = record;
-           })
-      .def_static("_recorded_completions",
-                  [](int64_t hookId) {
-                    std::shared_ptr<CompletionRecord> record;
-                    {
-                      std::unique_lock<std::mutex> lock;
-                      auto& records = completionRecords(lock);
-                      auto it = records.find(hookId);
-                      if (it == records.end()) return CompletionRecord::Calls{};
-                      record = it->second;
-                    }
-                    std::lock_guard<std::mutex> lock(record->mutex);
-                    return record->calls;
-                  })
+  bindCompletionRecords(backend);
 #endif
+  backend
       // One-sided windows on every torch (torch_ddl.new_window); from torch 2.14 on also
       // ProcessGroup.new_window / dist._new_window.
       .def("_new_window", &ddl::ProcessGroupDDL::newWindow, py::arg("tensor") = py::none())
@@ -195,27 +202,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);
         });
       });
+}
 
-  bindWindow(m);
-  m.def("waive_quorum", &ddl::ProcessGroupDDL::waiveQuorum,
-        "shrink_group on this thread does (not) require a quorum of the group to be left");
-
-  // Offline: the topology of ranks on the named hosts (by rank), racks and links as in
-  // TORCH_DDL_TOPOLOGY and TORCH_DDL_LINKS.
-  m.def("plan_offline", [](const std::vector<std::string>& hostOf, const std::string& racks,
-                           const std::string& links, const std::vector<int64_t>& sizes) {
-    return valueErrors([&] {
-      std::vector<ddl::Locality> ranks;
-      for (const std::string& h : hostOf) ranks.push_back(ddl::Locality{h, h});
-      ddl::Topology topology = ddl::buildTopology(ranks, ddl::parseRackMap(racks));
-      ddl::LinkCosts costs = ddl::parseLinks(links);
-      return py::make_tuple(topology.describe(), costs.describe(),
-                            planRows(topology, costs, sizes));
-    });
-  });
-
-  ddl::defineSimulator(m);
-
+// The process's own: configuration, shared buffers, the flight recorder, the transport.
+void bindProcess(py::module_& m) {
   m.def("config_table", [] {
     py::list rows;
     for (const ddl::ConfigEntry& e : ddl::configTable()) {
@@ -261,4 +251,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },
       py::call_guard<py::gil_scoped_release>());
   m.def("shutdown", &ddl::Engine::shutdownProcess, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module_::import("torch.distributed");
+  bindBackend(m);
+  bindWindow(m);
+  m.def("waive_quorum", &ddl::ProcessGroupDDL::waiveQuorum,
+        "shrink_group on this thread does (not) require a quorum of the group to be left");
+
+  // Offline: the topology of ranks on the named hosts (by rank), racks and links as in
+  // TORCH_DDL_TOPOLOGY and TORCH_DDL_LINKS.
+  m.def("plan_offline", [](const std::vector<std::string>& hostOf, const std::string& racks,
+                           const std::string& links, const std::vector<int64_t>& sizes) {
+    return valueErrors([&] {
+      std::vector<ddl::Locality> ranks;
+      for (const std::string& h : hostOf) ranks.push_back(ddl::Locality{h, h});
+      ddl::Topology topology = ddl::buildTopology(ranks, ddl::parseRackMap(racks));
+      ddl::LinkCosts costs = ddl::parseLinks(links);
+      return py::make_tuple(topology.describe(), costs.describe(),
+                            planRows(topology, costs, sizes));
+    });
+  });
+
+  ddl::defineSimulator(m);
+  bindProcess(m);
 }

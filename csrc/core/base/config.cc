@@ -101,6 +101,42 @@ size_t parseSize(const ConfigEntry& entry, size_t minimum) {
   return static_cast<size_t>(value);
 }
 
+bool parseFlag(const ConfigEntry& entry) {
+  const std::string value = configValue(entry);
+  if (value != "0" && value != "1") {
+    throw Error("ddl: " + std::string(entry.name) + "=" + value + " is not 0 or 1");
+  }
+  return value == "1";
+}
+
+std::vector<int> parseLevelOrder(const ConfigEntry& entry) {
+  const std::string order = configValue(entry);
+  std::vector<int> levels;
+  for (size_t at = 0; at < order.size();) {
+    size_t comma = std::min(order.find(',', at), order.size());
+    std::string item = order.substr(at, comma - at);
+    if (item.empty() || item.size() > 2 ||
+        item.find_first_not_of("0123456789") != std::string::npos) {
+      throw Error("ddl: " + std::string(entry.name) + "=" + order +
+                  " is not a comma-separated list of dimensions (e.g. 1,0)");
+    }
+    levels.push_back(std::stoi(item));
+    at = comma + 1;
+  }
+  return levels;
+}
+
+int parseDebug(const ConfigEntry& entry) {
+  std::string debug = configValue(entry);
+  std::transform(debug.begin(), debug.end(), debug.begin(), ::toupper);
+  if (debug.empty() || debug == "OFF") return 0;
+  if (debug == "WARN") return 1;
+  if (debug == "INFO") return 2;
+  if (debug == "TRACE") return 3;
+  throw Error("ddl: " + std::string(entry.name) + "=" + configValue(entry) +
+              " is not one of WARN, INFO, TRACE (or empty)");
+}
+
 Config read() {
   Config c;
   const std::string algo = configValue(kTable[0]);
@@ -124,57 +160,17 @@ Config read() {
     throw Error("ddl: TORCH_DDL_RINGS x TORCH_DDL_COLORS x TORCH_DDL_WAVES must be at most " +
                 std::to_string(tag::kPlanPhases));
   }
-  std::string order = configValue(kTable[10]);
-  for (size_t at = 0; at < order.size();) {
-    size_t comma = std::min(order.find(',', at), order.size());
-    std::string item = order.substr(at, comma - at);
-    if (item.empty() || item.size() > 2 ||
-        item.find_first_not_of("0123456789") != std::string::npos) {
-      throw Error("ddl: TORCH_DDL_LEVEL_ORDER=" + order +
-                  " is not a comma-separated list of dimensions (e.g. 1,0)");
-    }
-    c.levelOrder.push_back(std::stoi(item));
-    at = comma + 1;
-  }
-  std::string hierarchical = configValue(kTable[12]);
-  if (hierarchical != "0" && hierarchical != "1") {
-    throw Error("ddl: TORCH_DDL_HIERARCHICAL=" + hierarchical + " is not 0 or 1");
-  }
-  c.hierarchical = hierarchical == "1";
-  std::string slots = configValue(kTable[15]);
-  if (slots != "0" && slots != "1") {
-    throw Error("ddl: TORCH_DDL_HOST_SLOTS=" + slots + " is not 0 or 1");
-  }
-  c.hostSlots = slots == "1";
-  std::string probe = configValue(kTable[16]);
-  if (probe != "0" && probe != "1") {
-    throw Error("ddl: TORCH_DDL_PROBE_LINKS=" + probe + " is not 0 or 1");
-  }
-  c.probeLinks = probe == "1";
+  c.levelOrder = parseLevelOrder(kTable[10]);
+  c.hierarchical = parseFlag(kTable[12]);
+  c.hostSlots = parseFlag(kTable[15]);
+  c.probeLinks = parseFlag(kTable[16]);
   c.topology = configValue(kTable[13]);
   c.links = configValue(kTable[14]);
   c.spinMicros = static_cast<long>(parseSize(kTable[6], 0));
-  std::string share = configValue(kTable[7]);
-  if (share != "0" && share != "1") {
-    throw Error("ddl: TORCH_DDL_SHARE_TENSORS=" + share + " is not 0 or 1");
-  }
-  c.shareTensors = share == "1";
+  c.shareTensors = parseFlag(kTable[7]);
   c.traceEntries = parseSize(kTable[17], 0);
   c.traceFile = configValue(kTable[18]);
-  std::string debug = configValue(kTable[19]);
-  std::transform(debug.begin(), debug.end(), debug.begin(), ::toupper);
-  if (debug.empty() || debug == "OFF") {
-    c.debug = 0;
-  } else if (debug == "WARN") {
-    c.debug = 1;
-  } else if (debug == "INFO") {
-    c.debug = 2;
-  } else if (debug == "TRACE") {
-    c.debug = 3;
-  } else {
-    throw Error("ddl: TORCH_DDL_DEBUG=" + configValue(kTable[19]) +
-                " is not one of WARN, INFO, TRACE (or empty)");
-  }
+  c.debug = parseDebug(kTable[19]);
   c.debugFile = configValue(kTable[20]);
   c.heartbeatMillis = static_cast<long>(parseSize(kTable[21], 0));
   c.heartbeatTimeoutMillis = static_cast<long>(parseSize(kTable[22], 1));

@@ -33,6 +33,13 @@ class Pickle {
       append(static_cast<uint64_t>(v), 8);
     }
   }
+  void integerOrNone(bool known, int64_t v) {
+    if (known) {
+      integer(v);
+    } else {
+      none();
+    }
+  }
   void string(const std::string& s) {
     out_ += 'X';
     append(s.size(), 4);
@@ -101,6 +108,83 @@ const char* stateName(TraceEntry::State s) {
       return "completed";
   }
   return "";
+}
+
+// One entry, as torch's flight recorder writes one (its rank and size in its group, the group's
+// name, and its number among the point-to-point entries, 0 for a collective).
+void writeEntry(Pickle& p, const TraceEntry& e, int rank, int size, const std::string& groupName,
+                int64_t p2pSeq) {
+  p.beginDict();
+  p.key("record_id");
+  p.integer(static_cast<int64_t>(e.record));
+  p.key("pg_id");
+  p.integer(e.groupId);
+  p.key("process_group");
+  p.string(std::to_string(e.groupId));
+  p.string(groupName);
+  p.tuple2();
+  p.key("collective_seq_id");
+  p.integer(e.pointToPoint ? 0 : e.sequence);
+  p.key("p2p_seq_id");
+  p.integer(p2pSeq);
+  p.key("op_id");
+  p.integer(static_cast<int64_t>(e.record));
+  p.key("profiling_name");
+  p.string("ddl:" + torchName(e, rank));
+  p.key("time_created_ns");
+  p.integer(e.createdNs);
+  // Elements per rank's input, and of the output (all ranks' blocks where they gather).
+  const int64_t count = static_cast<int64_t>(e.print.count);
+  const bool gathers = e.print.collective == Collective::kAllgather;
+  const bool scatters = e.print.collective == Collective::kReduceScatter;
+  p.key("input_sizes");
+  p.beginList();
+  p.beginList();
+  p.integer(scatters ? count * size : count);
+  p.endList();
+  p.endList();
+  p.key("output_sizes");
+  p.beginList();
+  p.beginList();
+  p.integer(gathers ? count * size : count);
+  p.endList();
+  p.endList();
+  const std::string dtype = torchDtype(e.print.type);
+  p.key("input_dtypes");
+  p.beginList();
+  if (!dtype.empty()) p.string(dtype);
+  p.endList();
+  p.key("output_dtypes");
+  p.beginList();
+  if (!dtype.empty()) p.string(dtype);
+  p.endList();
+  p.key("state");
+  p.string(stateName(e.state));
+  p.key("time_discovered_started_ns");
+  p.integerOrNone(e.startedNs != 0, e.startedNs);
+  p.key("time_discovered_completed_ns");
+  p.integerOrNone(e.endedNs != 0, e.endedNs);
+  p.key("duration_ms");
+  p.integerOrNone(e.endedNs && e.startedNs, (e.endedNs - e.startedNs) / 1000000);
+  p.key("retired");
+  p.boolean(e.state == TraceEntry::State::kCompleted || e.state == TraceEntry::State::kFailed);
+  p.key("timeout_ms");
+  p.integer(e.timeoutMs);
+  p.key("is_p2p");
+  p.boolean(e.pointToPoint);
+  p.key("frames");
+  p.beginList();
+  p.endList();
+  p.key("ddl_call");
+  p.string(e.pointToPoint ? std::string(e.name) + " with rank " + std::to_string(e.peer)
+                          : e.print.describe());
+  p.key("ddl_failed");
+  p.boolean(e.state == TraceEntry::State::kFailed);
+  p.key("ddl_error");
+  p.string(e.error);
+  p.key("ddl_awaited");
+  p.string(e.awaited);
+  p.endDict();
 }
 
 }  // namespace
@@ -203,89 +287,8 @@ std::string FlightRecorder::dump() const {
     auto group = groups_.find(e.groupId);
     const int rank = group == groups_.end() ? -1 : group->second.rank;
     const int size = group == groups_.end() ? 1 : group->second.size;
-    p.beginDict();
-    p.key("record_id");
-    p.integer(static_cast<int64_t>(e.record));
-    p.key("pg_id");
-    p.integer(e.groupId);
-    p.key("process_group");
-    p.string(std::to_string(e.groupId));
-    p.string(group == groups_.end() ? "" : group->second.name);
-    p.tuple2();
-    p.key("collective_seq_id");
-    p.integer(e.pointToPoint ? 0 : e.sequence);
-    p.key("p2p_seq_id");
-    p.integer(e.pointToPoint ? static_cast<int64_t>(++p2p) : 0);
-    p.key("op_id");
-    p.integer(static_cast<int64_t>(e.record));
-    p.key("profiling_name");
-    p.string("ddl:" + torchName(e, rank));
-    p.key("time_created_ns");
-    p.integer(e.createdNs);
-    // Elements per rank's input, and of the output (all ranks' blocks where they gather).
-    const int64_t count = static_cast<int64_t>(e.print.count);
-    const bool gathers = e.print.collective == Collective::kAllgather;
-    const bool scatters = e.print.collective == Collective::kReduceScatter;
-    p.key("input_sizes");
-    p.beginList();
-    p.beginList();
-    p.integer(scatters ? count * size : count);
-    p.endList();
-    p.endList();
-    p.key("output_sizes");
-    p.beginList();
-    p.beginList();
-    p.integer(gathers ? count * size : count);
-    p.endList();
-    p.endList();
-    const std::string dtype = torchDtype(e.print.type);
-    p.key("input_dtypes");
-    p.beginList();
-    if (!dtype.empty()) p.string(dtype);
-    p.endList();
-    p.key("output_dtypes");
-    p.beginList();
-    if (!dtype.empty()) p.string(dtype);
-    p.endList();
-    p.key("state");
-    p.string(stateName(e.state));
-    p.key("time_discovered_started_ns");
-    if (e.startedNs) {
-      p.integer(e.startedNs);
-    } else {
-      p.none();
-    }
-    p.key("time_discovered_completed_ns");
-    if (e.endedNs) {
-      p.integer(e.endedNs);
-    } else {
-      p.none();
-    }
-    p.key("duration_ms");
-    if (e.endedNs && e.startedNs) {
-      p.integer((e.endedNs - e.startedNs) / 1000000);
-    } else {
-      p.none();
-    }
-    p.key("retired");
-    p.boolean(e.state == TraceEntry::State::kCompleted || e.state == TraceEntry::State::kFailed);
-    p.key("timeout_ms");
-    p.integer(e.timeoutMs);
-    p.key("is_p2p");
-    p.boolean(e.pointToPoint);
-    p.key("frames");
-    p.beginList();
-    p.endList();
-    p.key("ddl_call");
-    p.string(e.pointToPoint ? std::string(e.name) + " with rank " + std::to_string(e.peer)
-                            : e.print.describe());
-    p.key("ddl_failed");
-    p.boolean(e.state == TraceEntry::State::kFailed);
-    p.key("ddl_error");
-    p.string(e.error);
-    p.key("ddl_awaited");
-    p.string(e.awaited);
-    p.endDict();
+    writeEntry(p, e, rank, size, group == groups_.end() ? "" : group->second.name,
+               e.pointToPoint ? static_cast<int64_t>(++p2p) : 0);
   }
   p.endList();
   p.endDict();

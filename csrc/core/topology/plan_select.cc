@@ -38,6 +38,32 @@ AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
   return plan;
 }
 
+// The multidim plans weighed: 1..dims colours, 1..2 rings and 1, 2, 4 or 8 waves, as far as the
+// request leaves them open and the tag's phases hold them.
+void multiDimChoices(const Topology& t, size_t count, size_t elementSize, int dims,
+                     const PlanRequest& request, std::vector<AllreducePlan>& out) {
+  std::vector<int> colorChoices, ringChoices;
+  for (int c = 1; c <= std::max(dims, 1); ++c) {
+    if (request.colors == 0 || request.colors == c) colorChoices.push_back(c);
+  }
+  if (colorChoices.empty()) colorChoices.push_back(request.colors);
+  for (int r = 1; r <= 2; ++r) {
+    if (request.rings == 0 || request.rings == r) ringChoices.push_back(r);
+  }
+  if (ringChoices.empty()) ringChoices.push_back(request.rings);
+  std::vector<int> waveChoices = {1, 2, 4, 8};
+  if (request.waves > 0) waveChoices = {request.waves};
+  for (int c : colorChoices) {
+    for (int r : ringChoices) {
+      for (int w : waveChoices) {
+        if (c * r * w > static_cast<int>(tag::kPlanPhases)) continue;
+        out.push_back(planMultiDim(t, count, elementSize, c, r, request.order, w));
+        out.back().hostSlots = request.hostSlots;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
@@ -53,30 +79,6 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
   const Grid grid = gridOf(t);
   int dims = 0;
   for (int d : grid.dims) dims += d > 1 ? 1 : 0;
-  auto multiDim = [&](int colors, int rings, int waves) {
-    out.push_back(planMultiDim(t, count, elementSize, colors, rings, request.order, waves));
-    out.back().hostSlots = request.hostSlots;
-  };
-  auto multiDimChoices = [&] {
-    std::vector<int> colorChoices, ringChoices;
-    for (int c = 1; c <= std::max(dims, 1); ++c) {
-      if (request.colors == 0 || request.colors == c) colorChoices.push_back(c);
-    }
-    if (colorChoices.empty()) colorChoices.push_back(request.colors);
-    for (int r = 1; r <= 2; ++r) {
-      if (request.rings == 0 || request.rings == r) ringChoices.push_back(r);
-    }
-    if (ringChoices.empty()) ringChoices.push_back(request.rings);
-    std::vector<int> waveChoices = {1, 2, 4, 8};
-    if (request.waves > 0) waveChoices = {request.waves};
-    for (int c : colorChoices) {
-      for (int r : ringChoices) {
-        for (int w : waveChoices) {
-          if (c * r * w <= static_cast<int>(tag::kPlanPhases)) multiDim(c, r, w);
-        }
-      }
-    }
-  };
   switch (request.algorithm) {
     case A::kRecursiveDoubling:
       out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
@@ -93,7 +95,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       out.push_back(sharedPlan(request.algorithm, count, elementSize, request));
       break;
     case A::kMultiDim:
-      multiDimChoices();
+      multiDimChoices(t, count, elementSize, dims, request, out);
       break;
     case A::kAuto:
     case A::kTrivial:  // (not a request: the planner's choice)
@@ -106,7 +108,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
       out.push_back(leadersPlan(t, count, elementSize));
       out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
-      if (static_cast<size_t>(dims) > 0) multiDimChoices();
+      if (static_cast<size_t>(dims) > 0) multiDimChoices(t, count, elementSize, dims, request, out);
       break;
   }
   if (request.algorithm == A::kAuto) {
