@@ -28,7 +28,6 @@ MAX_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Functions still longer, each at most as long as it is now: split one and take it off.
 LONG_FUNCTIONS = {
-    "csrc/core/algorithms/allreduce_direct.cc allreduceDirect": 211,
     "csrc/core/group/agreement.cc agreeOnDerived": 100,
     "csrc/core/group/derivation.cc Communicator::beginReconfigure": 90,
     "csrc/core/group/derivation.cc Communicator::startDerivation": 104,
@@ -37,7 +36,6 @@ LONG_FUNCTIONS = {
     "csrc/core/sim/network.cc SimNetwork::run": 108,
     "csrc/core/sim/scenario.cc drawScenario": 132,
     "csrc/core/sim/simulate.cc simulate": 180,
-    "csrc/core/topology/cost_model.cc predictSeconds": 134,
 }
 SOURCES = (".h", ".hpp", ".cc", ".cpp", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -151,38 +151,23 @@ double predictLeaders(const Topology& t, const LinkCosts& links, double bytes,
   return 2 * local + reduce + predictRecursiveDoubling(t, links, bytes, leaders);
 }
 
-}  // namespace
+// A multidim plan's pass (allreduce_plan.h): lanes advance in step, the i-th stage of every
+// lane at once, so lanes of one order share that dimension's links, while colours (rotated
+// orders) load different ones. One wave's pass is 2S tasks (the reduce-scatter stages, then the
+// allgather's in reverse); each holds the links it loads for their bytes' time and the ranks for
+// their reductions.
+struct PassTask {
+  double seconds = 0;
+  Loads::Busy holds;
+};
 
-double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCosts& links) {
-  const double bytes = static_cast<double>(plan.count) * plan.elementSize;
-  switch (plan.algorithm) {
-    case AllreduceAlgorithm::kTrivial:
-      return 0;
-    case AllreduceAlgorithm::kRecursiveDoubling:
-      return predictRecursiveDoubling(t, links, bytes, naturalRing(t.size, false).order);
-    case AllreduceAlgorithm::kLeaders:
-      return predictLeaders(t, links, bytes, plan.hosts);
-    case AllreduceAlgorithm::kRing:
-    case AllreduceAlgorithm::kShared:
-    case AllreduceAlgorithm::kSharedRing:
-    case AllreduceAlgorithm::kDirect:
-      return predictRing(t, links, bytes, plan.rings);
-    case AllreduceAlgorithm::kMultiDim:
-      break;
-  }
-  // Lanes advance in step: the i-th stage of every lane runs at once, so lanes of one order
-  // share that dimension's links, while colours (rotated orders) load different ones. One
-  // wave's pass is 2S tasks (the reduce-scatter stages, then the allgather's in reverse); each
-  // holds the links it loads for their bytes' time and the ranks for their reductions.
-  struct Task {
-    double seconds = 0;
-    Loads::Busy holds;
-  };
-  size_t stages = 0;
-  for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
-  std::vector<Task> scatter(stages), gather(stages);
-  double allReduce = 0;  // every lane's reductions on one rank
-  Loads total(t);        // every lane's bytes: no schedule beats its busiest link
+// Prices each stage's reduce-scatter and allgather tasks (of the first waves), adds every lane's
+// bytes to *total (no schedule beats its busiest link) and every lane's reductions on one rank
+// to *allReduce.
+void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& links,
+                 std::vector<PassTask>& scatter, std::vector<PassTask>& gather, Loads* total,
+                 double* allReduce) {
+  const size_t stages = scatter.size();
   const std::tuple<int, int, bool> rank{-1, 0, true};  // the ranks, as a resource
   for (size_t i = 0; i < stages; ++i) {
     Loads first(t);  // the first waves' bytes in stage i
@@ -212,8 +197,8 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
           message = std::max(message, chunk);
         }
       }
-      total.add(loads, 2);
-      allReduce += laneReduce;
+      total->add(loads, 2);
+      *allReduce += laneReduce;
       if (lane.after < 0) {
         ++firstLanes;
         first.add(loads, 1);
@@ -243,13 +228,13 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     scatter[i].holds = gather[i].holds;
     scatter[i].holds[rank] = firstReduce;
   }
-  std::vector<const Task*> pass;
-  for (const Task& task : scatter) pass.push_back(&task);
-  for (size_t i = stages; i-- > 0;) pass.push_back(&gather[i]);
-  // Waves through the pass, a wave's task after its previous one and after the previous wave's
-  // same task (as the engine orders them), each started, earliest ready first, once the links
-  // and ranks it holds are free.
-  const size_t waves = static_cast<size_t>(std::max(plan.waves, 1));
+}
+
+// Waves through the pass, a wave's task after its previous one and after the previous wave's
+// same task (as the engine orders them), each started, earliest ready first, once the links
+// and ranks it holds are free: when the last ends.
+double wavesMakespan(const std::vector<const PassTask*>& pass, int planWaves) {
+  const size_t waves = static_cast<size_t>(std::max(planWaves, 1));
   std::vector<std::vector<double>> ends(waves, std::vector<double>(pass.size(), 0));
   std::vector<size_t> next(waves, 0);
   Loads::Busy freeAt;
@@ -266,7 +251,7 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
         pickReady = ready;
       }
     }
-    const Task& task = *pass[next[pick]];
+    const PassTask& task = *pass[next[pick]];
     // It starts once the link it holds longest is free; on its other links its bytes queue
     // behind what is there, and it ends no sooner than they have passed.
     const std::tuple<int, int, bool>* bottleneck = nullptr;
@@ -285,6 +270,39 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     makespan = std::max(makespan, end);
     ++next[pick];
   }
+  return makespan;
+}
+
+}  // namespace
+
+double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCosts& links) {
+  const double bytes = static_cast<double>(plan.count) * plan.elementSize;
+  switch (plan.algorithm) {
+    case AllreduceAlgorithm::kAuto:  // (a request, never a plan's)
+    case AllreduceAlgorithm::kTrivial:
+      return 0;
+    case AllreduceAlgorithm::kRecursiveDoubling:
+      return predictRecursiveDoubling(t, links, bytes, naturalRing(t.size, false).order);
+    case AllreduceAlgorithm::kLeaders:
+      return predictLeaders(t, links, bytes, plan.hosts);
+    case AllreduceAlgorithm::kRing:
+    case AllreduceAlgorithm::kShared:
+    case AllreduceAlgorithm::kSharedRing:
+    case AllreduceAlgorithm::kDirect:
+      return predictRing(t, links, bytes, plan.rings);
+    case AllreduceAlgorithm::kMultiDim:
+      break;
+  }
+  size_t stages = 0;
+  for (const Lane& lane : plan.lanes) stages = std::max(stages, lane.stages.size());
+  std::vector<PassTask> scatter(stages), gather(stages);
+  double allReduce = 0;  // every lane's reductions on one rank
+  Loads total(t);        // every lane's bytes: no schedule beats its busiest link
+  priceStages(plan, t, links, scatter, gather, &total, &allReduce);
+  std::vector<const PassTask*> pass;
+  for (const PassTask& task : scatter) pass.push_back(&task);
+  for (size_t i = stages; i-- > 0;) pass.push_back(&gather[i]);
+  const double makespan = wavesMakespan(pass, plan.waves);
   return std::max({makespan, total.seconds(links), allReduce});
 }
 
