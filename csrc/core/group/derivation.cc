@@ -59,6 +59,33 @@ RankCard decodeHandle(const std::string& h, int index) {
   return card;
 }
 
+// The cards of `handles` into *cards, and where `mine` is among them; throws where two are the
+// same process's or `mine` is not there.
+int positionAmong(const std::vector<std::string>& handles, const std::string& mine,
+                  std::vector<RankCard>* cards) {
+  const int n = static_cast<int>(handles.size());
+  cards->assign(static_cast<size_t>(n), RankCard{});
+  std::map<std::string, int> seen;
+  int me = -1;
+  for (int r = 0; r < n; ++r) {
+    const std::string& h = handles[static_cast<size_t>(r)];
+    (*cards)[static_cast<size_t>(r)] = decodeHandle(h, r);
+    auto [at, inserted] = seen.emplace(h, r);
+    if (!inserted) {
+      throw Error("ddl: reconfigure: handles " + std::to_string(at->second) + " and " +
+                      std::to_string(r) + " are the same process's",
+                  StatusKind::kInvalidArgument);
+    }
+    if (h == mine) me = r;
+  }
+  if (me < 0) {
+    throw Error("ddl: reconfigure: this process's handle is not among the " + std::to_string(n) +
+                    " given (a process reconfigures only a group it is a member of)",
+                StatusKind::kInvalidArgument);
+  }
+  return me;
+}
+
 }  // namespace
 
 std::vector<std::string> Communicator::orderHandles(std::vector<std::string> handles) {
@@ -383,26 +410,8 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginReconfigure(
                     std::to_string(tag::kMaxRanks) + " ranks",
                 StatusKind::kInvalidArgument);
   }
-  const std::string mine = handle(engine);
-  std::vector<RankCard> cards(static_cast<size_t>(n));
-  std::map<std::string, int> seen;
-  int me = -1;
-  for (int r = 0; r < n; ++r) {
-    const std::string& h = handles[static_cast<size_t>(r)];
-    cards[static_cast<size_t>(r)] = decodeHandle(h, r);
-    auto [at, inserted] = seen.emplace(h, r);
-    if (!inserted) {
-      throw Error("ddl: reconfigure: handles " + std::to_string(at->second) + " and " +
-                      std::to_string(r) + " are the same process's",
-                  StatusKind::kInvalidArgument);
-    }
-    if (h == mine) me = r;
-  }
-  if (me < 0) {
-    throw Error("ddl: reconfigure: this process's handle is not among the " + std::to_string(n) +
-                    " given (a process reconfigures only a group it is a member of)",
-                StatusKind::kInvalidArgument);
-  }
+  std::vector<RankCard> cards;
+  const int me = positionAmong(handles, handle(engine), &cards);
   const Config& settings = engine.config();
   GroupDirectory directory = directoryFrom(cards, parseRackMap(settings.topology), 0);
   if (!directory.error.ok()) throw Error(directory.error);

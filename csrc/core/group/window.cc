@@ -50,6 +50,31 @@ CallOptions windowCall(Collective as, const char* name, uint64_t count = 0) {
   return options;
 }
 
+// Why the ranks' offers to register cannot be taken together ("" where they can): a rank refused,
+// a rank's window already holds a tensor, or their layouts differ.
+std::string disagreement(const std::vector<WindowOffer>& offers) {
+  std::string differ, holding, refusals;
+  int listed = 0;
+  for (size_t r = 0; r < offers.size(); ++r) {
+    const uint32_t flags = offers[r].header.flags;
+    if (flags & kHeldAlready) holding += (holding.empty() ? "" : ", ") + std::to_string(r);
+    if (flags & kRefused) refusals += "; rank " + std::to_string(r) + ": " + offers[r].layout;
+    if (offers[r].layout != offers[0].layout && listed++ < 8) {
+      differ += ", rank " + std::to_string(r) + " " + offers[r].layout;
+    }
+  }
+  if (!refusals.empty()) return "refused" + refusals;
+  if (!holding.empty()) {
+    return "the window already holds a tensor on rank " + holding +
+           " (tensor_deregister it first, on every rank)";
+  }
+  if (!differ.empty()) {
+    return "every rank must register a tensor of the same dtype and shape: rank 0 " +
+           offers[0].layout + differ;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string encodeWindowOffer(const WindowOffer& o) {
@@ -247,30 +272,10 @@ void Window::finishAttach(Attaching& attaching) {
     throw;
   }
   // Every rank has the same offers, so every rank refuses alike.
-  std::string differ, holding, refusals;
-  int listed = 0;
-  for (int r = 0; r < size(); ++r) {
-    const uint32_t flags = offers[r].header.flags;
-    if (flags & kHeldAlready) holding += (holding.empty() ? "" : ", ") + std::to_string(r);
-    if (flags & kRefused) refusals += "; rank " + std::to_string(r) + ": " + offers[r].layout;
-    if (offers[r].layout != offers[0].layout && listed++ < 8) {
-      differ += ", rank " + std::to_string(r) + " " + offers[r].layout;
-    }
-  }
-  if (!holding.empty() || !differ.empty() || !refusals.empty()) {
+  const std::string refused = disagreement(offers);
+  if (!refused.empty()) {
     unregister(region);
-    if (!refusals.empty()) {
-      throw Error(where(name) + ": refused" + refusals, StatusKind::kInvalidArgument);
-    }
-    if (!holding.empty()) {
-      throw Error(where(name) + ": the window already holds a tensor on rank " + holding +
-                      " (tensor_deregister it first, on every rank)",
-                  StatusKind::kInvalidArgument);
-    }
-    throw Error(where(name) +
-                    ": every rank must register a tensor of the same dtype and shape: rank 0 " +
-                    offers[0].layout + differ,
-                StatusKind::kInvalidArgument);
+    throw Error(where(name) + ": " + refused, StatusKind::kInvalidArgument);
   }
   std::vector<Peer> peers(static_cast<size_t>(size()));
   comm_->engine().call([&] {

@@ -187,23 +187,18 @@ bool SharedBuffers::stillMapped(std::map<uintptr_t, Buffer>::iterator it) {
   return false;
 }
 
-bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
-  const auto at = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = buffers_.upper_bound(at);
-  if (it != buffers_.begin()) {
-    --it;
-    if (at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first) &&
-        stillMapped(it)) {
-      return true;
-    }
-  }
+namespace {
+
+constexpr size_t kPage = 4096;
+
+// The block glibc mapped for the allocation at `at` of `bytes`, if it is one: its page-aligned
+// [*blockStart, *blockStart + *blockLength).
+bool glibcBlock(uintptr_t at, size_t bytes, uintptr_t* blockStart, size_t* blockLength) {
   // A block of its own: glibc serves a large malloc with an mmap of its own (neighbouring
   // mappings may merge with it in /proc/self/maps, glibc's bookkeeping still names its bounds)
   // and heads it with a chunk header right before the data: the lead from the mapping's start
   // (prev_size) and the chunk's size with IS_MMAPPED and no other flag. The bounds must be
   // page-aligned, inside one private anonymous mapping, and fit the data closely.
-  constexpr size_t kPage = 4096;
   uintptr_t mapStart = 0, mapEnd = 0;
   if (bytes == 0 || !anonymousMapping(at, &mapStart, &mapEnd) ||
       at < mapStart + 2 * sizeof(size_t)) {
@@ -221,18 +216,13 @@ bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
       at + bytes > start + total || start + total - (at + bytes) > 2 * kPage) {
     return false;
   }
-  const uintptr_t end = start + total;
-  const size_t length = end - start;
-  const uint64_t serial = nextSerial_++;
-  const std::string memfdName =
-      "torch_ddl." + std::to_string(getpid()) + "." + std::to_string(serial);
-  int fd = memfd_create(memfdName.c_str(), MFD_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  if (ftruncate(fd, static_cast<off_t>(length)) != 0 || fstat(fd, &st) != 0) {
-    close(fd);
-    return false;
-  }
+  *blockStart = start;
+  *blockLength = total;
+  return true;
+}
+
+// Moves [start, start + length) into the file `fd` in place, `step` bytes at a time.
+bool moveIntoFile(int fd, uintptr_t start, size_t length, size_t step) {
   // Piece by piece, so that at most one piece is held twice: each piece of the memfd is filled
   // from the private pages and then mapped in their place in one step (the private pages are
   // freed there). If a piece fails, the pieces already moved stay file-backed with the same
@@ -243,15 +233,11 @@ bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
     const size_t n = std::min(step, length - done);
     void* piece = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                        static_cast<off_t>(done));
-    if (piece == MAP_FAILED) {
-      close(fd);
-      return false;
-    }
+    if (piece == MAP_FAILED) return false;
     std::memcpy(piece, reinterpret_cast<void*>(start + done), n);
     if (mremap(piece, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start + done)) ==
         MAP_FAILED) {
       munmap(piece, n);
-      close(fd);
       return false;
     }
     done += n;
@@ -261,6 +247,38 @@ bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
   if (mappedAt(start, length).empty() &&
       mmap(reinterpret_cast<void*>(start), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
            fd, 0) == MAP_FAILED) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = buffers_.upper_bound(at);
+  if (it != buffers_.begin()) {
+    --it;
+    if (at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first) &&
+        stillMapped(it)) {
+      return true;
+    }
+  }
+  uintptr_t start = 0;
+  size_t length = 0;
+  if (!glibcBlock(at, bytes, &start, &length)) return false;
+  const uint64_t serial = nextSerial_++;
+  const std::string memfdName =
+      "torch_ddl." + std::to_string(getpid()) + "." + std::to_string(serial);
+  int fd = memfd_create(memfdName.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0 || fstat(fd, &st) != 0) {
+    close(fd);
+    return false;
+  }
+  if (!moveIntoFile(fd, start, length, step)) {
     close(fd);
     return false;
   }
