@@ -87,7 +87,7 @@ class LaneRun {
   // `windows(stage, ring, gathering)`: the ready slot windows of a host ring of this lane, or null.
   using Windows = std::function<SlotWindows*(int, int, bool)>;
   LaneRun(Op& op, const Lane& lane, const LaneRun* before, void* data, DataType type,
-          ReduceOp reduce, const PipelineSettings& settings, uint64_t fingerprint, Windows windows)
+          ReduceOp reduce, const PipelineSettings& settings, uint64_t elements, Windows windows)
       : op_(op),
         lane_(lane),
         stages_(static_cast<int>(lane.stages.size())),
@@ -96,7 +96,7 @@ class LaneRun {
         type_(type),
         reduce_(reduce),
         settings_(settings),
-        fingerprint_(fingerprint),
+        elements_(elements),
         windows_(std::move(windows)) {}
 
   bool done() const { return turn_ >= 2 * stages_; }
@@ -162,7 +162,7 @@ class LaneRun {
         // Notices in the ring's first tag step, freed slots in the next: the halves of a ring
         // follow each other on every member, and one sender's messages of a tag keep their order.
         link = std::make_unique<SlotLink>(op_, *w, ring.order[(position + n - 1) % n],
-                                          ring.order[(position + 1) % n], fingerprint_, lane_.phase,
+                                          ring.order[(position + 1) % n], elements_, lane_.phase,
                                           ring.firstStep);
       }
       pipelines_.push_back(std::make_unique<RingPipeline>(op_, std::move(schedule), data_, type_,
@@ -183,7 +183,7 @@ class LaneRun {
   DataType type_;
   ReduceOp reduce_;
   PipelineSettings settings_;
-  uint64_t fingerprint_;
+  uint64_t elements_;
   Windows windows_;
   int turn_ = 0;  // stages reduce-scattered so far, then plus those gathered
   bool started_ = false;

@@ -13,13 +13,13 @@ constexpr uint32_t kAbandoned = ~uint32_t{0};  // a notice's step when its sende
 
 }  // namespace
 
-SlotLink::SlotLink(Op& op, SlotWindows& windows, int prev, int next, uint64_t fingerprint,
+SlotLink::SlotLink(Op& op, SlotWindows& windows, int prev, int next, uint64_t elements,
                    uint32_t phase, uint32_t noticeStep)
     : op_(op),
       windows_(windows),
       prev_(prev),
       next_(next),
-      fingerprint_(fingerprint),
+      elements_(elements),
       noticeSlot_(tag::slot(phase, noticeStep)),
       freeSlot_(tag::slot(phase, noticeStep + 1)),
       noticeIn_(windows.slots),
@@ -47,7 +47,7 @@ std::string SlotLink::describeTimeout() const {
 }
 
 void SlotLink::giveUp(const std::string& why) {
-  noticesOut_.push_back(SlotNotice{fingerprint_, 0, kAbandoned, 0});
+  noticesOut_.push_back(SlotNotice{elements_, 0, kAbandoned, 0});
   op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice));
   throw Error(why);
 }
@@ -73,9 +73,9 @@ void SlotLink::poll() {
   while (!noticeRecvs_.empty() && noticeRecvs_.front()->done) {
     SlotNotice m = noticeIn_[noticesTaken_++ % slots];
     noticeRecvs_.pop_front();
-    if (m.fingerprint != fingerprint_) {
-      giveUp("rank " + std::to_string(prev_) + " allreduces " + std::to_string(m.fingerprint) +
-             " elements, this rank " + std::to_string(fingerprint_) +
+    if (m.elements != elements_) {
+      giveUp("rank " + std::to_string(prev_) + " allreduces " + std::to_string(m.elements) +
+             " elements, this rank " + std::to_string(elements_) +
              " (every rank must pass the same shape)");
     }
     if (m.step == kAbandoned) {
@@ -110,7 +110,7 @@ char* SlotLink::outbox(char*, size_t, bool fresh) {
 void SlotLink::post(int step, size_t segment, char* at, size_t) {
   const uint32_t slot = static_cast<uint32_t>((at - windows_.outbox) / windows_.slotBytes);
   std::atomic_thread_fence(std::memory_order_release);  // the slot's bytes before the notice
-  noticesOut_.push_back(SlotNotice{fingerprint_, segment, static_cast<uint32_t>(step), slot});
+  noticesOut_.push_back(SlotNotice{elements_, segment, static_cast<uint32_t>(step), slot});
   sends_.push_back(op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice)));
   ++written_;
 }

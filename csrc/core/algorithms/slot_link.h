@@ -8,7 +8,7 @@
 // last one. The ring as a whole then never fills, so some rank can always move: no deadlock. The
 // link is idle once every slot it wrote has been given back, so the next op finds all slots free.
 //
-// Checks. Every notice carries a fingerprint of the call (the element count): a rank whose peer
+// Checks. Every notice carries the call's element count: a rank whose peer
 // disagrees, or sends a notice that does not fit the schedule, gives up and tells the next rank,
 // which gives up too, so nobody is left waiting around the ring.
 #pragma once
@@ -30,7 +30,7 @@ struct SlotWindows;
 class SlotLink : public Link {
  public:
   // Notices travel in tag step `noticeStep` of `phase`, freed slots in noticeStep + 1.
-  SlotLink(Op& op, SlotWindows& windows, int prev, int next, uint64_t fingerprint, uint32_t phase,
+  SlotLink(Op& op, SlotWindows& windows, int prev, int next, uint64_t elements, uint32_t phase,
            uint32_t noticeStep);
 
   // Who this link waits for, for a timeout's message.
@@ -48,7 +48,7 @@ class SlotLink : public Link {
 
  private:
   struct SlotNotice {
-    uint64_t fingerprint;
+    uint64_t elements;
     uint64_t segment;
     uint32_t step;
     uint32_t slot;
@@ -59,7 +59,7 @@ class SlotLink : public Link {
   SlotWindows& windows_;
   int prev_;
   int next_;
-  uint64_t fingerprint_;
+  uint64_t elements_;
   uint64_t noticeSlot_;
   uint64_t freeSlot_;
   LinkGeometry geometry_;
