@@ -58,32 +58,36 @@ def rank_of(folder):
     return None
 
 
+def sources(root):
+    """(folder, path) of every source file under root/csrc."""
+    for directory, _, names in os.walk(os.path.join(root, "csrc")):
+        for name in sorted(names):
+            if name.endswith(SOURCES):
+                yield directory, os.path.join(directory, name)
+
+
 def breaches(root=ROOT):
     """Every include that runs up a layer and every file over MAX_LINES under root/csrc."""
     found = []
-    for directory, _, names in os.walk(os.path.join(root, "csrc")):
-        for name in sorted(names):
-            if not name.endswith(SOURCES):
+    for directory, path in sources(root):
+        rel = os.path.relpath(path, root)
+        text = open(path).read()
+        lines = text.count("\n")
+        if lines > MAX_LINES:
+            found.append(f"{rel}: {lines} lines (at most {MAX_LINES})")
+        mine = folder_of(path, root)
+        if mine is None:
+            found.append(f"{rel}: in no layer of tools/check_layers.py")
+            continue
+        for included in INCLUDE.findall(text):
+            target = os.path.normpath(os.path.join(directory, included))
+            theirs = folder_of(target, root)
+            if theirs is None or not target.startswith(os.path.join(root, "csrc")):
                 continue
-            path = os.path.join(directory, name)
-            rel = os.path.relpath(path, root)
-            text = open(path).read()
-            lines = text.count("\n")
-            if lines > MAX_LINES:
-                found.append(f"{rel}: {lines} lines (at most {MAX_LINES})")
-            mine = folder_of(path, root)
-            if mine is None:
-                found.append(f"{rel}: in no layer of tools/check_layers.py")
+            if theirs == mine:
                 continue
-            for included in INCLUDE.findall(text):
-                target = os.path.normpath(os.path.join(directory, included))
-                theirs = folder_of(target, root)
-                if theirs is None or not target.startswith(os.path.join(root, "csrc")):
-                    continue
-                if theirs == mine:
-                    continue
-                if rank_of(theirs) >= rank_of(mine):
-                    found.append(f"{rel}: includes {included} ({theirs} is not below {mine})")
+            if rank_of(theirs) >= rank_of(mine):
+                found.append(f"{rel}: includes {included} ({theirs} is not below {mine})")
     return found
 
 
@@ -118,20 +122,16 @@ def long_functions(root=ROOT, allowed=None):
     allows, and every entry of `allowed` that no longer needs to be there."""
     allowed = LONG_FUNCTIONS if allowed is None else allowed
     found, seen = [], set()
-    for directory, _, files in os.walk(os.path.join(root, "csrc")):
-        for name in sorted(files):
-            if not name.endswith(SOURCES):
+    for _, path in sources(root):
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        for function, first, length in functions(open(path).read()):
+            key = f"{rel} {function}"
+            if length <= MAX_FUNCTION_LINES:
                 continue
-            path = os.path.join(directory, name)
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
-            for function, first, length in functions(open(path).read()):
-                key = f"{rel} {function}"
-                if length <= MAX_FUNCTION_LINES:
-                    continue
-                seen.add(key)
-                if length > allowed.get(key, MAX_FUNCTION_LINES):
-                    found.append(f"{rel}:{first}: {function} is {length} lines (at most "
-                                 f"{allowed.get(key, MAX_FUNCTION_LINES)})")
+            seen.add(key)
+            if length > allowed.get(key, MAX_FUNCTION_LINES):
+                found.append(f"{rel}:{first}: {function} is {length} lines (at most "
+                             f"{allowed.get(key, MAX_FUNCTION_LINES)})")
     for key in sorted(set(allowed) - seen):
         found.append(f"{key}: listed in LONG_FUNCTIONS, and no longer over "
                      f"{MAX_FUNCTION_LINES} lines: take it off")
@@ -146,24 +146,19 @@ def stale_names(root=ROOT):
         folders[:] = [f for f in folders if f not in SKIPPED]
         names.update(files)
     found = []
-    for directory, _, files in os.walk(os.path.join(root, "csrc")):
-        for name in sorted(files):
-            if not name.endswith(SOURCES):
+    for directory, path in sources(root):
+        bases = [directory, os.path.join(root, "csrc"), os.path.join(root, "csrc", "core"), root]
+        for number, line in enumerate(open(path), 1):
+            comment = line.find("//")
+            if comment < 0:
                 continue
-            path = os.path.join(directory, name)
-            for number, line in enumerate(open(path), 1):
-                comment = line.find("//")
-                if comment < 0:
+            for named in NAMED.findall(line[comment:]):
+                if "/" not in named and named in names:
                     continue
-                for named in NAMED.findall(line[comment:]):
-                    if "/" not in named and named in names:
-                        continue
-                    bases = [directory, os.path.join(root, "csrc"), os.path.join(root, "csrc", "core"),
-                             root]
-                    if any(os.path.exists(os.path.join(b, named)) for b in bases):
-                        continue
-                    found.append(f"{os.path.relpath(path, root)}:{number}: names {named}, "
-                                 "which does not exist")
+                if any(os.path.exists(os.path.join(b, named)) for b in bases):
+                    continue
+                found.append(f"{os.path.relpath(path, root)}:{number}: names {named}, "
+                             "which does not exist")
     return found
 
 
