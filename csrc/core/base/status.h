@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,22 @@ struct Status {
   bool ok() const { return kind == StatusKind::kOk; }
   // The same failure in other words (a prefix naming where it happened, say).
   Status withDetail(std::string words) const { return Status(kind, std::move(words), ranks); }
+};
+
+// Every error the core reports to a user: bad input, timeouts, transport failures. It carries
+// the Status it stands for (the kind says which; kOther where the thrower named none).
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message, StatusKind kind = StatusKind::kOther)
+      : std::runtime_error(message), kind_(kind) {}
+  explicit Error(const Status& status)
+      : std::runtime_error(status.detail), kind_(status.kind), ranks_(status.ranks) {}
+  StatusKind kind() const { return kind_; }
+  Status status() const { return Status(kind_, what(), ranks_); }
+
+ private:
+  StatusKind kind_;
+  std::vector<int> ranks_;
 };
 
 }  // namespace ddl

@@ -1,10 +1,9 @@
-// Type-erased buffer description shared by every layer of the core: element types, reduce ops,
-// and the error type that carries a user-facing message up to the torch glue.
+// Type-erased buffer description shared by every layer of the core: element types and reduce
+// ops (the error the core throws, Error, is status.h's).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,21 +33,5 @@ bool isFloatingPoint(DataType type);
 
 // Empty string when `op` is defined on `type`; otherwise the reason it is not.
 std::string checkReduceOp(DataType type, ReduceOp op);
-
-// Every error the core reports to a user: bad input, timeouts, transport failures. It carries
-// the Status it stands for (the kind says which; kOther where the thrower named none).
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message, StatusKind kind = StatusKind::kOther)
-      : std::runtime_error(message), kind_(kind) {}
-  explicit Error(const Status& status)
-      : std::runtime_error(status.detail), kind_(status.kind), ranks_(status.ranks) {}
-  StatusKind kind() const { return kind_; }
-  Status status() const { return Status(kind_, what(), ranks_); }
-
- private:
-  StatusKind kind_;
-  std::vector<int> ranks_;
-};
 
 }  // namespace ddl
