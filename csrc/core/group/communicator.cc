@@ -46,7 +46,7 @@ void Communicator::reject(const char* name, const std::string& why) noexcept {
 
 void Communicator::refuse(const char* name, const std::string& what) {
   reject(name, what);
-  throw Error(where(name) + ": " + what);
+  throw Error(where(name) + ": " + what, StatusKind::kInvalidArgument);
 }
 
 std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, DataType type) {

@@ -247,7 +247,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                 const void* inlineData = nullptr, size_t inlineBytes = 0);
   friend class Window;
   std::string where(const char* name) const;
-  // Bad arguments: the other ranks are told (reject) and the caller gets an Error.
+  // Bad arguments: the other ranks are told (reject) and the caller gets an Error of
+  // kInvalidArgument.
   [[noreturn]] void refuse(const char* name, const std::string& what);
   void checkRoot(const char* name, int root);
   // count * elementSize(type); refuses when `times` such blocks overflow size_t.
