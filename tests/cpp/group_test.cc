@@ -1,0 +1,316 @@
+// A group's state and its calls: closing and timeouts fail ops on every rank, the call checks
+// (roots, refusals, leftovers, prints), and torch 2.14's reconfigure from handles.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "harness.h"
+#include "values.h"
+
+namespace ddl::test {
+namespace {
+
+// abort() and shutdown() close a group: its ops in flight fail at once, and so do later ones.
+TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {
+  runRanks(2, [](Communicator& comm) {
+    EXPECT_TRUE(comm.firstFailure().status.ok());
+    if (comm.rank() == 1) return;  // never joins: rank 0's allreduce waits
+    std::vector<float> buf(1000, 1.0f);
+    auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(work->done());
+    auto start = std::chrono::steady_clock::now();
+    comm.close("aborted: the test closed it");
+    ASSERT_TRUE(work->wait(std::chrono::milliseconds(1000)));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+    EXPECT_TRUE(work->failed());
+    EXPECT_NE(work->error().find("aborted: the test closed it"), std::string::npos)
+        << work->error();
+    EXPECT_EQ(comm.firstFailure().status.kind, StatusKind::kClosed);
+    EXPECT_EQ(work->status().kind, StatusKind::kClosed);
+    auto later = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(later->wait(std::chrono::milliseconds(500)));
+    EXPECT_NE(later->error().find("aborted: the test closed it"), std::string::npos)
+        << later->error();
+  });
+}
+
+TEST(GroupState, AnOpClosedWithReceivesStillHeldIsFreedWhenTheyComplete) {
+  // A transport that completes a cancelled receive only later (as UCX may): the failed op waits
+  // as an orphan for its receives, then goes, its ring's links before the requests they point
+  // at (a sanitizer build sees any access to a freed request).
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "ring"}, {"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  LoopbackFabric fabric;
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) return;  // never joins: rank 0's ring waits on its receives
+        std::vector<float> buf(100000, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_FALSE(work->done());
+        comm.close("aborted: the test closed it");
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(1000)));
+        EXPECT_TRUE(work->failed());
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (comm.engine().orphanedOps() > 0 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        EXPECT_EQ(comm.engine().orphanedOps(), 0u);
+      },
+      std::chrono::seconds(60),
+      [&] {
+        auto transport = fabric.join();
+        transport->refuseWindows(true);
+        transport->deferCancels(true);
+        return transport;
+      });
+}
+
+TEST(GroupState, ATimeoutIsRecordedAsTheGroupsFirstFailure) {
+  runRanks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) return;
+        std::vector<float> buf(10, 1.0f);
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        EXPECT_TRUE(work->failed());
+        const Status first = comm.firstFailure().status;
+        EXPECT_EQ(first.kind, StatusKind::kTimeout);
+        EXPECT_EQ(first.ranks, std::vector<int>{1});  // whom it waited for
+        EXPECT_NE(first.detail.find("Timed out"), std::string::npos) << first.detail;
+      },
+      std::chrono::milliseconds(300));
+}
+
+TEST(GroupState, ATimeoutFailsTheGroupOnEveryRank) {
+  // Rank 2 comes late: ranks 0 and 1 time out; when rank 2 calls, it fails at once with their
+  // words, and so does every later op, on every rank.
+  runRanks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> buf(10, 1.0f);
+        if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        auto start = std::chrono::steady_clock::now();
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        EXPECT_TRUE(work->failed());
+        if (comm.rank() == 2) {
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+          EXPECT_NE(work->error().find("reports: Timed out after 300 ms"), std::string::npos)
+              << work->error();
+        }
+        EXPECT_EQ(comm.firstFailure().status.kind, StatusKind::kTimeout);
+        auto later = comm.barrier();
+        ASSERT_TRUE(later->wait(std::chrono::milliseconds(100)));
+        EXPECT_NE(later->error().find("the group failed earlier"), std::string::npos)
+            << later->error();
+      },
+      std::chrono::milliseconds(300));
+}
+
+TEST(GroupState, ATimeoutNamesTheRankAtTheEndOfTheWait) {
+  // Rank 3 of 5 never comes in time. In a ring only rank 4 waits on it directly; the others wait
+  // on ranks that wait in turn. Halfway to the deadline each says whom it waits for, and every
+  // rank's timeout follows those reports to rank 3.
+  std::vector<std::string> errors(5);
+  runRanks(
+      5,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 16, 1.0f);
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return;
+        }
+        auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+        errors[comm.rank()] = work->error();
+      },
+      std::chrono::milliseconds(600));
+  for (int r : {0, 1, 2, 4}) {
+    const std::string& e = errors[r];
+    EXPECT_NE(e.find("Timed out after 600 ms"), std::string::npos) << e;
+    const bool direct = e.find("rank 3 has not started this op") != std::string::npos;
+    const bool followed = e.find("to rank 3, which has not started this op") != std::string::npos;
+    EXPECT_TRUE(direct || followed) << "rank " << r << ": " << e;
+  }
+}
+
+TEST(CallCheck, EveryRankNamingItselfTheRootFails) {
+  // Nobody receives anything: only the call check can see it.
+  std::vector<std::string> errors(3);
+  runRanks(3, [&](Communicator& comm) {
+    std::vector<float> buf(100, 1.0f);
+    auto work = comm.broadcast(buf.data(), buf.size(), DataType::kFloat32, comm.rank());
+    work->wait();
+    errors[comm.rank()] = work->error();
+    check(comm.barrier());  // the group goes on
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("broadcast(100 x float32 from rank"), std::string::npos) << e;
+  }
+}
+
+TEST(CallCheck, ARefusalOnOneRankEndsTheOpEverywhereAndTheGroupGoesOn) {
+  // Rank 0 refuses its arguments; ranks 1 and 2, in a large allreduce, fail at once naming it.
+  std::vector<std::string> errors(3);
+  runRanks(
+      3,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 18, 1.0f);
+        auto start = std::chrono::steady_clock::now();
+        if (comm.rank() == 0) {
+          try {
+            (void)comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kBand);
+            ADD_FAILURE() << "a BAND of floats was not refused";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), StatusKind::kInvalidArgument) << e.what();
+          }
+        } else {
+          auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+          errors[comm.rank()] = work->error();
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+        }
+        for (int i = 0; i < 2; ++i) {
+          std::fill(buf.begin(), buf.end(), 1.0f);
+          check(comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum));
+          EXPECT_EQ(buf.back(), 3.0f);
+        }
+      },
+      std::chrono::seconds(30));
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_NE(
+        errors[r].find("rank 0 reports: rank 0 refused its call to allreduce: reduce op BAND"),
+        std::string::npos)
+        << errors[r];
+  }
+}
+
+TEST(CallCheck, AFailedOpsLeftoversNeverTakeAPointToPointMessage) {
+  // Op #0 fails on rank 1 (rank 0 refused it): for a while rank 1 discards what arrives for it.
+  // A point-to-point message whose user tag has the same low bits must not be taken for that.
+  runRanks(
+      2,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1 << 10, 1.0f);
+        if (comm.rank() == 0) {
+          EXPECT_THROW(
+              (void)comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kBand),
+              Error);
+          const float value = 42.0f;
+          check(comm.send(&value, sizeof(value), 1, /*userTag=*/0));
+        } else {
+          auto work = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(work->wait(std::chrono::milliseconds(5000)));
+          EXPECT_TRUE(work->failed());
+          // The message arrives with no receive posted; housekeeping runs meanwhile.
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          float got = 0;
+          CallOptions options;
+          options.timeout = std::chrono::milliseconds(2000);
+          check(comm.recv(&got, sizeof(got), 0, /*userTag=*/0, options));
+          EXPECT_EQ(got, 42.0f);
+        }
+      },
+      std::chrono::seconds(30));
+}
+
+TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
+  CallPrint p = callPrint(Collective::kReduce, 7, DataType::kInt64, ReduceOp::kMax, 2);
+  EXPECT_EQ(p.describe(), "reduce(MAX, 7 x int64 to rank 2)");
+  EXPECT_EQ(callPrint(Collective::kBarrier).describe(), "barrier()");
+  Notice n;
+  n.sequence = 41;
+  n.scope = Notice::Scope::kGroupTimeout;
+  n.from = 3;
+  n.text = std::string(5000, 'x');
+  std::string bytes = n.encode();
+  EXPECT_LE(bytes.size(), Notice::kMaxBytes);
+  std::optional<Notice> back = Notice::decode(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->sequence, 41u);
+  EXPECT_EQ(back->from, 3);
+  EXPECT_EQ(back->scope, Notice::Scope::kGroupTimeout);
+  EXPECT_FALSE(Notice::decode(bytes.data(), 3).has_value());
+}
+
+// torch 2.14's reconfigure: processes form a group from each other's handles, no store; a
+// process left out (rank 2 here) is not waited for; ranks follow the list's order.
+TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::string> handles;
+  for (int r = 0; r < 4; ++r) {
+    engines.push_back(std::make_unique<Engine>(fabric.join()));
+    handles.push_back(Communicator::handle(*engines.back()));
+  }
+  const std::vector<int> order = {3, 0, 1};
+  const std::vector<std::string> listed = {handles[3], handles[0], handles[1]};
+  together(static_cast<int>(order.size()), [&](int i) {
+    auto comm = Communicator::reconfigure(*engines[order[i]], listed, 7, std::chrono::seconds(30));
+    ASSERT_EQ(comm->rank(), i);
+    ASSERT_EQ(comm->size(), 3);
+    std::vector<double> v(1001, order[i] + 1.0);
+    check(comm->allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
+    for (double x : v) ASSERT_EQ(x, 7.0);  // 4 + 1 + 2
+  });
+  // Given the same handles but different uuids: every process gets an error naming both.
+  std::vector<std::string> errors(order.size());
+  together(static_cast<int>(order.size()), [&](int i) {
+    try {
+      (void)Communicator::reconfigure(*engines[order[i]], listed, i == 1 ? 9 : 8,
+                                      std::chrono::seconds(30));
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("uuid 9"), std::string::npos) << e;
+    EXPECT_NE(e.find("uuid 8"), std::string::npos) << e;
+  }
+  // Bad handles fail at once, before any message.
+  const auto now = std::chrono::seconds(1);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {"ddl1:zz"}, 1, now), Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {handles[1]}, 1, now), Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {handles[0], handles[0]}, 1, now),
+               Error);
+  EXPECT_THROW((void)Communicator::reconfigure(*engines[0], {}, 1, now), Error);
+  // A listed process that never calls: rank 0 (a short timeout) gives up waiting for it and
+  // tells rank 1, whose own timeout is long: rank 1 fails at once with rank 0's words.
+  {
+    std::string error0, error1;
+    double took1 = 0;
+    std::thread first([&] {
+      try {
+        (void)Communicator::reconfigure(*engines[0], {handles[0], handles[1], handles[2]}, 3,
+                                        std::chrono::milliseconds(300));
+      } catch (const Error& e) {
+        error0 = e.what();
+      }
+    });
+    std::thread second([&] {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        (void)Communicator::reconfigure(*engines[1], {handles[0], handles[1], handles[2]}, 3,
+                                        std::chrono::seconds(60));
+      } catch (const Error& e) {
+        error1 = e.what();
+      }
+      took1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+    first.join();
+    second.join();
+    EXPECT_NE(error0.find("rank 2"), std::string::npos) << error0;
+    EXPECT_NE(error1.find("rank 0 reports"), std::string::npos) << error1;
+    EXPECT_NE(error1.find("rank 2"), std::string::npos) << error1;
+    EXPECT_LT(took1, 10.0);
+  }
+  // A set's order: by host, then handle, the same whatever order it came in.
+  std::vector<std::string> shuffled = {handles[2], handles[0], handles[3], handles[1]};
+  EXPECT_EQ(Communicator::orderHandles(shuffled), Communicator::orderHandles(handles));
+}
+
+}  // namespace
+}  // namespace ddl::test
