@@ -228,6 +228,13 @@ def _register_shrunk_groups_as_custom():
     c10d._create_shrunk_process_group = _create_shrunk_process_group
 
 
+# Three of torch's functions are wrapped on import, each where torch itself stops a plugin
+# backend from doing what gloo does (see each docstring). Each wrapper passes every other
+# backend's calls to torch unchanged, wraps once (re-imports leave it be), and is tested by the
+# behaviour it restores (test_coalesced.py's monitored_barrier, test_sparse.py's logging data,
+# test_shrink.py's DDP after a shrink). Each can go once the oldest torch ddl supports does this
+# itself: monitored_barrier letting through a backend that implements it, DDP's logging naming a
+# plugin backend, shrink_group registering the backend it is given under that backend's type.
 _allow_monitored_barrier()
 _name_backend_in_ddp_logging()
 _register_shrunk_groups_as_custom()
