@@ -100,7 +100,7 @@ TEST(Fuzz, WriteSeeds) {
   Notice n;
   n.sequence = 12;
   n.incarnation = 99;
-  n.scope = Notice::Scope::kNews;
+  n.type = Notice::Type::kNews;
   n.from = 1;
   n.gone = {3, 4, 5, 9};
   n.text = "rank 3 is gone";

@@ -223,7 +223,7 @@ TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
   EXPECT_EQ(callPrint(Collective::kBarrier).describe(), "barrier()");
   Notice n;
   n.sequence = 41;
-  n.scope = Notice::Scope::kGroupTimeout;
+  n.type = Notice::Type::kGroupTimeout;
   n.from = 3;
   n.text = std::string(5000, 'x');
   std::string bytes = n.encode();
@@ -232,7 +232,7 @@ TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->sequence, 41u);
   EXPECT_EQ(back->from, 3);
-  EXPECT_EQ(back->scope, Notice::Scope::kGroupTimeout);
+  EXPECT_EQ(back->type, Notice::Type::kGroupTimeout);
   EXPECT_FALSE(Notice::decode(bytes.data(), 3).has_value());
 }
 

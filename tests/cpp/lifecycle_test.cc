@@ -51,7 +51,7 @@ TEST(Lifecycle, ALateNoticeOfAnotherGroupWithTheIdIsDropped) {
       Notice notice;
       notice.sequence = 0;
       notice.incarnation = 0;
-      notice.scope = Notice::Scope::kNews;
+      notice.type = Notice::Type::kNews;
       notice.tree = false;
       notice.kind = StatusKind::kPeerLost;
       notice.from = 0;

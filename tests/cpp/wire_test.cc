@@ -157,7 +157,7 @@ TEST(Wire, VaryingBlocksWhoseTotalWrapsAreRefusedOnEveryRank) {
 TEST(Wire, NoticesBoundTheRanksTheyName) {
   Notice n;
   n.sequence = 3;
-  n.scope = Notice::Scope::kNews;
+  n.type = Notice::Type::kNews;
   n.from = 1;
   // Ranks gone in 2 000 places (every other rank of 4 000): more ranges than a notice holds.
   for (int r = 0; r < 4000; r += 2) n.gone.push_back(r);

@@ -73,7 +73,7 @@ std::vector<bool> Engine::heldGroupIds() {
 }
 
 void Engine::releaseGroupId(uint32_t id) {
-  const TimePoint until = runtime_.clock().now() + GroupControl::kGraveLife;
+  const TimePoint until = runtime_.clock().now() + GroupNotices::kGraveLife;
   std::lock_guard<std::mutex> lock(idsMutex_);
   groupIds_.erase(id);
   cooling_[id] = until;
@@ -125,7 +125,7 @@ Status Engine::admit(Op& op, Ending* ending) {
     *ending = Ending::kLost;
     return lost;
   }
-  GroupControl* control = op.group().control.get();
+  GroupNotices* control = op.group().control.get();
   if (op.checksCall() && control != nullptr) {
     control->markStarted(op.sequence());
     auto early = control->early.find(op.sequence());
@@ -142,7 +142,7 @@ Status Engine::admit(Op& op, Ending* ending) {
 void Engine::ended(Op& op, const Status& error, Ending ending, const std::string& where) {
   if (error.ok()) return;
   if (op.checksCall() && op.group().control != nullptr) {
-    GroupControl& control = *op.group().control;
+    GroupNotices& control = *op.group().control;
     // The others learn what ended it here; the messages they sent it are discarded. (A lost
     // peer is told by the news, to every group that has it; a timeout another rank reported
     // reached every rank already.)
@@ -151,7 +151,7 @@ void Engine::ended(Op& op, const Status& error, Ending ending, const std::string
     const bool told = ending == Ending::kOwn || (ending == Ending::kTimeout && !heard);
     if (told && control.open && op.size() > 1) {
       Notice notice = control.notice(
-          ending == Ending::kTimeout ? Notice::Scope::kGroupTimeout : Notice::Scope::kOp,
+          ending == Ending::kTimeout ? Notice::Type::kGroupTimeout : Notice::Type::kOp,
           op.sequence());
       notice.kind = error.kind;
       notice.text = error.detail;

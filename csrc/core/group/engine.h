@@ -68,7 +68,7 @@ class Engine : private Runtime::Supervisor {
   // rank's engine, and a claim of an id a live group holds fails (false).
   bool claimGroupId(uint32_t id);
   // The ids live groups of this engine hold, by id (tag::kMaxGroups entries), and those of groups
-  // destroyed in the last GroupControl::kGraveLife: what their failed ops left behind is still
+  // destroyed in the last GroupNotices::kGraveLife: what their failed ops left behind is still
   // being discarded (notices.h), and a group derived meanwhile must not take their id. (A group
   // made through the store takes the id the store gives; its creation drops those leftovers'
   // discards, which would take its own messages.)
@@ -102,7 +102,7 @@ class Engine : private Runtime::Supervisor {
   // Notices (notices.h). openControl posts the group's notice receive (blocks until done);
   // closeControl takes it down (from a destructor: `engine` may be gone).
   void openControl(const std::shared_ptr<Group>& group);
-  static void closeControl(Engine* engine, std::shared_ptr<GroupControl> control);
+  static void closeControl(Engine* engine, std::shared_ptr<GroupNotices> control);
   // A rank that refused its arguments for op `sequence` of `group` tells the others, whose op
   // then fails with `text`. Returns at once.
   static void refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
@@ -137,39 +137,39 @@ class Engine : private Runtime::Supervisor {
   // few floods per rank however many ranks die at once.
   static constexpr std::chrono::milliseconds kNewsPeriod{50};
   void floodPendingNews();
-  void floodNews(GroupControl& control);
+  void floodNews(GroupNotices& control);
   // News from a rank this one counts gone: it is told so (it stalled, or sits on the other side
   // of a partition), at most once a second.
-  void tellGone(GroupControl& control, int rank);
+  void tellGone(GroupNotices& control, int rank);
   // Fails the ops in flight whose group was failed (set when a group fails).
   void failRefusedOps();
 
   // notices.cc. Starts receiving a notice that has arrived for the group, if one has and none
   // is being received (notices are not posted for: a receive under a mask costs every message).
-  bool takeNotice(GroupControl& control);
+  bool takeNotice(GroupNotices& control);
   static void onNotice(Request* req);
   // Applies what arrived, passes on what travels down a tree, cleans up sends and, every
   // housekeeping period, discards what failed ops left behind. True when something happened.
   bool serviceControls(bool housekeeping);
-  void applyNotice(GroupControl& control, const Notice& notice);
-  void applyNews(GroupControl& control, const Notice& notice);
+  void applyNotice(GroupNotices& control, const Notice& notice);
+  void applyNews(GroupNotices& control, const Notice& notice);
   // Starts `notice` down its tree (from this rank, its root).
-  void sendNotice(GroupControl& control, const Notice& notice);
+  void sendNotice(GroupNotices& control, const Notice& notice);
   // False when no endpoint to `to` can be made (nothing is sent).
-  bool sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes, int to);
+  bool sendNoticeTo(GroupNotices& control, const Notice& notice, const std::string& bytes, int to);
   // Passes a notice of the tree on to this rank's children in it: the rank at distance v from
   // the root sends to the ranks at distance v + 2^k for every 2^k > v (below the group's size).
   // A notice reaches all P - 1 other ranks in P - 1 messages and log2(P) rounds, and whoever
   // starts one, a rank sends only to the ranks 2^k after it: log2(P) endpoints.
   // A child that is gone (the notice's `gone`, or a peer lost here) is passed around: this rank
   // sends to its children in its stead.
-  void relayNotice(GroupControl& control, const Notice& notice, const std::string& bytes);
-  void relayBelow(GroupControl& control, const Notice& notice, const std::string& bytes, int v);
+  void relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes);
+  void relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes, int v);
   // Tells the op's other ranks whom it still waits for, halfway to its deadline (runtime/op.h):
   // every rank in groups of up to kWaitReportsToAll ranks, else the ranks it sent to.
   static constexpr int kWaitReportsToAll = 64;
   void reportWaits(Op& op);
-  void buryOp(GroupControl& control, uint32_t sequence);
+  void buryOp(GroupNotices& control, uint32_t sequence);
   static Ending endingOf(const Notice& notice);
   static Status reportOf(const Notice& notice);  // "rank 2 reports: ..."
 
@@ -186,7 +186,7 @@ class Engine : private Runtime::Supervisor {
 
   // The turning thread only.
   std::set<uint64_t> endedAgreements_;
-  std::vector<std::shared_ptr<GroupControl>> controls_;
+  std::vector<std::shared_ptr<GroupNotices>> controls_;
   bool noticesArrived_ = false;   // a notice receive completed
   bool refusalsPending_ = false;  // a group failed: fail its ops in flight
 };

@@ -17,7 +17,7 @@ struct NoticeHeader {
   uint32_t sequence;
   uint64_t incarnation;
   int32_t from;
-  uint8_t scope;
+  uint8_t type;
   uint8_t tree;
   uint8_t kind;     // StatusKind
   uint16_t ranges;  // of gone ranks, each (first, count) in two uint16 after the header
@@ -44,7 +44,7 @@ std::string Notice::encode() const {
                       sequence,
                       incarnation,
                       from,
-                      static_cast<uint8_t>(scope),
+                      static_cast<uint8_t>(type),
                       static_cast<uint8_t>(tree ? 1 : 0),
                       static_cast<uint8_t>(kind),
                       static_cast<uint16_t>(ranges.size() / 2)};
@@ -62,14 +62,14 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   if (bytes < sizeof(header)) return std::nullopt;
   std::memcpy(&header, data, sizeof(header));
   const size_t rangeBytes = size_t{header.ranges} * 2 * sizeof(uint16_t);
-  if (header.magic != kNoticeMagic || header.scope > static_cast<uint8_t>(Scope::kWaiting) ||
+  if (header.magic != kNoticeMagic || header.type > static_cast<uint8_t>(Type::kWaiting) ||
       bytes < sizeof(header) + rangeBytes) {
     return std::nullopt;
   }
   Notice notice;
   notice.sequence = header.sequence;
   notice.incarnation = header.incarnation;
-  notice.scope = static_cast<Scope>(header.scope);
+  notice.type = static_cast<Type>(header.type);
   notice.from = header.from;
   notice.tree = header.tree != 0;
   notice.kind =
@@ -88,11 +88,11 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   return notice;
 }
 
-Notice GroupControl::notice(Notice::Scope scope, uint32_t sequence) const {
+Notice GroupNotices::notice(Notice::Type type, uint32_t sequence) const {
   Notice n;
   n.sequence = sequence;
   n.incarnation = incarnation;
-  n.scope = scope;
+  n.type = type;
   n.from = group->rank;
   return n;
 }
@@ -139,10 +139,10 @@ std::set<int> splitRanks(const std::string& text) {
 void Engine::reportWaits(Op& op) {
   // With two ranks the one waited for is the other: nothing to follow.
   if (!op.checksCall() || op.size() <= 2 || op.group().control == nullptr) return;
-  GroupControl& control = *op.group().control;
+  GroupNotices& control = *op.group().control;
   if (!control.open) return;
   const Op::Waits waits = op.waits();
-  Notice notice = control.notice(Notice::Scope::kWaiting, op.sequence());
+  Notice notice = control.notice(Notice::Type::kWaiting, op.sequence());
   notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
   if (op.size() <= kWaitReportsToAll) {
     sendNotice(control, notice);
@@ -167,7 +167,7 @@ void Engine::reportWaits(Op& op) {
 }
 
 void Engine::openControl(const std::shared_ptr<Group>& group) {
-  auto control = std::make_shared<GroupControl>();
+  auto control = std::make_shared<GroupNotices>();
   control->engine = this;
   control->group = group.get();
   control->owner = group;
@@ -178,7 +178,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   if (group->size < 2) return;
   call([&] {
     // A destroyed group that held this id: what it left behind is this group's to take now.
-    for (const std::shared_ptr<GroupControl>& old : controls_) {
+    for (const std::shared_ptr<GroupNotices>& old : controls_) {
       if (!old->open && old->groupId == control->groupId) old->graves.clear();
     }
     controls_.push_back(control);
@@ -197,7 +197,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   });
 }
 
-void Engine::closeControl(Engine* engine, std::shared_ptr<GroupControl> control) {
+void Engine::closeControl(Engine* engine, std::shared_ptr<GroupNotices> control) {
   if (!control) return;
   Runtime::postIfAlive(&engine->runtime_, [engine, control] {
     control->open = false;
@@ -217,10 +217,10 @@ void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32
                       std::string text) {
   if (group->size < 2 || !group->control) return;
   Runtime::postIfAlive(&engine->runtime_, [engine, group, sequence, text = std::move(text)] {
-    GroupControl& control = *group->control;
+    GroupNotices& control = *group->control;
     if (!control.open) return;
     control.markStarted(sequence);
-    Notice notice = control.notice(Notice::Scope::kRefusal, sequence);
+    Notice notice = control.notice(Notice::Type::kRefusal, sequence);
     notice.kind = StatusKind::kInvalidArgument;
     notice.text = text;
     engine->sendNotice(control, notice);
@@ -228,7 +228,7 @@ void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32
   });
 }
 
-bool Engine::takeNotice(GroupControl& control) {
+bool Engine::takeNotice(GroupNotices& control) {
   if (control.receive && !control.receive->done) return false;  // one at a time
   auto receive = std::make_unique<Request>();
   receive->owner = &control;
@@ -244,7 +244,7 @@ bool Engine::takeNotice(GroupControl& control) {
 }
 
 void Engine::onNotice(Request* req) {
-  auto* control = static_cast<GroupControl*>(req->owner);
+  auto* control = static_cast<GroupNotices*>(req->owner);
   control->received = true;
   if (!req->failed()) {
     std::optional<Notice> notice = Notice::decode(control->buffer.data(), req->receivedBytes);
@@ -253,18 +253,18 @@ void Engine::onNotice(Request* req) {
   control->engine->noticesArrived_ = true;
 }
 
-void Engine::sendNotice(GroupControl& control, const Notice& notice) {
+void Engine::sendNotice(GroupNotices& control, const Notice& notice) {
   relayNotice(control, notice, notice.encode());
 }
 
-void Engine::relayNotice(GroupControl& control, const Notice& notice, const std::string& bytes) {
+void Engine::relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes) {
   const Group& group = *control.group;
   const int n = group.size;
   if (notice.from < 0 || notice.from >= n) return;
   relayBelow(control, notice, bytes, (group.rank - notice.from + n) % n);
 }
 
-void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::string& bytes,
+void Engine::relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes,
                         int v) {
   const Group& group = *control.group;
   const int n = group.size;
@@ -279,7 +279,7 @@ void Engine::relayBelow(GroupControl& control, const Notice& notice, const std::
   }
 }
 
-bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std::string& bytes,
+bool Engine::sendNoticeTo(GroupNotices& control, const Notice& notice, const std::string& bytes,
                           int to) {
   const Group& group = *control.group;
   PeerId peer;
@@ -288,7 +288,7 @@ bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std
   } catch (const Error&) {
     return false;  // no endpoint can be made: a peer that is gone (its process, or its host)
   }
-  GroupControl::Sent& sent = control.sent.emplace_back();
+  GroupNotices::Sent& sent = control.sent.emplace_back();
   sent.bytes = bytes;
   sent.request = std::make_unique<Request>();
   sent.request->peer = to;
@@ -300,13 +300,13 @@ bool Engine::sendNoticeTo(GroupControl& control, const Notice& notice, const std
   return true;
 }
 
-void Engine::buryOp(GroupControl& control, uint32_t sequence) {
-  if (control.graves.size() >= GroupControl::kMaxGraves) control.graves.pop_front();
-  control.graves.push_back({sequence, runtime_.clock().now() + GroupControl::kGraveLife});
+void Engine::buryOp(GroupNotices& control, uint32_t sequence) {
+  if (control.graves.size() >= GroupNotices::kMaxGraves) control.graves.pop_front();
+  control.graves.push_back({sequence, runtime_.clock().now() + GroupNotices::kGraveLife});
 }
 
 Ending Engine::endingOf(const Notice& notice) {
-  return notice.scope == Notice::Scope::kRefusal ? Ending::kRemoteRefusal : Ending::kRemote;
+  return notice.type == Notice::Type::kRefusal ? Ending::kRemoteRefusal : Ending::kRemote;
 }
 
 Status Engine::reportOf(const Notice& notice) {
@@ -314,25 +314,25 @@ Status Engine::reportOf(const Notice& notice) {
                 notice.gone);
 }
 
-void Engine::applyNotice(GroupControl& control, const Notice& notice) {
+void Engine::applyNotice(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   if (notice.from < 0 || notice.from >= group.size || notice.from == group.rank) return;
-  if (notice.scope == Notice::Scope::kNews) {
+  if (notice.type == Notice::Type::kNews) {
     applyNews(control, notice);
     return;
   }
   Status report = reportOf(notice);
-  const bool timedOut = notice.scope == Notice::Scope::kGroupTimeout;
+  const bool timedOut = notice.type == Notice::Type::kGroupTimeout;
   if (timedOut) {
     control.timeoutsHeard.push_back(notice.sequence);
-    if (control.timeoutsHeard.size() > GroupControl::kMaxGraves) control.timeoutsHeard.pop_front();
+    if (control.timeoutsHeard.size() > GroupNotices::kMaxGraves) control.timeoutsHeard.pop_front();
   }
   Runtime::OpList& active = runtime_.ops();
   auto op = std::find_if(active.begin(), active.end(), [&](const auto& o) {
     return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
   });
   const bool inFlight = op != active.end();
-  if (notice.scope == Notice::Scope::kWaiting) {  // only for ops in flight here
+  if (notice.type == Notice::Type::kWaiting) {  // only for ops in flight here
     if (inFlight) {
       const size_t split = notice.text.find(';');
       Op::Waits& waits = (*op)->reportedWaits[notice.from];
@@ -355,11 +355,11 @@ void Engine::applyNotice(GroupControl& control, const Notice& notice) {
   }
   if (control.ahead(notice.sequence)) {
     control.early[notice.sequence] = notice;
-    if (control.early.size() > GroupControl::kMaxEarly) control.early.erase(control.early.begin());
+    if (control.early.size() > GroupNotices::kMaxEarly) control.early.erase(control.early.begin());
   }
 }
 
-void Engine::applyNews(GroupControl& control, const Notice& notice) {
+void Engine::applyNews(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   const TimePoint now = runtime_.clock().now();
   // From a rank counted gone here: it stalled and came back, or speaks from the other side of
@@ -390,11 +390,11 @@ void Engine::applyNews(GroupControl& control, const Notice& notice) {
   floodPendingNews();
 }
 
-void Engine::floodNews(GroupControl& control) {
+void Engine::floodNews(GroupNotices& control) {
   const Group& group = *control.group;
   control.newsPending = false;
   control.lastFlood = runtime_.clock().now();
-  Notice notice = control.notice(Notice::Scope::kNews, control.started);
+  Notice notice = control.notice(Notice::Type::kNews, control.started);
   notice.tree = false;
   notice.kind = StatusKind::kPeerLost;
   notice.gone = group.state->gone();
@@ -418,12 +418,12 @@ void Engine::floodNews(GroupControl& control) {
   for (int r : to) sendNoticeTo(control, notice, bytes, r);
 }
 
-void Engine::tellGone(GroupControl& control, int rank) {
+void Engine::tellGone(GroupNotices& control, int rank) {
   const TimePoint now = runtime_.clock().now();
   auto [it, first] = control.toldGone.emplace(rank, now);
   if (!first && now - it->second < std::chrono::seconds(1)) return;
   it->second = now;
-  Notice notice = control.notice(Notice::Scope::kNews, control.started);
+  Notice notice = control.notice(Notice::Type::kNews, control.started);
   notice.tree = false;
   notice.kind = StatusKind::kPeerLost;
   notice.gone = {rank};
@@ -436,7 +436,7 @@ bool Engine::serviceControls(bool housekeeping) {
   bool any = false;
   const TimePoint now = runtime_.clock().now();
   for (size_t i = 0; i < controls_.size();) {
-    std::shared_ptr<GroupControl> control = controls_[i];
+    std::shared_ptr<GroupNotices> control = controls_[i];
     // Held while its notices are applied and passed on; gone: closed.
     std::shared_ptr<const Group> alive = control->owner.lock();
     if (!alive) control->open = false;
@@ -451,7 +451,7 @@ bool Engine::serviceControls(bool housekeeping) {
           for (const Notice& notice : arrived) {
             // Of another group that held this id (destroyed, or not yet made here): dropped.
             if (notice.incarnation != control->incarnation) continue;
-            if (notice.tree && notice.scope != Notice::Scope::kNews) {
+            if (notice.tree && notice.type != Notice::Type::kNews) {
               relayNotice(*control, notice, notice.encode());
             }
             applyNotice(*control, notice);
@@ -461,7 +461,7 @@ bool Engine::serviceControls(bool housekeeping) {
       }
       if (!control->open || !takeNotice(*control)) break;
     }
-    control->sent.remove_if([](const GroupControl::Sent& s) { return s.request->done; });
+    control->sent.remove_if([](const GroupNotices::Sent& s) { return s.request->done; });
     if (!housekeeping) {
       ++i;
       continue;
@@ -473,7 +473,7 @@ bool Engine::serviceControls(bool housekeeping) {
             control->startedSince(control->graves.front().sequence) >= (int64_t{1} << 15))) {
       control->graves.pop_front();
     }
-    for (const GroupControl::Grave& grave : control->graves) {
+    for (const GroupNotices::Grave& grave : control->graves) {
       // By group, sequence and phase: the point-to-point phases (the top ones) carry a user
       // tag in the sequence field, and are not the failed op's.
       for (const tag::PhaseRange& range : tag::kCollectivePhases) {

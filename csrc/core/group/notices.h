@@ -37,13 +37,13 @@ struct Notice {
   // (text: "peers;not started", comma-separated ranks); nothing ends.
   // kNews: ranks the sender counts gone (`gone`: all it knows); the group fails. News floods
   // (Engine::floodNews) instead of going down a tree.
-  enum class Scope : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
+  enum class Type : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
   static constexpr size_t kMaxBytes = 4096;
   uint32_t sequence = 0;
   // The sender's group's (Group::incarnation): a notice of another group that held the id is
   // dropped.
   uint64_t incarnation = 0;
-  Scope scope = Scope::kOp;
+  Type type = Type::kOp;
   int from = -1;
   // Passed on down a binomial tree rooted at `from` (Engine::relayNotice), so that it reaches
   // every rank; false for one sent to chosen ranks only (wait reports in large groups).
@@ -62,7 +62,7 @@ class Engine;
 struct Group;
 
 // A group's notices, on the turning thread (the engine drives them: group/notices.cc).
-struct GroupControl {
+struct GroupNotices {
   Engine* engine = nullptr;
   // The group, while it lives: the engine holds it (owner.lock()) while it reads `group`; a
   // group destroyed before its closeControl ran is treated as closed.
@@ -71,7 +71,7 @@ struct GroupControl {
   uint32_t groupId = 0;
   uint64_t incarnation = 0;  // the group's: stamped on what it sends, checked on what arrives
   // A notice of this group, from this rank, stamped with its incarnation.
-  Notice notice(Notice::Scope scope, uint32_t sequence) const;
+  Notice notice(Notice::Type type, uint32_t sequence) const;
   bool open = false;
   bool received = false;  // the receive completed: apply `arrived`, take the next one
   std::unique_ptr<Request> receive;

@@ -27,7 +27,7 @@
 namespace ddl {
 
 class Runtime;
-struct GroupControl;
+struct GroupNotices;
 class SharedBuffers;
 struct SharedRing;
 
@@ -87,7 +87,7 @@ struct Group {
   std::shared_ptr<SharedBuffers> buffers;
   std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
   // Its notices (group/notices.h), set up with the group; null for groups made by hand in tests.
-  std::shared_ptr<GroupControl> control;
+  std::shared_ptr<GroupNotices> control;
 };
 
 class Op {
