@@ -20,10 +20,10 @@ namespace {
 Task trivialBody(Op&, AllreduceCall) { co_return; }
 
 Task recursiveDoublingBody(Op& op, AllreduceCall c) {
-  if (op.inlined()) {  // two ranks: the peer's data came with its call print
+  if (op.callCheck().inlined()) {  // two ranks: the peer's data came with its call print
     const int peer = 1 - op.rank();
-    co_await op.all(op.printFrom(peer));
-    op.memory().reduce(c.type, c.reduce, c.data, op.inlinePayload(peer), c.count);
+    co_await op.all(op.callCheck().printFrom(peer));
+    op.memory().reduce(c.type, c.reduce, c.data, op.callCheck().inlinePayload(peer), c.count);
     co_return;
   }
   co_await allreduceRecursiveDoubling(op, c.data, c.count, c.type, c.reduce);
@@ -110,9 +110,9 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
 // A collective's body, then the call check: the op completes only once every print it sent and
 // asked for is done (a print that differs fails it as soon as it arrives: Op::observe).
 Task checkedCall(Op& op, Task body) {
-  op.startCallCheck();
+  op.callCheck().start();
   co_await body;
-  co_await op.until([&op] { return op.callCheckDone(); });
+  co_await op.until([&op] { return op.callCheck().done(); });
 }
 
 uint64_t pointToPointSlot(uint32_t userTag) {

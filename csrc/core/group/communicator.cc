@@ -30,7 +30,7 @@ Communicator::Communicator(Engine& engine, std::shared_ptr<Group> group,
     : engine_(&engine), group_(std::move(group)), timeout_(timeout), book_(std::move(book)) {}
 
 Communicator::~Communicator() {
-  Engine::closeControl(engine_, group_->control);
+  Engine::closeControl(engine_, group_->notices);
   if (ownsId_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
 }
 
@@ -130,8 +130,8 @@ std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& 
                                                           print != nullptr ? *print : CallPrint{},
                                                           peer != kNotPointToPoint, peer, timeout);
   if (print != nullptr && size() > 1) {
-    op->setPrint(*print);
-    if (inlineBytes > 0) op->setInline(inlineData, inlineBytes);
+    op->callCheck().set(*print);
+    if (inlineBytes > 0) op->callCheck().setInline(inlineData, inlineBytes);
     op->task = checkedCall(*op, body(*op));
   } else {
     op->task = body(*op);
@@ -168,7 +168,7 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   // Two ranks, a small host allreduce: its data rides in the call print.
   const size_t bytes = count * elementSize(type);
   const bool carried = plan->algorithm == AllreduceAlgorithm::kRecursiveDoubling && size() == 2 &&
-                       bytes > 0 && bytes <= Op::kInlineMax &&
+                       bytes > 0 && bytes <= CallCheck::kInlineMax &&
                        options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,

@@ -228,7 +228,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(Engine& engine, std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
                std::shared_ptr<PlanBook> book);
   // A collective: numbered, checked against the other ranks' calls (runtime/call_print.h).
-  // `inlineBytes` of `inlineData` ride in the call print (Op::setInline).
+  // `inlineBytes` of `inlineData` ride in the call print (CallCheck::setInline).
   std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
                               const std::function<Task(Op&)>& body,
                               const void* inlineData = nullptr, size_t inlineBytes = 0);

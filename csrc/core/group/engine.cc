@@ -125,8 +125,8 @@ Status Engine::admit(Op& op, Ending* ending) {
     *ending = Ending::kLost;
     return lost;
   }
-  GroupNotices* control = op.group().control.get();
-  if (op.checksCall() && control != nullptr) {
+  GroupNotices* control = op.group().notices.get();
+  if (op.callCheck().on() && control != nullptr) {
     control->markStarted(op.sequence());
     auto early = control->early.find(op.sequence());
     if (early != control->early.end()) {
@@ -141,8 +141,8 @@ Status Engine::admit(Op& op, Ending* ending) {
 
 void Engine::ended(Op& op, const Status& error, Ending ending, const std::string& where) {
   if (error.ok()) return;
-  if (op.checksCall() && op.group().control != nullptr) {
-    GroupNotices& control = *op.group().control;
+  if (op.callCheck().on() && op.group().notices != nullptr) {
+    GroupNotices& control = *op.group().notices;
     // The others learn what ended it here; the messages they sent it are discarded. (A lost
     // peer is told by the news, to every group that has it; a timeout another rank reported
     // reached every rank already.)
@@ -166,7 +166,7 @@ void Engine::ended(Op& op, const Status& error, Ending ending, const std::string
   if (ending == Ending::kLost) {
     for (int r : error.ranks) group->noteGone(r, runtime_.clock().now());
   }
-  if (op.checksCall() && (ending == Ending::kTimeout || ending == Ending::kLost)) {
+  if (op.callCheck().on() && (ending == Ending::kTimeout || ending == Ending::kLost)) {
     group->fail(error.withDetail(where + " " + error.detail));
     refusalsPending_ = true;
   }

@@ -165,7 +165,7 @@ class Engine : private Runtime::Supervisor {
   // sends to its children in its stead.
   void relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes);
   void relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes, int v);
-  // Tells the op's other ranks whom it still waits for, halfway to its deadline (runtime/op.h):
+  // Tells the op's other ranks whom it still waits for, halfway to its deadline (runtime/waits.h):
   // every rank in groups of up to kWaitReportsToAll ranks, else the ranks it sent to.
   static constexpr int kWaitReportsToAll = 64;
   void reportWaits(Op& op);

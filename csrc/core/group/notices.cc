@@ -138,10 +138,10 @@ std::set<int> splitRanks(const std::string& text) {
 
 void Engine::reportWaits(Op& op) {
   // With two ranks the one waited for is the other: nothing to follow.
-  if (!op.checksCall() || op.size() <= 2 || op.group().control == nullptr) return;
-  GroupNotices& control = *op.group().control;
+  if (!op.callCheck().on() || op.size() <= 2 || op.group().notices == nullptr) return;
+  GroupNotices& control = *op.group().notices;
   if (!control.open) return;
-  const Op::Waits waits = op.waits();
+  const Waits waits = waitsOf(op);
   Notice notice = control.notice(Notice::Type::kWaiting, op.sequence());
   notice.text = joinRanks(waits.peers) + ";" + joinRanks(waits.notStarted);
   if (op.size() <= kWaitReportsToAll) {
@@ -174,7 +174,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   control->groupId = group->id;
   control->incarnation = group->incarnation;
   control->open = true;
-  group->control = control;
+  group->notices = control;
   if (group->size < 2) return;
   call([&] {
     // A destroyed group that held this id: what it left behind is this group's to take now.
@@ -215,9 +215,9 @@ void Engine::closeControl(Engine* engine, std::shared_ptr<GroupNotices> control)
 
 void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
                       std::string text) {
-  if (group->size < 2 || !group->control) return;
+  if (group->size < 2 || !group->notices) return;
   Runtime::postIfAlive(&engine->runtime_, [engine, group, sequence, text = std::move(text)] {
-    GroupNotices& control = *group->control;
+    GroupNotices& control = *group->notices;
     if (!control.open) return;
     control.markStarted(sequence);
     Notice notice = control.notice(Notice::Type::kRefusal, sequence);
@@ -329,13 +329,13 @@ void Engine::applyNotice(GroupNotices& control, const Notice& notice) {
   }
   Runtime::OpList& active = runtime_.ops();
   auto op = std::find_if(active.begin(), active.end(), [&](const auto& o) {
-    return &o->group() == control.group && o->checksCall() && o->sequence() == notice.sequence;
+    return &o->group() == control.group && o->callCheck().on() && o->sequence() == notice.sequence;
   });
   const bool inFlight = op != active.end();
   if (notice.type == Notice::Type::kWaiting) {  // only for ops in flight here
     if (inFlight) {
       const size_t split = notice.text.find(';');
-      Op::Waits& waits = (*op)->reportedWaits[notice.from];
+      Waits& waits = (*op)->waitReports.heard[notice.from];
       waits.peers = splitRanks(notice.text.substr(0, split));
       if (split != std::string::npos) waits.notStarted = splitRanks(notice.text.substr(split + 1));
     }

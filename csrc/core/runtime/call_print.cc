@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include "../base/tag.h"
+#include "op.h"
+
 namespace ddl {
 
 bool CallPrint::operator==(const CallPrint& other) const {
@@ -57,6 +60,143 @@ CallPrint callPrint(Collective collective, size_t count, std::optional<DataType>
   if (reduce) print.reduce = static_cast<uint8_t>(*reduce);
   print.root = root;
   return print;
+}
+
+// --- CallCheck ---------------------------------------------------------------------------------
+
+namespace {
+constexpr uint64_t kPrintSlot = tag::slot(tag::kControlPhase, tag::kPrintStep);
+}  // namespace
+
+void CallCheck::set(const CallPrint& print) {
+  print_ = print;
+  print_.sequence = op_.sequence();
+}
+
+void CallCheck::setInline(const void* data, size_t bytes) {
+  inlineData_ = data;
+  inlineBytes_ = bytes <= kInlineMax ? bytes : 0;
+}
+
+const CallCheck::PrintIn* CallCheck::in(int peer) const {
+  if (!inByPeer_.empty()) {
+    auto it = inByPeer_.find(peer);
+    return it == inByPeer_.end() ? nullptr : it->second;
+  }
+  for (const auto& p : ins_) {
+    if (p->request->peer == peer) return p.get();
+  }
+  return nullptr;
+}
+
+Request* CallCheck::printFrom(int peer) const {
+  const PrintIn* p = in(peer);
+  return p != nullptr ? p->request : nullptr;
+}
+
+const char* CallCheck::inlinePayload(int peer) const {
+  const PrintIn* p = in(peer);
+  return p != nullptr && p->request->done ? p->bytes + sizeof(CallPrint) : nullptr;
+}
+
+void CallCheck::start() {
+  const int n = op_.size();
+  if (inlined()) {
+    out_.resize(sizeof(CallPrint) + inlineBytes_);
+    std::memcpy(out_.data(), &print_, sizeof(CallPrint));
+    std::memcpy(out_.data() + sizeof(CallPrint), inlineData_, inlineBytes_);
+  }
+  started_ = true;
+  send((op_.rank() + 1) % n);
+  ask((op_.rank() + n - 1) % n);
+}
+
+bool CallCheck::mark(int peer, uint8_t bit) {
+  if (op_.size() <= 64) {  // no allocation for most groups
+    uint64_t& mask = bit == kSent ? sentMask_ : askedMask_;
+    const uint64_t one = uint64_t{1} << peer;
+    const bool was = (mask & one) != 0;
+    mask |= one;
+    return was;
+  }
+  if (flags_.empty()) flags_.assign(static_cast<size_t>(op_.size()), 0);
+  const bool was = (flags_[peer] & bit) != 0;
+  flags_[peer] |= bit;
+  return was;
+}
+
+bool CallCheck::done() const {
+  for (const Request* r : requests_) {
+    if (!r->done) return false;
+  }
+  return true;
+}
+
+bool CallCheck::isStartPrint(const Request& req) const {
+  // Every rank sends its print to the next as it starts; the prints it sends to other peers go
+  // before its first message to each, so a missing one only says it has not got that far.
+  return req.isCallPrint && !req.isSend && req.peer == (op_.rank() + op_.size() - 1) % op_.size();
+}
+
+void CallCheck::send(int peer) {
+  if (mark(peer, kSent)) return;
+  Request* req = op_.newRequest(peer, true);
+  req->isCallPrint = true;
+  requests_.push_back(req);
+  const void* bytes = inlined() ? static_cast<const void*>(out_.data()) : &print_;
+  const size_t length = inlined() ? out_.size() : sizeof(print_);
+  op_.postSend(req, op_.sequence(), kPrintSlot, bytes, length);
+}
+
+void CallCheck::ask(int peer) {
+  if (mark(peer, kAsked)) return;
+  // Marked before it is posted: the transport may complete it inside recv().
+  Request* req = op_.newRequest(peer, false);
+  req->isCallPrint = true;
+  ins_.push_back(std::make_unique<PrintIn>());
+  PrintIn& p = *ins_.back();
+  p.request = req;
+  // Past a few peers (an all_to_all asks every rank) they are looked up by peer.
+  constexpr size_t kScanned = 16;
+  if (ins_.size() > kScanned) {
+    if (inByPeer_.empty()) {
+      for (const auto& q : ins_) inByPeer_[q->request->peer] = q.get();
+    } else {
+      inByPeer_[peer] = &p;
+    }
+  }
+  requests_.push_back(req);
+  op_.postReceive(req, op_.sequence(), kPrintSlot, p.bytes, sizeof(p.bytes));
+}
+
+Status CallCheck::verdict(const Request& req) const {
+  const std::string rank = "rank " + std::to_string(req.peer);
+  const std::vector<int> peer{req.peer};
+  const PrintIn* p = in(req.peer);
+  CallPrint theirs;
+  if (p != nullptr && req.receivedBytes >= sizeof(CallPrint)) {
+    std::memcpy(&theirs, p->bytes, sizeof(theirs));
+  }
+  if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
+    return Status(StatusKind::kOther, rank + " sent a malformed call check", peer);
+  }
+  if (!(theirs == print_)) {
+    std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +
+                        ", rank " + std::to_string(op_.rank()) + " called " + print_.describe();
+    if (theirs.sequence != print_.sequence) {
+      words += " (as op #" + std::to_string(theirs.sequence) + ")";
+    }
+    return Status(StatusKind::kMismatch, std::move(words), peer);
+  }
+  if (inlined() && req.receivedBytes != sizeof(CallPrint) + inlineBytes_) {
+    return Status(StatusKind::kMismatch,
+                  rank + "'s call check carried " +
+                      std::to_string(req.receivedBytes - sizeof(CallPrint)) +
+                      " bytes of data where this rank expects " + std::to_string(inlineBytes_) +
+                      " (the ranks' settings differ)",
+                  peer);
+  }
+  return Status();
 }
 
 }  // namespace ddl

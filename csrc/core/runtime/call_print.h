@@ -9,9 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
+#include "../base/status.h"
 #include "../base/types.h"
 
 namespace ddl {
@@ -64,5 +68,74 @@ static_assert(sizeof(CallPrint) == 24);
 CallPrint callPrint(Collective collective, size_t count = 0,
                     std::optional<DataType> type = std::nullopt,
                     std::optional<ReduceOp> reduce = std::nullopt, int root = -1);
+
+class Op;
+struct Request;
+
+// An op's call check. A collective carries a print of its call; its ranks check it around the
+// ring and tell each other when it fails (group/notices.h). Point-to-point ops carry none.
+// Every peer the op sends to gets the print before its first message, and every peer it receives
+// from is asked for its print before the first receive is posted: a print arrives before that
+// peer's data, so no data of a rank that called something else is ever used.
+class CallCheck {
+ public:
+  explicit CallCheck(Op& op) : op_(op) {}
+  CallCheck(const CallCheck&) = delete;
+  CallCheck& operator=(const CallCheck&) = delete;
+
+  // The call to check, numbered as the op is (collective kNone: none).
+  void set(const CallPrint& print);
+  bool on() const { return print_.collective != Collective::kNone; }
+  const CallPrint& print() const { return print_; }
+  // A small allreduce at two ranks carries its data in the print (one message each way instead
+  // of two): set before the op starts; the bytes are read when it starts.
+  static constexpr size_t kInlineMax = 1024;
+  void setInline(const void* data, size_t bytes);
+  bool inlined() const { return inlineBytes_ > 0; }
+  // Sends this rank's print to the next rank and asks for the previous rank's.
+  void start();
+  // Whether every print sent and asked for so far is done (the op completes once they are).
+  bool done() const;
+  // Before the op's first message to `peer`, and its first receive from it (once started).
+  void beforeSend(int peer) {
+    if (started_) send(peer);
+  }
+  void beforeReceive(int peer) {
+    if (started_) ask(peer);
+  }
+  // What a print that arrived (`req`, done and not failed) says: ok where it agrees with this
+  // rank's call, else the failure naming both calls.
+  Status verdict(const Request& req) const;
+  // The print the previous rank sends as it starts (missing: it has not started the op).
+  bool isStartPrint(const Request& req) const;
+  // The print asked from `peer` (nullptr if none), and the data it carried once it arrived.
+  Request* printFrom(int peer) const;
+  const char* inlinePayload(int peer) const;
+
+ private:
+  void send(int peer);
+  void ask(int peer);
+  // Which peers were sent this op's print and asked for theirs: bits of the masks in groups of
+  // up to 64 ranks, kSent | kAsked by peer in larger ones.
+  static constexpr uint8_t kSent = 1, kAsked = 2;
+  bool mark(int peer, uint8_t bit);  // sets it; whether it was set
+  struct PrintIn {
+    alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
+    Request* request;
+  };
+  const PrintIn* in(int peer) const;
+
+  Op& op_;
+  CallPrint print_;  // collective kNone: no call check
+  bool started_ = false;
+  uint64_t sentMask_ = 0, askedMask_ = 0;
+  std::vector<uint8_t> flags_;
+  std::vector<std::unique_ptr<PrintIn>> ins_;   // one per peer asked
+  std::unordered_map<int, PrintIn*> inByPeer_;  // the same, by peer, in large groups
+  const void* inlineData_ = nullptr;
+  size_t inlineBytes_ = 0;
+  std::vector<char> out_;  // the print and its data, when it carries data
+  std::vector<Request*> requests_;
+};
 
 }  // namespace ddl

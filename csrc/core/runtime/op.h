@@ -8,13 +8,9 @@
 #include <chrono>
 #include <coroutine>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../base/clock.h"
@@ -22,73 +18,11 @@
 #include "../memory/memory.h"
 #include "../transport/transport.h"
 #include "call_print.h"
+#include "group_state.h"
+#include "waits.h"
 #include "work.h"
 
 namespace ddl {
-
-class Runtime;
-struct GroupNotices;
-class SharedBuffers;
-struct SharedRing;
-
-// What became of a group (any thread; the engine records, the torch glue asks): its first
-// failed op, and whether it was closed (abort(), shutdown()) or failed (a timeout or a lost peer,
-// here or on another rank), after which every op fails at once.
-class GroupState {
- public:
-  struct Failure {
-    Status status;        // ok while no op has failed
-    bool remote = false;  // another rank's report ended it
-  };
-  void recordFailure(const Status& status, bool remote = false);
-  Failure firstFailure() const;
-  void close(const Status& reason);
-  // The group cannot go on: records the failure and refuses later ops, naming it.
-  void fail(const Status& status, bool remote = false);
-  Status refusal() const;  // why ops fail at once (ok while the group is usable)
-  // The ranks of the group known to be gone: found here, or named by another rank's notice, and
-  // when each was first known (the runtime's clock).
-  void noteGone(int rank, TimePoint when);
-  std::vector<int> gone() const;
-  std::optional<TimePoint> goneSince(int rank) const;
-
- private:
-  mutable std::mutex mutex_;
-  Failure first_;
-  Status refusal_;
-  std::map<int, TimePoint> gone_;
-};
-
-// A communicator's membership as the runtime needs it: shared by the communicator and its ops, so
-// an op outlives a group destroyed while it is in flight. What the group code hands its ops
-// (shared memory, notices) travels with it; the runtime does not look inside.
-struct Group {
-  Runtime* runtime = nullptr;
-  int rank = 0;
-  int size = 1;
-  uint32_t id = 0;
-  // Which group of this id it is, the same on every rank (0: none, a group made by hand): the
-  // id is taken again once a group is destroyed, and what its ranks send (notices) carries this,
-  // so that a late word of the old group is never taken for the new one's.
-  uint64_t incarnation = 0;
-  // Where each rank is reached (set at creation), and the endpoints opened so far: a rank
-  // connects to a peer when it first sends to it (peer()), so it holds endpoints to the peers
-  // its operations talked to, not to every rank. peers[r] is -1 while not connected; both are
-  // touched on the progress thread only.
-  std::vector<std::string> addresses;
-  mutable std::vector<PeerId> peers;
-  // The endpoint to group rank r, opened now if it was not.
-  PeerId peer(int r) const;
-  std::string name;  // for messages, e.g. "group 3"
-  // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
-  // uses it; touched on the progress thread only.
-  std::shared_ptr<SharedRing> sharedRing;
-  // The host's shared buffers (shm/shared_buffers.h) the direct allreduce looks tensors up in.
-  std::shared_ptr<SharedBuffers> buffers;
-  std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
-  // Its notices (group/notices.h), set up with the group; null for groups made by hand in tests.
-  std::shared_ptr<GroupNotices> control;
-};
 
 class Op {
  public:
@@ -179,67 +113,37 @@ class Op {
   void startClock(TimePoint now) { deadline_ = now + timeout_; }
   // A request failed: the first failure (ok while all is well).
   const Status& failure() const { return failure_; }
-  // Describes who this op still waits for, e.g. "no data from rank 2; rank 3 has not received".
-  std::string pendingPeers() const;
-  // Whom this op still waits for: peers it has posted requests to, and of them the previous
-  // rank if its call print, sent as it starts, has not arrived (it has not started the op).
-  struct Waits {
-    std::set<int> peers;
-    std::set<int> notStarted;
-  };
-  Waits waits() const;
+  // What it has posted, done or not (runtime/waits.h tells whom it waits for from them).
+  const std::vector<std::unique_ptr<Request>>& requests() const { return requests_; }
   // The ranks this op has sent to (in a ring, its next rank: the ones that may wait for it).
   std::set<int> sentTo() const;
-  // Halfway to its deadline an op of more than two ranks that is still running tells the others
-  // whom it waits for (Engine::reportWaits); a rank that times out follows those reports from
-  // the ranks it waits for to the rank at the end of the wait: "; ..." or "" (none to add).
-  // notStartedSaid: the words so far (pendingPeers) already say which peers have not started.
+  // Halfway to its deadline an op tells the others whom it waits for (Engine::reportWaits).
   TimePoint halfway() const { return deadline_ - timeout_ / 2; }
-  bool waitsReported = false;
-  std::map<int, Waits> reportedWaits;  // by the reporting rank
-  std::string waitChain(bool notStartedSaid) const;
+  WaitReports waitReports;
   // Set by an algorithm whose timeout deserves its own words (the engine's default is "Timed
-  // out after N ms: " + pendingPeers()). Called on the progress thread while the frame lives.
+  // out after N ms: " + pendingPeers(op), runtime/waits.h). Called on the progress thread while the
+  // frame lives.
   std::function<std::string()> describeTimeout;
   // Hands requests that are still posted to the caller (the engine orphans and cancels them).
   std::vector<std::unique_ptr<Request>> takePending();
 
-  // Call checks (call_print.h). A collective carries a print of its call; its ranks check it
-  // around the ring and tell each other when it fails. Point-to-point ops carry none.
-  void setPrint(const CallPrint& print);
-  bool checksCall() const { return print_.collective != Collective::kNone; }
-  const CallPrint& print() const { return print_; }
+  // Its call check (runtime/call_print.h): none for point-to-point ops.
+  CallCheck& callCheck() { return callCheck_; }
+  const CallCheck& callCheck() const { return callCheck_; }
   // Set as the op ends, when no rank can have finished it (another rank refused to start it).
   bool endsCleanly() const { return endsCleanly_; }
-  // Sends this rank's print to the next rank and asks for the previous rank's. Besides, every
-  // peer this op sends to gets the print before its first message, and every peer it receives
-  // from is asked for its print before the first receive is posted: a print arrives before that
-  // peer's data, so no data of a rank that called something else is ever used. A print that
-  // differs fails the op at once.
-  void startCallCheck();
-  // Whether every print sent and asked for so far is done (the op completes once they are).
-  bool callCheckDone() const;
-  // A small allreduce at two ranks carries its data in the print (one message each way instead
-  // of two): set before the op starts; the bytes are read when it starts.
-  static constexpr size_t kInlineMax = 1024;
-  void setInline(const void* data, size_t bytes);
-  bool inlined() const { return inlineBytes_ > 0; }
-  // The print asked from `peer` (nullptr if none), and the data it carried once it arrived.
-  Request* printFrom(int peer) const;
-  const char* inlinePayload(int peer) const;
 
  private:
   friend class Runtime;
+  friend class CallCheck;  // posts the prints
   static void observe(Request* req);
   Request* newRequest(int peer, bool isSend);
-  Request* postRecv(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);
-  // Post a request made by newRequest (nothing leaves a failed op).
-  Request* postSend(Request* req, uint64_t slot, const void* data, size_t bytes);
-  Request* postReceive(Request* req, uint64_t slot, void* data, size_t bytes);
-  Request* postSendUnder(uint32_t sequence, Request* req, uint64_t slot, const void* data,
-                         size_t bytes);
-  Request* postReceiveUnder(uint32_t sequence, Request* req, uint64_t slot, void* data,
-                            size_t bytes);
+  // A receive of this op's own sequence that takes exactly `expected` bytes (or up to `bytes`:
+  // Request::kAnySize), asking `peer` for its call print first.
+  Request* recvExpecting(int peer, uint64_t slot, void* data, size_t bytes, size_t expected);
+  // Post a request made by newRequest under `sequence` (nothing leaves a failed op).
+  Request* postSend(Request* req, uint32_t sequence, uint64_t slot, const void* data, size_t bytes);
+  Request* postReceive(Request* req, uint32_t sequence, uint64_t slot, void* data, size_t bytes);
   bool refuseAfterFailure(Request* req);
   // The endpoint to req->peer, for a request about to be posted; false (the request failed)
   // when the op has failed or no endpoint can be made.
@@ -263,29 +167,8 @@ class Op {
   bool turnGivenUp_ = false;
   std::coroutine_handle<> resumePoint_;
   Status failure_;
-  void sendPrint(int peer);
-  void askPrint(int peer);
-  bool isStartPrint(const Request& req) const;
   bool endsCleanly_ = false;
-  CallPrint print_;  // collective kNone: no call check
-  bool callCheckStarted_ = false;
-  // Which peers were sent this op's print and asked for theirs: bits of the masks in groups of
-  // up to 64 ranks, kPrintSent | kPrintAsked by peer in larger ones.
-  static constexpr uint8_t kPrintSent = 1, kPrintAsked = 2;
-  uint64_t printsSentMask_ = 0, printsAskedMask_ = 0;
-  std::vector<uint8_t> printFlags_;
-  bool markPrint(int peer, uint8_t bit);  // sets it; whether it was set
-  struct PrintIn {
-    alignas(8) char bytes[sizeof(CallPrint) + kInlineMax];
-    Request* request;
-  };
-  std::vector<std::unique_ptr<PrintIn>> printsIn_;    // one per peer asked
-  std::unordered_map<int, PrintIn*> printsInByPeer_;  // the same, by peer, in large groups
-  const PrintIn* printIn(int peer) const;
-  const void* inlineData_ = nullptr;
-  size_t inlineBytes_ = 0;
-  std::vector<char> printOut_;  // the print and its data, when it carries data
-  std::vector<Request*> printRequests_;
+  CallCheck callCheck_{*this};
 };
 
 }  // namespace ddl

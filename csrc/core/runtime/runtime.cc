@@ -250,7 +250,7 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   // An op that another rank refused to start cannot have finished anywhere: what it shares may
   // be given up without doubt (shm/shared_ring.h).
   op->endsCleanly_ = ending == Ending::kRemoteRefusal;
-  recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : op->pendingPeers());
+  recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : pendingPeers(*op));
   if (!error.ok() && ending != Ending::kRefused) recorder_.writeOnFailure();
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());
@@ -280,8 +280,8 @@ bool Runtime::checkDeadlines() {
       woken = true;
     }
     if (now < op.deadline()) {
-      if (!op.waitsReported && now >= op.halfway()) {
-        op.waitsReported = true;
+      if (!op.waitReports.sent && now >= op.halfway()) {
+        op.waitReports.sent = true;
         supervisor_->halfway(op);
       }
       continue;
@@ -289,10 +289,10 @@ bool Runtime::checkDeadlines() {
     std::string why = op.describeTimeout
                           ? op.describeTimeout()
                           : "Timed out after " + std::to_string(op.timeout().count()) +
-                                " ms: " + op.pendingPeers();
-    const std::set<int> awaited = op.waits().peers;
+                                " ms: " + pendingPeers(op);
+    const std::set<int> awaited = waitsOf(op).peers;
     finishOp(current,
-             Status(StatusKind::kTimeout, why + op.waitChain(!op.describeTimeout),
+             Status(StatusKind::kTimeout, why + waitChain(op, !op.describeTimeout),
                     std::vector<int>(awaited.begin(), awaited.end())),
              Ending::kTimeout);
   }
@@ -304,7 +304,7 @@ bool Runtime::checkDeadlines() {
 TimePoint Runtime::nextTimer() const {
   TimePoint next = TimePoint::max();
   for (const auto& op : active_) {
-    next = std::min(next, op->waitsReported ? op->deadline() : op->halfway());
+    next = std::min(next, op->waitReports.sent ? op->deadline() : op->halfway());
     next = std::min(next, op->wakeAt_);
   }
   if (!lost_.empty() && !active_.empty()) {

@@ -1,0 +1,83 @@
+// What an op belongs to: its group's membership as the runtime needs it (Group), and what became
+// of the group (GroupState), shared by the communicator and its ops.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../base/clock.h"
+#include "../base/status.h"
+#include "../transport/transport.h"
+
+namespace ddl {
+
+class Runtime;
+struct GroupNotices;
+class SharedBuffers;
+struct SharedRing;
+
+// What became of a group (any thread; the engine records, the torch glue asks): its first
+// failed op, and whether it was closed (abort(), shutdown()) or failed (a timeout or a lost peer,
+// here or on another rank), after which every op fails at once.
+class GroupState {
+ public:
+  struct Failure {
+    Status status;        // ok while no op has failed
+    bool remote = false;  // another rank's report ended it
+  };
+  void recordFailure(const Status& status, bool remote = false);
+  Failure firstFailure() const;
+  void close(const Status& reason);
+  // The group cannot go on: records the failure and refuses later ops, naming it.
+  void fail(const Status& status, bool remote = false);
+  Status refusal() const;  // why ops fail at once (ok while the group is usable)
+  // The ranks of the group known to be gone: found here, or named by another rank's notice, and
+  // when each was first known (the runtime's clock).
+  void noteGone(int rank, TimePoint when);
+  std::vector<int> gone() const;
+  std::optional<TimePoint> goneSince(int rank) const;
+
+ private:
+  mutable std::mutex mutex_;
+  Failure first_;
+  Status refusal_;
+  std::map<int, TimePoint> gone_;
+};
+
+// A communicator's membership as the runtime needs it: shared by the communicator and its ops, so
+// an op outlives a group destroyed while it is in flight. What the group code hands its ops
+// (shared memory, notices) travels with it; the runtime does not look inside.
+struct Group {
+  Runtime* runtime = nullptr;
+  int rank = 0;
+  int size = 1;
+  uint32_t id = 0;
+  // Which group of this id it is, the same on every rank (0: none, a group made by hand): the
+  // id is taken again once a group is destroyed, and what its ranks send (notices) carries this,
+  // so that a late word of the old group is never taken for the new one's.
+  uint64_t incarnation = 0;
+  // Where each rank is reached (set at creation), and the endpoints opened so far: a rank
+  // connects to a peer when it first sends to it (peer()), so it holds endpoints to the peers
+  // its operations talked to, not to every rank. peers[r] is -1 while not connected; both are
+  // touched on the progress thread only.
+  std::vector<std::string> addresses;
+  mutable std::vector<PeerId> peers;
+  // The endpoint to group rank r, opened now if it was not.
+  PeerId peer(int r) const;
+  std::string name;  // for messages, e.g. "group 3"
+  // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
+  // uses it; touched on the progress thread only.
+  std::shared_ptr<SharedRing> sharedRing;
+  // The host's shared buffers (shm/shared_buffers.h) the direct allreduce looks tensors up in.
+  std::shared_ptr<SharedBuffers> buffers;
+  std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
+  // Its notices (group/notices.h), set up with the group; null for groups made by hand in tests.
+  std::shared_ptr<GroupNotices> notices;
+};
+
+}  // namespace ddl
