@@ -30,16 +30,15 @@ Communicator::Communicator(Engine& engine, std::shared_ptr<Group> group,
     : engine_(&engine), group_(std::move(group)), timeout_(timeout), book_(std::move(book)) {}
 
 Communicator::~Communicator() {
-  Engine::closeControl(engine_, group_->notices);
+  Notices::close(group_->notices);
   if (ownsId_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
 }
 
 void Communicator::reject(const char* name, const std::string& why) noexcept {
   const auto sequence = static_cast<uint32_t>(sequence_.fetch_add(1));
   try {
-    Engine::refuseOp(
-        engine_, group_, sequence,
-        "rank " + std::to_string(rank()) + " refused its call to " + name + ": " + why);
+    Notices::refuse(group_, sequence,
+                    "rank " + std::to_string(rank()) + " refused its call to " + name + ": " + why);
   } catch (...) {  // out of memory: the others time out instead
   }
 }

@@ -139,7 +139,7 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   Engine& engine = *pending.engine;
   const GroupOptions& options = pending.options;
   group->incarnation = directory.incarnation;
-  engine.openControl(group);
+  engine.notices().open(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
   std::vector<ProcessIdentity> identities(group->size);
   for (int r = 0; r < group->size; ++r) {

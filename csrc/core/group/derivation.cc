@@ -388,7 +388,7 @@ std::shared_ptr<Communicator> Communicator::finishDerivation(Derivation& d) {
   group->addresses = d.addresses;
   group->peers.assign(d.addresses.size(), -1);
   nameGroup(*group, engine);
-  engine.openControl(group);
+  engine.notices().open(group);
   engine.watch(group, d.identities);
   auto book = PlanBook::forMachine(std::move(d.topology), d.links, d.request, d.hierarchical);
   auto comm =

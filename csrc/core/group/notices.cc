@@ -2,91 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include "../base/tag.h"
-#include "engine.h"
+#include "../runtime/op.h"
 
 namespace ddl {
-
-namespace {
-
-struct NoticeHeader {
-  uint32_t magic;
-  uint32_t sequence;
-  uint64_t incarnation;
-  int32_t from;
-  uint8_t type;
-  uint8_t tree;
-  uint8_t kind;     // StatusKind
-  uint16_t ranges;  // of gone ranks, each (first, count) in two uint16 after the header
-};
-constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
-
-// Ranges of gone ranks one notice carries at most, leaving room for some words: more (ranks
-// gone in over 900 places) are cut to the first ones, a part of the news that is still true (a
-// notice longer than kMaxBytes would be cut by its receive and dropped whole).
-constexpr size_t kMaxRanges = (Notice::kMaxBytes - sizeof(NoticeHeader) - 512) / 4;
-
-}  // namespace
-
-std::string Notice::encode() const {
-  std::vector<uint16_t> ranges;
-  for (size_t i = 0; i < gone.size() && ranges.size() < 2 * kMaxRanges;) {
-    size_t j = i;
-    while (j + 1 < gone.size() && gone[j + 1] == gone[j] + 1) ++j;
-    ranges.push_back(static_cast<uint16_t>(gone[i]));
-    ranges.push_back(static_cast<uint16_t>(j - i + 1));
-    i = j + 1;
-  }
-  NoticeHeader header{kNoticeMagic,
-                      sequence,
-                      incarnation,
-                      from,
-                      static_cast<uint8_t>(type),
-                      static_cast<uint8_t>(tree ? 1 : 0),
-                      static_cast<uint8_t>(kind),
-                      static_cast<uint16_t>(ranges.size() / 2)};
-  std::string bytes(sizeof(header) + ranges.size() * sizeof(uint16_t), '\0');
-  std::memcpy(bytes.data(), &header, sizeof(header));
-  if (!ranges.empty()) {
-    std::memcpy(bytes.data() + sizeof(header), ranges.data(), ranges.size() * sizeof(uint16_t));
-  }
-  if (bytes.size() < kMaxBytes) bytes += text.substr(0, kMaxBytes - bytes.size());
-  return bytes;
-}
-
-std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
-  NoticeHeader header;
-  if (bytes < sizeof(header)) return std::nullopt;
-  std::memcpy(&header, data, sizeof(header));
-  const size_t rangeBytes = size_t{header.ranges} * 2 * sizeof(uint16_t);
-  if (header.magic != kNoticeMagic || header.type > static_cast<uint8_t>(Type::kWaiting) ||
-      bytes < sizeof(header) + rangeBytes) {
-    return std::nullopt;
-  }
-  Notice notice;
-  notice.sequence = header.sequence;
-  notice.incarnation = header.incarnation;
-  notice.type = static_cast<Type>(header.type);
-  notice.from = header.from;
-  notice.tree = header.tree != 0;
-  notice.kind =
-      header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
-  std::vector<uint16_t> ranges(size_t{header.ranges} * 2);
-  if (!ranges.empty()) std::memcpy(ranges.data(), data + sizeof(header), rangeBytes);
-  // Ranges as encode() makes them: ascending, apart, each of ranks of the largest group.
-  int64_t next = 0;  // the lowest rank the next range may start at
-  for (size_t i = 0; i + 1 < ranges.size(); i += 2) {
-    const int64_t first = ranges[i], count = ranges[i + 1];
-    if (count == 0 || first < next || first + count > int64_t{tag::kMaxRanks}) return std::nullopt;
-    for (int64_t k = 0; k < count; ++k) notice.gone.push_back(static_cast<int>(first + k));
-    next = first + count + 1;
-  }
-  notice.text.assign(data + sizeof(header) + rangeBytes, bytes - sizeof(header) - rangeBytes);
-  return notice;
-}
 
 Notice GroupNotices::notice(Notice::Type type, uint32_t sequence) const {
   Notice n;
@@ -96,8 +17,6 @@ Notice GroupNotices::notice(Notice::Type type, uint32_t sequence) const {
   n.from = group->rank;
   return n;
 }
-
-// --- The notice protocol (Engine) --------------------------------------------------------------
 
 namespace {
 
@@ -136,7 +55,7 @@ std::set<int> splitRanks(const std::string& text) {
 
 }  // namespace
 
-void Engine::reportWaits(Op& op) {
+void Notices::reportWaits(Op& op) {
   // With two ranks the one waited for is the other: nothing to follow.
   if (!op.callCheck().on() || op.size() <= 2 || op.group().notices == nullptr) return;
   GroupNotices& control = *op.group().notices;
@@ -166,9 +85,10 @@ void Engine::reportWaits(Op& op) {
   for (int peer : to) sendNoticeTo(control, notice, bytes, peer);
 }
 
-void Engine::openControl(const std::shared_ptr<Group>& group) {
+void Notices::open(const std::shared_ptr<Group>& group) {
   auto control = std::make_shared<GroupNotices>();
-  control->engine = this;
+  control->board = this;
+  control->runtime = &runtime_;
   control->group = group.get();
   control->owner = group;
   control->groupId = group->id;
@@ -176,7 +96,7 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   control->open = true;
   group->notices = control;
   if (group->size < 2) return;
-  call([&] {
+  runtime_.call([&] {
     // A destroyed group that held this id: what it left behind is this group's to take now.
     for (const std::shared_ptr<GroupNotices>& old : controls_) {
       if (!old->open && old->groupId == control->groupId) old->graves.clear();
@@ -197,42 +117,42 @@ void Engine::openControl(const std::shared_ptr<Group>& group) {
   });
 }
 
-void Engine::closeControl(Engine* engine, std::shared_ptr<GroupNotices> control) {
-  if (!control) return;
-  Runtime::postIfAlive(&engine->runtime_, [engine, control] {
+void Notices::close(std::shared_ptr<GroupNotices> control) {
+  if (!control || control->runtime == nullptr) return;
+  Runtime::postIfAlive(control->runtime, [control] {
+    Runtime& runtime = *control->runtime;
     control->open = false;
     control->early.clear();
-    Heartbeat& heartbeat = engine->runtime_.heartbeat();
+    Heartbeat& heartbeat = runtime.heartbeat();
     for (const std::string& address : control->beats) heartbeat.unbeat(address);
     for (const std::string& address : control->watches) heartbeat.unwatch(address);
     control->beats.clear();
     control->watches.clear();
     if (control->receive && !control->receive->done) {
-      engine->runtime_.transport().cancel(control->receive.get());
+      runtime.transport().cancel(control->receive.get());
     }
   });
 }
 
-void Engine::refuseOp(Engine* engine, std::shared_ptr<const Group> group, uint32_t sequence,
-                      std::string text) {
+void Notices::refuse(std::shared_ptr<const Group> group, uint32_t sequence, std::string text) {
   if (group->size < 2 || !group->notices) return;
-  Runtime::postIfAlive(&engine->runtime_, [engine, group, sequence, text = std::move(text)] {
+  Runtime::postIfAlive(group->notices->runtime, [group, sequence, text = std::move(text)] {
     GroupNotices& control = *group->notices;
     if (!control.open) return;
     control.markStarted(sequence);
     Notice notice = control.notice(Notice::Type::kRefusal, sequence);
     notice.kind = StatusKind::kInvalidArgument;
     notice.text = text;
-    engine->sendNotice(control, notice);
-    engine->buryOp(control, sequence);
+    control.board->sendNotice(control, notice);
+    control.board->buryOp(control, sequence);
   });
 }
 
-bool Engine::takeNotice(GroupNotices& control) {
+bool Notices::takeNotice(GroupNotices& control) {
   if (control.receive && !control.receive->done) return false;  // one at a time
   auto receive = std::make_unique<Request>();
   receive->owner = &control;
-  receive->observer = &Engine::onNotice;
+  receive->observer = &Notices::onNotice;
   const uint64_t t =
       tag::make(control.groupId, 0, tag::slot(tag::kControlPhase, tag::kNoticeStep), 0);
   if (!runtime_.transport().receiveArrived(t, tag::kGroupAndSlot, control.buffer.data(),
@@ -243,29 +163,29 @@ bool Engine::takeNotice(GroupNotices& control) {
   return true;
 }
 
-void Engine::onNotice(Request* req) {
+void Notices::onNotice(Request* req) {
   auto* control = static_cast<GroupNotices*>(req->owner);
   control->received = true;
   if (!req->failed()) {
     std::optional<Notice> notice = Notice::decode(control->buffer.data(), req->receivedBytes);
     if (notice) control->arrived.push_back(std::move(*notice));
   }
-  control->engine->noticesArrived_ = true;
+  control->board->noticesArrived_ = true;
 }
 
-void Engine::sendNotice(GroupNotices& control, const Notice& notice) {
+void Notices::sendNotice(GroupNotices& control, const Notice& notice) {
   relayNotice(control, notice, notice.encode());
 }
 
-void Engine::relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes) {
+void Notices::relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes) {
   const Group& group = *control.group;
   const int n = group.size;
   if (notice.from < 0 || notice.from >= n) return;
   relayBelow(control, notice, bytes, (group.rank - notice.from + n) % n);
 }
 
-void Engine::relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes,
-                        int v) {
+void Notices::relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes,
+                         int v) {
   const Group& group = *control.group;
   const int n = group.size;
   for (int step = 1; v + step < n; step <<= 1) {
@@ -279,8 +199,8 @@ void Engine::relayBelow(GroupNotices& control, const Notice& notice, const std::
   }
 }
 
-bool Engine::sendNoticeTo(GroupNotices& control, const Notice& notice, const std::string& bytes,
-                          int to) {
+bool Notices::sendNoticeTo(GroupNotices& control, const Notice& notice, const std::string& bytes,
+                           int to) {
   const Group& group = *control.group;
   PeerId peer;
   try {
@@ -300,21 +220,21 @@ bool Engine::sendNoticeTo(GroupNotices& control, const Notice& notice, const std
   return true;
 }
 
-void Engine::buryOp(GroupNotices& control, uint32_t sequence) {
+void Notices::buryOp(GroupNotices& control, uint32_t sequence) {
   if (control.graves.size() >= GroupNotices::kMaxGraves) control.graves.pop_front();
   control.graves.push_back({sequence, runtime_.clock().now() + GroupNotices::kGraveLife});
 }
 
-Ending Engine::endingOf(const Notice& notice) {
+Ending Notices::endingOf(const Notice& notice) {
   return notice.type == Notice::Type::kRefusal ? Ending::kRemoteRefusal : Ending::kRemote;
 }
 
-Status Engine::reportOf(const Notice& notice) {
+Status Notices::reportOf(const Notice& notice) {
   return Status(notice.kind, "rank " + std::to_string(notice.from) + " reports: " + notice.text,
                 notice.gone);
 }
 
-void Engine::applyNotice(GroupNotices& control, const Notice& notice) {
+void Notices::applyNotice(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   if (notice.from < 0 || notice.from >= group.size || notice.from == group.rank) return;
   if (notice.type == Notice::Type::kNews) {
@@ -359,7 +279,7 @@ void Engine::applyNotice(GroupNotices& control, const Notice& notice) {
   }
 }
 
-void Engine::applyNews(GroupNotices& control, const Notice& notice) {
+void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   const TimePoint now = runtime_.clock().now();
   // From a rank counted gone here: it stalled and came back, or speaks from the other side of
@@ -390,7 +310,7 @@ void Engine::applyNews(GroupNotices& control, const Notice& notice) {
   floodPendingNews();
 }
 
-void Engine::floodNews(GroupNotices& control) {
+void Notices::floodNews(GroupNotices& control) {
   const Group& group = *control.group;
   control.newsPending = false;
   control.lastFlood = runtime_.clock().now();
@@ -418,7 +338,7 @@ void Engine::floodNews(GroupNotices& control) {
   for (int r : to) sendNoticeTo(control, notice, bytes, r);
 }
 
-void Engine::tellGone(GroupNotices& control, int rank) {
+void Notices::tellGone(GroupNotices& control, int rank) {
   const TimePoint now = runtime_.clock().now();
   auto [it, first] = control.toldGone.emplace(rank, now);
   if (!first && now - it->second < std::chrono::seconds(1)) return;
@@ -431,7 +351,7 @@ void Engine::tellGone(GroupNotices& control, int rank) {
   sendNoticeTo(control, notice, notice.encode(), rank);
 }
 
-bool Engine::serviceControls(bool housekeeping) {
+bool Notices::service(bool housekeeping) {
   noticesArrived_ = false;
   bool any = false;
   const TimePoint now = runtime_.clock().now();
@@ -491,6 +411,142 @@ bool Engine::serviceControls(bool housekeeping) {
     ++i;
   }
   return any;
+}
+
+// --- What an op's end means to its group (Runtime::Supervisor) ---------------------------------
+
+Status Notices::admit(Op& op, Ending* ending) {
+  Status refused = op.group().state->refusal();
+  if (!refused.ok()) {
+    *ending = Ending::kRefused;
+    return refused;
+  }
+  Status lost = runtime_.lostPeerOf(op);
+  if (!lost.ok()) {
+    *ending = Ending::kLost;
+    return lost;
+  }
+  GroupNotices* control = op.group().notices.get();
+  if (op.callCheck().on() && control != nullptr) {
+    control->markStarted(op.sequence());
+    auto early = control->early.find(op.sequence());
+    if (early != control->early.end()) {
+      Notice notice = std::move(early->second);
+      control->early.erase(early);
+      *ending = endingOf(notice);
+      return reportOf(notice);
+    }
+  }
+  return Status();
+}
+
+void Notices::ended(Op& op, const Status& error, Ending ending, const std::string& where) {
+  if (error.ok()) return;
+  if (op.callCheck().on() && op.group().notices != nullptr) {
+    GroupNotices& control = *op.group().notices;
+    // The others learn what ended it here; the messages they sent it are discarded. (A lost
+    // peer is told by the news, to every group that has it; a timeout another rank reported
+    // reached every rank already.)
+    const bool heard = std::find(control.timeoutsHeard.begin(), control.timeoutsHeard.end(),
+                                 op.sequence()) != control.timeoutsHeard.end();
+    const bool told = ending == Ending::kOwn || (ending == Ending::kTimeout && !heard);
+    if (told && control.open && op.size() > 1) {
+      Notice notice = control.notice(
+          ending == Ending::kTimeout ? Notice::Type::kGroupTimeout : Notice::Type::kOp,
+          op.sequence());
+      notice.kind = error.kind;
+      notice.text = error.detail;
+      sendNotice(control, notice);
+    }
+    buryOp(control, op.sequence());
+  }
+  // A collective that timed out or lost a peer fails its group: the ranks no longer agree on
+  // what was done (monitored barriers and point-to-point ops, which have no call check, leave it
+  // usable, as their callers expect).
+  const std::shared_ptr<GroupState>& group = op.group().state;
+  if (ending == Ending::kLost) {
+    for (int r : error.ranks) group->noteGone(r, runtime_.clock().now());
+  }
+  if (op.callCheck().on() && (ending == Ending::kTimeout || ending == Ending::kLost)) {
+    group->fail(error.withDetail(where + " " + error.detail));
+    refusalsPending_ = true;
+  }
+  const bool remote = ending == Ending::kRemote || ending == Ending::kRemoteRefusal;
+  group->recordFailure(error.withDetail("ddl: " + where + " " + error.detail), remote);
+}
+
+void Notices::halfway(Op& op) { reportWaits(op); }
+
+bool Notices::afterSteps() {
+  bool busy = false;
+  if (noticesArrived_) busy |= service(false);
+  if (refusalsPending_) failRefusedOps();
+  return busy;
+}
+
+bool Notices::idle() { return !controls_.empty() && service(false); }
+
+void Notices::housekeep() {
+  if (!controls_.empty()) service(true);
+  floodPendingNews();
+}
+
+void Notices::afterLiveness() { announceLost(); }
+
+TimePoint Notices::nextHousekeeping() const {
+  TimePoint next = TimePoint::max();
+  for (const auto& control : controls_) {
+    if (!control->graves.empty()) next = std::min(next, control->graves.front().until);
+    if (control->newsPending) next = std::min(next, control->lastFlood + kNewsPeriod);
+  }
+  return next;
+}
+
+void Notices::stopped() {
+  for (auto& control : controls_) {
+    control->open = false;
+    if (control->receive && !control->receive->done) {
+      runtime_.transport().cancel(control->receive.get());
+    }
+  }
+}
+
+void Notices::failRefusedOps() {
+  refusalsPending_ = false;
+  runtime_.endOps([](const Op& op) { return op.group().state->refusal(); }, Ending::kRefused);
+}
+
+void Notices::announceLost() {
+  for (const auto& [address, why] : runtime_.dueToTell()) learnGone(address, why, "");
+  floodPendingNews();
+}
+
+void Notices::learnGone(const std::string& address, const std::string& why,
+                        const std::string& heard) {
+  const TimePoint now = runtime_.clock().now();
+  for (const auto& control : controls_) {
+    std::shared_ptr<const Group> alive = control->owner.lock();
+    if (!control->open || !alive) continue;
+    const Group& g = *alive;
+    for (int r = 0; r < g.size; ++r) {
+      if (r == g.rank || g.addresses[r] != address || !control->newsOf.insert(r).second) continue;
+      const std::string words = "rank " + std::to_string(r) + " is gone: " + why;
+      g.state->noteGone(r, now);
+      g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + words, {r}));
+      refusalsPending_ = true;
+      if (control->newsWhy.empty()) control->newsWhy = heard.empty() ? words : heard;
+      control->newsPending = true;
+    }
+  }
+}
+
+void Notices::floodPendingNews() {
+  const TimePoint now = runtime_.clock().now();
+  for (const auto& control : controls_) {
+    if (!control->newsPending || !control->open) continue;
+    if (control->lastFlood != TimePoint::min() && now - control->lastFlood < kNewsPeriod) continue;
+    floodNews(*control);
+  }
 }
 
 }  // namespace ddl

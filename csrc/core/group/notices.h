@@ -8,7 +8,7 @@
 // groups' notices; one for an op that has not started here waits until it does. Messages a
 // failed op leaves behind (sent to a rank that never posted their receives) are discarded for a
 // while after it failed ("graves"), and all at shutdown, so they neither linger in the transport
-// nor match a later op. The engine drives them (group/engine.h, group/notices.cc).
+// nor match a later op. The engine owns the class that drives them (Notices, below).
 #pragma once
 
 #include <chrono>
@@ -24,48 +24,21 @@
 
 #include "../base/clock.h"
 #include "../base/status.h"
+#include "../runtime/runtime.h"
 #include "../transport/transport.h"
+#include "notice.h"
 
 namespace ddl {
 
-struct Notice {
-  // kOp: the op failed on the sender (calls that differ, an error of its own): the op ends, the
-  // group goes on. kGroupTimeout: the op timed out on the sender; the group fails.
-  // kRefusal: the sender refused its arguments and never started the op (the op fails, and no
-  // rank can have finished it: what it shared with others may be given up cleanly).
-  // kWaiting: the sender is still in the op halfway to its deadline and says whom it waits for
-  // (text: "peers;not started", comma-separated ranks); nothing ends.
-  // kNews: ranks the sender counts gone (`gone`: all it knows); the group fails. News floods
-  // (Engine::floodNews) instead of going down a tree.
-  enum class Type : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
-  static constexpr size_t kMaxBytes = 4096;
-  uint32_t sequence = 0;
-  // The sender's group's (Group::incarnation): a notice of another group that held the id is
-  // dropped.
-  uint64_t incarnation = 0;
-  Type type = Type::kOp;
-  int from = -1;
-  // Passed on down a binomial tree rooted at `from` (Engine::relayNotice), so that it reaches
-  // every rank; false for one sent to chosen ranks only (wait reports in large groups).
-  bool tree = true;
-  // The ranks it says are gone, ascending (travel as ranges: a host, a rack or one side of a
-  // partition is a few); a tree passes around them (Engine::relayNotice).
-  std::vector<int> gone;
-  StatusKind kind = StatusKind::kOther;  // of the failure it reports
-  std::string text;
-
-  std::string encode() const;  // at most kMaxBytes (the text is cut to fit)
-  static std::optional<Notice> decode(const char* data, size_t bytes);
-};
-
-class Engine;
+class Notices;
 struct Group;
 
-// A group's notices, on the turning thread (the engine drives them: group/notices.cc).
+// A group's notices, on the turning thread (Notices drives them).
 struct GroupNotices {
-  Engine* engine = nullptr;
+  Notices* board = nullptr;
+  Runtime* runtime = nullptr;  // the board's, for Notices::close
   // The group, while it lives: the engine holds it (owner.lock()) while it reads `group`; a
-  // group destroyed before its closeControl ran is treated as closed.
+  // group destroyed before Notices::close ran is treated as closed.
   const Group* group = nullptr;
   std::weak_ptr<const Group> owner;
   uint32_t groupId = 0;
@@ -109,7 +82,7 @@ struct GroupNotices {
   static constexpr size_t kMaxGraves = 256;
   // How long a failed op's leftovers are discarded: also after its group is destroyed.
   static constexpr std::chrono::seconds kGraveLife{10};
-  // News (Engine::floodNews): the ranks known gone grew since the last flood; when that was;
+  // News (Notices::floodNews): the ranks known gone grew since the last flood; when that was;
   // the words of the first loss known here.
   bool newsPending = false;
   std::set<int> newsOf;  // ranks whose loss this group has taken in (failed, news to spread)
@@ -122,6 +95,96 @@ struct GroupNotices {
   std::map<int, TimePoint> toldGone;
   // The heartbeats this group asked of the runtime: addresses beaten, addresses watched.
   std::vector<std::string> beats, watches;
+};
+
+// The notice protocol of an engine's groups, and what an op's end means to the rest of its group
+// (the runtime's Supervisor; the engine owns one). A failure of this rank's making is told to the
+// others down the group's notice tree; a timeout or a lost peer fails the whole group; a notice
+// from another rank ends the op it names, here, or waits for it to start. Ranks found gone are
+// news, flooded to every rank of the groups that have them.
+class Notices : public Runtime::Supervisor {
+ public:
+  explicit Notices(Runtime& runtime) : runtime_(runtime) {}
+  Notices(const Notices&) = delete;
+  Notices& operator=(const Notices&) = delete;
+
+  // Posts the group's notice receive and starts its heartbeats (blocks until done).
+  void open(const std::shared_ptr<Group>& group);
+  // Takes a group's notices down (from a destructor: the engine may be gone, then nothing is
+  // left to take down).
+  static void close(std::shared_ptr<GroupNotices> notices);
+  // A rank that refused its arguments for op `sequence` of `group` tells the others, whose op
+  // then fails with `text`. Returns at once.
+  static void refuse(std::shared_ptr<const Group> group, uint32_t sequence, std::string text);
+
+  // Runtime::Supervisor.
+  Status admit(Op& op, Ending* ending) override;
+  void ended(Op& op, const Status& status, Ending ending, const std::string& where) override;
+  void halfway(Op& op) override;
+  bool afterSteps() override;
+  bool idle() override;
+  void housekeep() override;
+  void afterLiveness() override;
+  TimePoint nextHousekeeping() const override;
+  void stopped() override;
+
+ private:
+  // Once a peer has been lost for the grace period, every open group that has it fails and
+  // spreads the news (floodNews), whether an op of it is in flight or not: ranks that never
+  // connected to the dead one (a receive from it fails nowhere) learn it in log2(P) rounds.
+  void announceLost();
+  // The process at `address` is gone (`why`): every open group that has it notes the rank gone
+  // and fails; its news is to be spread (in the words `heard` from another rank, if it was).
+  void learnGone(const std::string& address, const std::string& why, const std::string& heard);
+  // News: a rank that learns ranks are gone sends all it knows gone to its successors at
+  // distances 1, 2, 4, ... (not to ranks gone), and passes news on when what it knows grew.
+  // Every rank hears from log2(P) predecessors, so dead relays (a whole host, a rack) cut no
+  // one off, where a tree's dead relay cuts off its subtree. A rank floods at most once per
+  // kNewsPeriod (what grows meanwhile goes with the next): P log2(P) messages a flood, and a
+  // few floods per rank however many ranks die at once.
+  static constexpr std::chrono::milliseconds kNewsPeriod{50};
+  void floodPendingNews();
+  void floodNews(GroupNotices& control);
+  // News from a rank this one counts gone: it is told so (it stalled, or sits on the other side
+  // of a partition), at most once a second.
+  void tellGone(GroupNotices& control, int rank);
+  // Fails the ops in flight whose group was failed (set when a group fails).
+  void failRefusedOps();
+
+  // Starts receiving a notice that has arrived for the group, if one has and none is being
+  // received (notices are not posted for: a receive under a mask costs every message).
+  bool takeNotice(GroupNotices& control);
+  static void onNotice(Request* req);
+  // Applies what arrived, passes on what travels down a tree, cleans up sends and, every
+  // housekeeping period, discards what failed ops left behind. True when something happened.
+  bool service(bool housekeeping);
+  void applyNotice(GroupNotices& control, const Notice& notice);
+  void applyNews(GroupNotices& control, const Notice& notice);
+  // Starts `notice` down its tree (from this rank, its root).
+  void sendNotice(GroupNotices& control, const Notice& notice);
+  // False when no endpoint to `to` can be made (nothing is sent).
+  bool sendNoticeTo(GroupNotices& control, const Notice& notice, const std::string& bytes, int to);
+  // Passes a notice of the tree on to this rank's children in it: the rank at distance v from
+  // the root sends to the ranks at distance v + 2^k for every 2^k > v (below the group's size).
+  // A notice reaches all P - 1 other ranks in P - 1 messages and log2(P) rounds, and whoever
+  // starts one, a rank sends only to the ranks 2^k after it: log2(P) endpoints.
+  // A child that is gone (the notice's `gone`, or a peer lost here) is passed around: this rank
+  // sends to its children in its stead.
+  void relayNotice(GroupNotices& control, const Notice& notice, const std::string& bytes);
+  void relayBelow(GroupNotices& control, const Notice& notice, const std::string& bytes, int v);
+  // Tells the op's other ranks whom it still waits for, halfway to its deadline (runtime/waits.h):
+  // every rank in groups of up to kWaitReportsToAll ranks, else the ranks it sent to.
+  static constexpr int kWaitReportsToAll = 64;
+  void reportWaits(Op& op);
+  void buryOp(GroupNotices& control, uint32_t sequence);
+  static Ending endingOf(const Notice& notice);
+  static Status reportOf(const Notice& notice);  // "rank 2 reports: ..."
+
+  Runtime& runtime_;
+  // The turning thread only.
+  std::vector<std::shared_ptr<GroupNotices>> controls_;
+  bool noticesArrived_ = false;   // a notice receive completed
+  bool refusalsPending_ = false;  // a group failed: fail its ops in flight
 };
 
 }  // namespace ddl

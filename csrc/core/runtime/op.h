@@ -117,7 +117,7 @@ class Op {
   const std::vector<std::unique_ptr<Request>>& requests() const { return requests_; }
   // The ranks this op has sent to (in a ring, its next rank: the ones that may wait for it).
   std::set<int> sentTo() const;
-  // Halfway to its deadline an op tells the others whom it waits for (Engine::reportWaits).
+  // Halfway to its deadline an op tells the others whom it waits for (Notices::reportWaits).
   TimePoint halfway() const { return deadline_ - timeout_ / 2; }
   WaitReports waitReports;
   // Set by an algorithm whose timeout deserves its own words (the engine's default is "Timed

@@ -1,0 +1,43 @@
+// Notice: what one rank of a group tells the others (group/notices.h), and its form on the wire.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../base/status.h"
+
+namespace ddl {
+
+struct Notice {
+  // kOp: the op failed on the sender (calls that differ, an error of its own): the op ends, the
+  // group goes on. kGroupTimeout: the op timed out on the sender; the group fails.
+  // kRefusal: the sender refused its arguments and never started the op (the op fails, and no
+  // rank can have finished it: what it shared with others may be given up cleanly).
+  // kWaiting: the sender is still in the op halfway to its deadline and says whom it waits for
+  // (text: "peers;not started", comma-separated ranks); nothing ends.
+  // kNews: ranks the sender counts gone (`gone`: all it knows); the group fails. News floods
+  // (Notices::floodNews) instead of going down a tree.
+  enum class Type : uint8_t { kOp, kNews, kGroupTimeout, kRefusal, kWaiting };
+  static constexpr size_t kMaxBytes = 4096;
+  uint32_t sequence = 0;
+  // The sender's group's (Group::incarnation): a notice of another group that held the id is
+  // dropped.
+  uint64_t incarnation = 0;
+  Type type = Type::kOp;
+  int from = -1;
+  // Passed on down a binomial tree rooted at `from` (Notices::relayNotice), so that it reaches
+  // every rank; false for one sent to chosen ranks only (wait reports in large groups).
+  bool tree = true;
+  // The ranks it says are gone, ascending (travel as ranges: a host, a rack or one side of a
+  // partition is a few); a tree passes around them (Notices::relayNotice).
+  std::vector<int> gone;
+  StatusKind kind = StatusKind::kOther;  // of the failure it reports
+  std::string text;
+
+  std::string encode() const;  // at most kMaxBytes (the text is cut to fit)
+  static std::optional<Notice> decode(const char* data, size_t bytes);
+};
+
+}  // namespace ddl
