@@ -50,7 +50,7 @@ void ProcessGroupDDL::watchFailures() {
 
 #ifdef DDL_TORCH_HAS_RECONFIGURE
 c10d::ReconfigureHandle ProcessGroupDDL::get_reconfigure_handle() const {
-  return Communicator::handle(comm_->engine());
+  return Derivation::handle(comm_->engine());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::ReconfigureOptions& opts) {
@@ -64,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::Reconfig
     handles = *list;
   } else {
     const auto& set = std::get<std::unordered_set<c10d::ReconfigureHandle>>(opts.handles);
-    handles = Communicator::orderHandles({set.begin(), set.end()});
+    handles = Derivation::orderHandles({set.begin(), set.end()});
   }
   const std::chrono::milliseconds timeout = opts.timeout.value_or(comm_->timeout());
   const LinkCosts links = comm_->links();

@@ -113,7 +113,7 @@ TEST(Fuzz, WriteSeeds) {
   o.header = {64, 0, static_cast<uint32_t>(o.layout.size()), static_cast<uint32_t>(o.share.size()),
               0,  0};
   write("window_offer", "offer", encodeWindowOffer(o));
-  // A handle as Communicator::handle writes it (after its prefix), of a made-up process.
+  // A handle as Derivation::handle writes it (after its prefix), of a made-up process.
   const Locality where{"host-a", "boot/net:[4026531833]/shm:27"};
   Writer w;
   w.text("loopback:3");

@@ -244,7 +244,7 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   std::vector<std::string> handles;
   for (int r = 0; r < 4; ++r) {
     engines.push_back(std::make_unique<Engine>(fabric.join()));
-    handles.push_back(Communicator::handle(*engines.back()));
+    handles.push_back(Derivation::handle(*engines.back()));
   }
   const std::vector<int> order = {3, 0, 1};
   const std::vector<std::string> listed = {handles[3], handles[0], handles[1]};
@@ -309,7 +309,7 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   }
   // A set's order: by host, then handle, the same whatever order it came in.
   std::vector<std::string> shuffled = {handles[2], handles[0], handles[3], handles[1]};
-  EXPECT_EQ(Communicator::orderHandles(shuffled), Communicator::orderHandles(handles));
+  EXPECT_EQ(Derivation::orderHandles(shuffled), Derivation::orderHandles(handles));
 }
 
 }  // namespace

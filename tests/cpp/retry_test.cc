@@ -99,9 +99,9 @@ TEST(Retry, AReconfigureRetriedAfterALateMemberMeets) {
   std::vector<std::string> handles;
   for (int r = 0; r < 3; ++r) {
     engines.push_back(std::make_unique<Engine>(fabric.join()));
-    handles.push_back(Communicator::handle(*engines.back()));
+    handles.push_back(Derivation::handle(*engines.back()));
   }
-  const std::vector<std::string> listed = Communicator::orderHandles(handles);
+  const std::vector<std::string> listed = Derivation::orderHandles(handles);
   auto engineOf = [&](int i) -> Engine& {
     for (int r = 0; r < 3; ++r) {
       if (handles[r] == listed[i]) return *engines[r];

@@ -1,4 +1,4 @@
-// Reconfigure handles (Communicator::handle), passed around out of band, and the locality and
+// Reconfigure handles (Derivation::handle), passed around out of band, and the locality and
 // process identity they carry (also in creation's cards).
 #include "../../csrc/core/group/communicator.h"
 #include "../../csrc/core/runtime/liveness.h"
@@ -18,7 +18,7 @@ DDL_FUZZ_TARGET(handle) {
   } catch (const Error&) {
   }
   try {
-    const std::vector<std::string> ordered = Communicator::orderHandles({text, "ddl1:" + text});
+    const std::vector<std::string> ordered = Derivation::orderHandles({text, "ddl1:" + text});
     DDL_FUZZ_CHECK(ordered.size() == 2);
   } catch (const Error&) {
   }

@@ -1,4 +1,4 @@
-// A group id as the store holds it (group/communicator.h: parseGroupId).
+// A group id as the store holds it (group/creation.h: parseGroupId).
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/group/communicator.h"
 #include "fuzz.h"

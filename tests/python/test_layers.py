@@ -61,4 +61,4 @@ def test_the_check_finds_a_long_function_and_an_entry_no_longer_needed(tmp_path)
 
 def test_no_function_is_longer_than_80_lines_but_the_few_listed():
     assert check_layers.long_functions() == []
-    assert len(check_layers.LONG_FUNCTIONS) <= 5
+    assert len(check_layers.LONG_FUNCTIONS) <= 4

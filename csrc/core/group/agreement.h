@@ -82,7 +82,7 @@ struct Agreement {
 // dead rank or another view's tree cuts no one off, and each one told tells its own: P log2(P)
 // messages, each by an op of its own (one gone fails only its own). A member that receives
 // cards asking for another group fails at once (it need not wait for the root). A shrink's
-// members first tell the ranks they leave out (Communicator::startDerivation), so that views
+// members first tell the ranks they leave out (Derivation::start), so that views
 // that differ in who leads them meet as well.
 Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_ptr<DeriveResult> out,
                     std::vector<std::shared_ptr<Work>> told = {},

@@ -48,6 +48,56 @@ void Communicator::refuse(const char* name, const std::string& what) {
   throw Error(where(name) + ": " + what, StatusKind::kInvalidArgument);
 }
 
+std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
+                                                   int size, std::chrono::milliseconds timeout,
+                                                   const Topology* simulated) {
+  GroupOptions options;
+  options.timeout = timeout;
+  options.topology = simulated;
+  return Creation::begin(engine, store, rank, size, options)->await();
+}
+
+void Communicator::nameGroup(Group& group, Engine& engine) {
+  group.runtime = &engine.runtime();
+  group.buffers = engine.sharedBuffers();
+  group.name = "group " + std::to_string(group.id);
+  engine.runtime().recorder().describeGroup(group.id, group.name, group.rank, group.size);
+  group.sharedRing = std::make_shared<SharedRing>(group.runtime);
+  group.sharedRing->releasedSeen = group.buffers->releasedSoFar();
+}
+
+void Communicator::logCreation(const char* how) const {
+  if (!logs(LogLevel::kInfo)) return;
+  logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) + " of " +
+                               std::to_string(size()) + " " + how + ": " + topology().describe() +
+                               "; links " + links().describe());
+}
+
+std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& excluded,
+                                                   bool abortFirst, bool requireQuorum) {
+  return Derivation::shrink(*this, excluded, abortFirst, requireQuorum)->await();
+}
+
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks) {
+  return Derivation::split(*this, ranks)->await();
+}
+
+std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
+                                                        const std::vector<std::string>& handles,
+                                                        int64_t uuid,
+                                                        std::chrono::milliseconds timeout,
+                                                        const LinkCosts* links) {
+  return Derivation::reconfigure(engine, handles, uuid, timeout, links)->await();
+}
+
+uint32_t Communicator::nextAgreement(const char* what) {
+  // From what the ranks share: the parent, the call, how many times it was made of the parent
+  // before. Not from the request itself: ranks asked different things must meet to find out.
+  const std::string key =
+      std::to_string(group_->id) + "/" + what + "/" + std::to_string(derivations_[what]++);
+  return static_cast<uint32_t>(std::hash<std::string>{}(key)&0xffff);
+}
+
 std::shared_ptr<const AllreducePlan> Communicator::allreducePlan(size_t count, DataType type) {
   auto plan = book_->allreduce(count, elementSize(type));
   if (logs(LogLevel::kInfo)) {  // once per size class (power of two) of this group

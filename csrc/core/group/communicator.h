@@ -22,6 +22,8 @@
 #include "../topology/topology.h"
 #include "agreement.h"
 #include "bootstrap.h"
+#include "creation.h"
+#include "derivation.h"
 #include "engine.h"
 #include "store.h"
 
@@ -51,27 +53,6 @@ struct CallOptions {
   uint64_t asCount = 0;
 };
 
-// How a group is made, beyond its store, rank and size.
-struct GroupOptions {
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  // Tests: the machine the group believes it runs on, instead of the one its ranks find.
-  const Topology* topology = nullptr;
-  // Where this rank runs (default: Locality::self()), what identifies its process to peers on
-  // its host (default: ProcessIdentity::self(); "" for none, as a simulated rank's), the rack
-  // map and link figures (default: TORCH_DDL_TOPOLOGY's and TORCH_DDL_LINKS's; figures given
-  // are not probed).
-  std::optional<Locality> locality;
-  std::optional<std::string> identity;
-  std::optional<std::string> racks;
-  std::optional<std::string> links;
-  // What the planner is asked (default: the configuration's, topology's planRequest()).
-  std::optional<PlanRequest> plan;
-};
-
-// A group id as rank 0 wrote it to the store (`key`): decimal, below tag::kGroupIds. Throws
-// naming the key and the value otherwise.
-uint32_t parseGroupId(const std::string& value, const std::string& key);
-
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Collective over `size` processes: finds the group's id and its tree parent through `store`
@@ -80,15 +61,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
                                               int size, std::chrono::milliseconds timeout,
                                               const Topology* simulated = nullptr);
-  // create() in two halves, for a driver that must not block (a simulator turning every rank's
-  // engine on one thread): begin() makes the store requests, which read only keys of lower
-  // ranks, and starts the exchange; once pending->work is done, finish() makes the
-  // communicator, or throws why it could not.
-  struct Pending;
-  struct Created;
-  static std::unique_ptr<Pending> begin(Engine& engine, KeyValueStore& store, int rank, int size,
-                                        const GroupOptions& options);
-  static std::shared_ptr<Communicator> finish(Pending& pending);
+  // create() in two halves, for a driver that must not block: group/creation.h.
 
   ~Communicator();
 
@@ -130,36 +103,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // ranks that are not in it get nullptr and send nothing.
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks);
   // torch 2.14's reconfigure (survivors, or a grown set, form a group again without restarting
-  // processes). handle(): what peers need to reach this process (its address, identity and
-  // locality), as text, to be passed around out of band. reconfigure(): a group of the
-  // processes whose handles are listed (this one among them; its rank is its handle's place),
-  // made over messages between them alone, no store: every listed process calls it with the
-  // same handles and `uuid` (else each gets an error naming who was given what) and none waits
-  // for a process that is not listed. `links`: the link figures to plan with (a group's
-  // probed ones; TORCH_DDL_LINKS's when null). Throws on bad handles before any message leaves.
-  static std::string handle(Engine& engine);
+  // processes): a group of the processes whose handles (Derivation::handle) are listed (this
+  // one among them; its rank is its handle's place), made over messages between them alone, no
+  // store: every listed process calls it with the same handles and `uuid` (else each gets an
+  // error naming who was given what) and none waits for a process that is not listed. `links`:
+  // the link figures to plan with (a group's probed ones; TORCH_DDL_LINKS's when null). Throws
+  // on bad handles before any message leaves.
   static std::shared_ptr<Communicator> reconfigure(Engine& engine,
                                                    const std::vector<std::string>& handles,
                                                    int64_t uuid, std::chrono::milliseconds timeout,
                                                    const LinkCosts* links = nullptr);
-  // shrink, split and reconfigure in two halves, as create() is, for a driver that must not
-  // block: begin*() checks the arguments (throwing before any message leaves) and starts the
-  // agreement; once derivation->work is done, finishDerivation() makes the group (nullptr for a
-  // rank a split leaves out), or throws why it could not. The calls above are the two halves
-  // with a wait between.
-  struct Derivation;
-  std::unique_ptr<Derivation> beginShrink(const std::vector<int>& excluded, bool abortFirst = false,
-                                          bool requireQuorum = true);
-  std::unique_ptr<Derivation> beginSplit(const std::vector<int>& ranks);
-  static std::unique_ptr<Derivation> beginReconfigure(Engine& engine,
-                                                      const std::vector<std::string>& handles,
-                                                      int64_t uuid,
-                                                      std::chrono::milliseconds timeout,
-                                                      const LinkCosts* links = nullptr);
-  static std::shared_ptr<Communicator> finishDerivation(Derivation& derivation);
-  // Handles in an order every process computes alike: by host, then by handle (a set of
-  // handles, whose order torch leaves to the backend). Throws on a handle that is not ddl's.
-  static std::vector<std::string> orderHandles(std::vector<std::string> handles);
+  // shrink, split and reconfigure in two halves, for a driver that must not block:
+  // group/derivation.h.
   // Closes the group: its ops in flight fail now with `reason`, and so does every later one
   // (abort(), shutdown()). Returns once they have failed.
   void close(const std::string& reason);
@@ -254,21 +209,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // count * elementSize(type); refuses when `times` such blocks overflow size_t.
   size_t checkedBytes(const char* name, size_t count, DataType type, size_t times = 1);
 
-  // A shrink's members tell the ranks they leave out first; their words are waited for (to
-  // leave, not to arrive) for kTellWait at most.
-  static constexpr std::chrono::milliseconds kTellWait{200};
-  // The agreement's sequence for the next call `what` of this group.
+  friend class Creation;
+  friend class Derivation;
+  // The agreement's sequence for the next call `what` of this group (a shrink, a split).
   uint32_t nextAgreement(const char* what);
-  // A call `what` (agreement `sequence`) that this rank refused before its agreement began: the
-  // others are told, so that theirs fails at once naming the refusal. Returns `error`.
-  Error refuseDerivation(const char* what, uint32_t sequence, Error error);
-  // Starts the members' agreement on `request` (group/agreement.h) under `sequence`, to derive
-  // a group of `members` (ranks of this one, ascending). `excluded` (a shrink's): the ranks this
-  // rank's request leaves out, told so first.
-  std::unique_ptr<Derivation> startDerivation(const std::vector<int>& members,
-                                              const std::string& request, const char* what,
-                                              uint32_t sequence,
-                                              const std::vector<int>& excluded = {});
   // A group's runtime and shared buffers (the engine's), its name, its entry in the flight
   // recorder and its shared-memory ring, once its rank, size and id are set.
   static void nameGroup(Group& group, Engine& engine);
@@ -288,44 +232,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // same (topology/plan_book.h). Set at creation (again once the links are probed), read-only
   // after.
   std::shared_ptr<PlanBook> book_;
-};
-
-struct Communicator::Pending {
-  Engine* engine = nullptr;
-  KeyValueStore* store = nullptr;
-  std::shared_ptr<Group> group;
-  GroupOptions options;
-  std::string key;  // the store keys' prefix of this creation
-  std::shared_ptr<Work> work;
-  std::shared_ptr<GroupDirectory> directory;
-  std::shared_ptr<Created> created;
-  bool claimed = false;  // the group's id is claimed on the engine
-  ~Pending();            // gives the id back unless finish() handed it on
-};
-
-// What the creation op found: the machine and the link figures to plan with.
-struct Communicator::Created {
-  Topology topology;
-  LinkCosts links;
-};
-
-struct Communicator::Derivation {
-  Engine* engine = nullptr;
-  std::string what;                      // "shrink_group", "split_group", "reconfigure"
-  std::shared_ptr<Work> work;            // the agreement's
-  std::shared_ptr<DeriveResult> result;  // its decision
-  bool member = true;                    // false: a rank a split leaves out (nothing to make)
-  // The group this rank makes once the agreement is done (its rank, every rank's address and
-  // process identity, the machine and the planner's settings).
-  int rank = 0;
-  std::vector<std::string> addresses;
-  std::vector<ProcessIdentity> identities;
-  Topology topology;
-  LinkCosts links;
-  PlanRequest request;
-  bool hierarchical = true;
-  std::chrono::milliseconds timeout{0};
-  std::string how;  // for the log: "derived from group 3"
 };
 
 }  // namespace ddl

@@ -1,5 +1,5 @@
-// Group creation in two halves (group/bootstrap.h): begin() makes the store requests and starts
-// the exchange over the group's own messages; finish() makes the communicator.
+#include "creation.h"
+
 #include "../base/config.h"
 #include "../base/log.h"
 #include "../base/tag.h"
@@ -14,7 +14,7 @@ namespace {
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
                  std::shared_ptr<GroupDirectory> directory, const Topology* given,
-                 std::string links, std::shared_ptr<Communicator::Created> out) {
+                 std::string links, std::shared_ptr<Creation::Found> out) {
   co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), directory);
   if (!directory->error.ok()) co_return;
   out->topology = given != nullptr ? *given : directory->topology;
@@ -45,33 +45,12 @@ uint32_t parseGroupId(const std::string& value, const std::string& key) {
   return static_cast<uint32_t>(id);
 }
 
-void Communicator::nameGroup(Group& group, Engine& engine) {
-  group.runtime = &engine.runtime();
-  group.buffers = engine.sharedBuffers();
-  group.name = "group " + std::to_string(group.id);
-  engine.runtime().recorder().describeGroup(group.id, group.name, group.rank, group.size);
-  group.sharedRing = std::make_shared<SharedRing>(group.runtime);
-  group.sharedRing->releasedSeen = group.buffers->releasedSoFar();
+Creation::~Creation() {
+  if (claimed_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
 }
 
-std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
-                                                   int size, std::chrono::milliseconds timeout,
-                                                   const Topology* simulated) {
-  GroupOptions options;
-  options.timeout = timeout;
-  options.topology = simulated;
-  std::unique_ptr<Pending> pending = begin(engine, store, rank, size, options);
-  pending->work->wait();
-  return finish(*pending);
-}
-
-Communicator::Pending::~Pending() {
-  if (claimed) Engine::releaseGroupIdIfAlive(engine, group->id);
-}
-
-std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyValueStore& store,
-                                                           int rank, int size,
-                                                           const GroupOptions& options) {
+std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, int rank, int size,
+                                          const GroupOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
                 std::to_string(size));
@@ -79,12 +58,11 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   if (static_cast<uint32_t>(size) > tag::kMaxRanks) {
     throw Error("ddl: groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
-  auto pending = std::make_unique<Pending>();
-  pending->engine = &engine;
-  pending->store = &store;
-  pending->options = options;
+  auto pending = std::unique_ptr<Creation>(new Creation());
+  pending->engine_ = &engine;
+  pending->options_ = options;
   auto group = std::make_shared<Group>();
-  pending->group = group;
+  pending->group_ = group;
   group->rank = rank;
   group->size = size;
   group->addresses.resize(size);
@@ -93,15 +71,14 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   // destroyed and created again; a FileStore reused): every rank counts itself in, and the
   // creation the count falls in names this one's keys, so nobody reads a stale value.
   const int64_t joined = store.add("ddl/joined", 1);
-  pending->key = "ddl/" + std::to_string((joined - 1) / size) + "/";
-  const std::string& key = pending->key;
+  const std::string key = "ddl/" + std::to_string((joined - 1) / size) + "/";
   if (rank == 0) {
     group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
     store.set(key + "group_id", std::to_string(group->id));
   } else {
     group->id = parseGroupId(store.get(key + "group_id"), key + "group_id");
   }
-  nameGroup(*group, engine);
+  Communicator::nameGroup(*group, engine);
   engine.runtime().recorder().noteRank(rank);
   RankCard card;
   card.rank = rank;
@@ -109,7 +86,7 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   card.identity = options.identity ? *options.identity : ProcessIdentity::self().encode();
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
   card.idTaken = !engine.claimGroupId(group->id);
-  pending->claimed = !card.idTaken;
+  pending->claimed_ = !card.idTaken;
   if (size > 1) {
     store.set(key + "address/" + std::to_string(rank), card.address);
   }
@@ -117,27 +94,27 @@ std::unique_ptr<Communicator::Pending> Communicator::begin(Engine& engine, KeyVa
   if (parent >= 0) {
     group->addresses[parent] = store.get(key + "address/" + std::to_string(parent));
   }
-  pending->directory = std::make_shared<GroupDirectory>();
-  pending->work = std::make_shared<Work>("group creation");
-  auto op = std::make_unique<Op>(group, 0, "group creation", options.timeout, pending->work);
+  pending->directory_ = std::make_shared<GroupDirectory>();
+  pending->work_ = std::make_shared<Work>("group creation");
+  auto op = std::make_unique<Op>(group, 0, "group creation", options.timeout, pending->work_);
   const Config& settings = engine.config();
   const std::string racks = options.racks ? *options.racks : settings.topology;
-  pending->created = std::make_shared<Created>();
+  pending->found_ = std::make_shared<Found>();
   op->task = createGroup(*op, &engine, group, std::move(card), parseRackMap(racks),
-                         pending->directory, options.topology,
-                         options.links ? *options.links : settings.links, pending->created);
+                         pending->directory_, options.topology,
+                         options.links ? *options.links : settings.links, pending->found_);
   engine.submit(std::move(op));
   return pending;
 }
 
-std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
-  if (!pending.work->done()) throw Error("ddl: the group's creation has not finished");
-  if (pending.work->failed()) throw Error(pending.work->error());
-  GroupDirectory& directory = *pending.directory;
+std::shared_ptr<Communicator> Creation::finish() {
+  if (!work_->done()) throw Error("ddl: the group's creation has not finished");
+  if (work_->failed()) throw Error(work_->error());
+  GroupDirectory& directory = *directory_;
   if (!directory.error.ok()) throw Error(directory.error);
-  std::shared_ptr<Group> group = pending.group;
-  Engine& engine = *pending.engine;
-  const GroupOptions& options = pending.options;
+  std::shared_ptr<Group> group = group_;
+  Engine& engine = *engine_;
+  const GroupOptions& options = options_;
   group->incarnation = directory.incarnation;
   engine.notices().open(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
@@ -151,22 +128,20 @@ std::shared_ptr<Communicator> Communicator::finish(Pending& pending) {
   directory = GroupDirectory{};
   const Config& settings = engine.config();
   PlanRequest request = options.plan ? *options.plan : planRequest(settings);
-  auto comm = std::shared_ptr<Communicator>(new Communicator(
-      engine, group, options.timeout,
-      PlanBook::forMachine(std::move(pending.created->topology), std::move(pending.created->links),
-                           request, settings.hierarchical)));
-  comm->ownsId_ = pending.claimed;
+  auto comm = std::shared_ptr<Communicator>(
+      new Communicator(engine, group, options.timeout,
+                       PlanBook::forMachine(std::move(found_->topology), std::move(found_->links),
+                                            request, settings.hierarchical)));
+  comm->ownsId_ = claimed_;
   comm->identities_ = std::move(identities);
-  pending.claimed = false;
+  claimed_ = false;
   comm->logCreation("created");
   return comm;
 }
 
-void Communicator::logCreation(const char* how) const {
-  if (!logs(LogLevel::kInfo)) return;
-  logLine(LogLevel::kInfo, group_->name + " rank " + std::to_string(rank()) + " of " +
-                               std::to_string(size()) + " " + how + ": " + topology().describe() +
-                               "; links " + links().describe());
+std::shared_ptr<Communicator> Creation::await() {
+  work_->wait();
+  return finish();
 }
 
 }  // namespace ddl

@@ -1,7 +1,5 @@
-// shrink, split and reconfigure: groups made without the store, by the ranks that will be in
-// them (group/agreement.h), each in two halves (begin*, finishDerivation) so that a driver that
-// must not block (the simulator) runs them as it runs collectives; the blocking calls wait
-// between the halves.
+#include "derivation.h"
+
 #include <algorithm>
 #include <map>
 
@@ -86,9 +84,31 @@ int positionAmong(const std::vector<std::string>& handles, const std::string& mi
   return me;
 }
 
+// Of the ranks `excluded` leaves out of a group of n, those that `rank` (a member) tells: each
+// is told by the members at distances 1, 2, 4, ... from it either way, or, where none is, by
+// members[x % M].
+std::vector<int> ranksToTell(int rank, int n, const std::vector<int>& members,
+                             const std::vector<int>& excluded) {
+  auto isMember = [&](int r) { return std::binary_search(members.begin(), members.end(), r); };
+  std::vector<int> mine;
+  for (int x : excluded) {
+    bool told = false, me = false;
+    for (int step = 1; step < n && !me; step <<= 1) {
+      for (int r : {(x + step) % n, (x - step % n + n) % n}) {
+        if (!isMember(r)) continue;
+        told = true;
+        me = me || r == rank;
+      }
+    }
+    if (!told && !members.empty()) me = members[static_cast<size_t>(x) % members.size()] == rank;
+    if (me) mine.push_back(x);
+  }
+  return mine;
+}
+
 }  // namespace
 
-std::vector<std::string> Communicator::orderHandles(std::vector<std::string> handles) {
+std::vector<std::string> Derivation::orderHandles(std::vector<std::string> handles) {
   std::vector<std::pair<std::string, std::string>> keyed;  // (host, handle)
   for (size_t i = 0; i < handles.size(); ++i) {
     const Locality where = Locality::decode(decodeHandle(handles[i], static_cast<int>(i)).locality);
@@ -100,7 +120,7 @@ std::vector<std::string> Communicator::orderHandles(std::vector<std::string> han
   return handles;
 }
 
-std::string Communicator::handle(Engine& engine) {
+std::string Derivation::handle(Engine& engine) {
   Writer w;
   w.text(engine.localAddress());
   w.text(ProcessIdentity::self().encode());
@@ -108,38 +128,41 @@ std::string Communicator::handle(Engine& engine) {
   return kHandlePrefix + toHex(w.take());
 }
 
-std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
-    const std::vector<int>& members, const std::string& request, const char* what,
-    uint32_t sequence, const std::vector<int>& excluded) {
-  Engine& engine = *engine_;
+std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::vector<int>& members,
+                                              const std::string& request, const char* what,
+                                              uint32_t sequence, const std::vector<int>& excluded) {
+  Engine& engine = *parent.engine_;
+  const int rank = parent.rank(), n = parent.size();
   auto agreement = std::make_shared<Group>();
   agreement->runtime = &engine.runtime();
-  agreement->rank = rank();
-  agreement->size = size();
+  agreement->rank = rank;
+  agreement->size = n;
   agreement->id = tag::kAgreementGroup;
-  agreement->name = group_->name + "'s " + what;
+  agreement->name = parent.group_->name + "'s " + what;
   // The members' addresses alone: the agreement fails as soon as one of them is known gone, and
   // not for the ranks it leaves out.
-  agreement->addresses.assign(static_cast<size_t>(size()), "");
-  for (int m : members) agreement->addresses[m] = group_->addresses[m];
-  agreement->peers.assign(static_cast<size_t>(size()), -1);
+  agreement->addresses.assign(static_cast<size_t>(n), "");
+  for (int m : members) agreement->addresses[m] = parent.group_->addresses[m];
+  agreement->peers.assign(static_cast<size_t>(n), -1);
+  // This rank's place among the members: its rank in the group made.
+  const int place =
+      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) - members.begin());
   DeriveCard card;
-  card.rank =
-      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
-  card.parentRank = rank();
+  card.rank = place;
+  card.parentRank = rank;
   card.request = request;
   for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
   // A member that is gone (one this rank did not know of, or a view that still has it) fails
   // the agreement within milliseconds, not at its timeout: the members on this host are watched,
   // and those whose endpoints the parent opened are known by them.
-  std::vector<ProcessIdentity> identities(static_cast<size_t>(size()));
+  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
   for (int m : members) {
-    if (static_cast<size_t>(m) < identities_.size()) identities[m] = identities_[m];
+    if (static_cast<size_t>(m) < parent.identities_.size()) identities[m] = parent.identities_[m];
   }
   std::vector<PeerId> endpoints;  // the parent's, for the ranks left out
   engine.call([&] {
-    for (int m : members) agreement->peers[m] = group_->peers[m];
-    endpoints = group_->peers;
+    for (int m : members) agreement->peers[m] = parent.group_->peers[m];
+    endpoints = parent.group_->peers;
   });
   engine.watch(agreement, identities);
   // The ranks left out are told first, in the agreement's word of failure: one that is alive and
@@ -152,7 +175,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   Agreement a;
   a.group = agreement;
   a.everyone = std::make_shared<Group>(*agreement);
-  a.everyone->addresses = group_->addresses;
+  a.everyone->addresses = parent.group_->addresses;
   a.sequence = sequence;
   a.attempt = sequence;  // a retry is the next call of the parent: another sequence
   a.ended = &engine.endedAgreements();
@@ -160,7 +183,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   a.excluded = excluded;
   std::sort(a.excluded.begin(), a.excluded.end());
   a.what = what;
-  a.timeout = timeout_;
+  a.timeout = parent.timeout_;
   // Each rank left out is told by the members at distances 1, 2, 4, ... from it either way (or,
   // where none is, by members[x % M]), not by every member: a shrink that leaves out half a
   // group of 866 cost each member an endpoint to every rank left out (P^2 / 4 words; a
@@ -168,79 +191,66 @@ std::unique_ptr<Communicator::Derivation> Communicator::startDerivation(
   // members spread round the group, so that some are in an agreement of this view when views
   // differ (they fail at once, not at the timeout). Two groups cannot both form meanwhile: each
   // needs a quorum (or a caller that knows the others are dead).
-  const int n = size();
-  auto isMember = [&](int r) { return std::binary_search(members.begin(), members.end(), r); };
-  std::vector<int> mine;
-  for (int x : a.excluded) {
-    bool told = false, me = false;
-    for (int step = 1; step < n && !me; step <<= 1) {
-      for (int r : {(x + step) % n, (x - step % n + n) % n}) {
-        if (!isMember(r)) continue;
-        told = true;
-        me = me || r == rank();
-      }
-    }
-    if (!told && !members.empty()) me = members[static_cast<size_t>(x) % members.size()] == rank();
-    if (me) mine.push_back(x);
-  }
+  const std::vector<int> mine = ranksToTell(rank, n, members, a.excluded);
   std::vector<std::shared_ptr<Work>> told;
   if (!mine.empty()) {
     told = tellRanks(a, mine,
                      std::string("the ranks were asked for different groups: rank ") +
-                         std::to_string(rank()) + " was asked to " + request + " (" + what +
+                         std::to_string(rank) + " was asked to " + request + " (" + what +
                          "), which leaves this rank out",
                      endpoints, StatusKind::kMismatch);
   }
-  auto d = std::make_unique<Derivation>();
-  d->engine = &engine;
-  d->what = what;
-  d->result = std::make_shared<DeriveResult>();
-  d->work = startAgreement(a, std::move(card), std::move(told),
-                           engine.clock().now() + std::min(timeout_, kTellWait), d->result);
-  d->rank =
-      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
-  for (int m : members) {
-    d->addresses.push_back(group_->addresses[m]);
-    d->identities.push_back(static_cast<size_t>(m) < identities_.size() ? identities_[m]
-                                                                        : ProcessIdentity{});
-  }
-  d->topology = restrictTopology(topology(), members);
-  d->links = links();
-  d->request = book_->request();
-  d->hierarchical = book_->hierarchical();
-  d->timeout = timeout_;
-  d->how = "derived from " + group_->name;
+  auto d = std::unique_ptr<Derivation>(new Derivation(engine, what));
+  d->work_ =
+      startAgreement(a, std::move(card), std::move(told),
+                     engine.clock().now() + std::min(parent.timeout_, kTellWait), d->result_);
+  d->describe(parent, members, place, identities);
   return d;
 }
 
-std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
-    const std::vector<int>& excluded, bool abortFirst, bool requireQuorum) {
+void Derivation::describe(const Communicator& parent, const std::vector<int>& members, int place,
+                          const std::vector<ProcessIdentity>& identities) {
+  rank_ = place;
+  for (int m : members) {
+    addresses_.push_back(parent.group_->addresses[m]);
+    identities_.push_back(identities[m]);
+  }
+  topology_ = restrictTopology(parent.topology(), members);
+  links_ = parent.links();
+  request_ = parent.book_->request();
+  hierarchical_ = parent.book_->hierarchical();
+  timeout_ = parent.timeout_;
+  how_ = "derived from " + parent.group_->name;
+}
+
+std::unique_ptr<Derivation> Derivation::shrink(Communicator& parent,
+                                               const std::vector<int>& excluded, bool abortFirst,
+                                               bool requireQuorum) {
   const char* name = "shrink_group";
   // Every call counts, also one refused here below (bad ranks, no quorum): the ranks that asked
   // rightly went ahead, and a retry by all of them must take one number everywhere.
-  const uint32_t sequence = nextAgreement(name);
-  std::vector<bool> out(static_cast<size_t>(size()), false);
+  const uint32_t sequence = parent.nextAgreement(name);
+  std::vector<bool> out(static_cast<size_t>(parent.size()), false);
   std::string listed;  // "1, 3"
   std::vector<int> sorted = excluded;
   std::sort(sorted.begin(), sorted.end());
   for (int r : sorted) {
-    if (r < 0 || r >= size()) {
-      throw refuseDerivation(
-          name, sequence,
-          Error(where(name) + ": rank " + std::to_string(r) +
-                    " to exclude is not a rank of a group of " + std::to_string(size()),
+    if (r < 0 || r >= parent.size()) {
+      throw refuse(
+          parent, name, sequence,
+          Error(parent.where(name) + ": rank " + std::to_string(r) +
+                    " to exclude is not a rank of a group of " + std::to_string(parent.size()),
                 StatusKind::kInvalidArgument));
     }
     if (out[r]) {
-      throw refuseDerivation(
-          name, sequence,
-          Error(where(name) + ": rank " + std::to_string(r) + " is excluded twice",
-                StatusKind::kInvalidArgument));
+      throw refuse(parent, name, sequence,
+                   Error(parent.where(name) + ": rank " + std::to_string(r) + " is excluded twice",
+                         StatusKind::kInvalidArgument));
     }
-    if (r == rank()) {
-      throw refuseDerivation(
-          name, sequence,
-          Error(where(name) +
+    if (r == parent.rank()) {
+      throw refuse(
+          parent, name, sequence,
+          Error(parent.where(name) +
                     ": this rank is among those to exclude; an excluded rank does not call "
                     "shrink_group",
                 StatusKind::kInvalidArgument));
@@ -249,159 +259,142 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginShrink(
     listed += (listed.empty() ? "" : ", ") + std::to_string(r);
   }
   if (sorted.empty()) {
-    throw refuseDerivation(
-        name, sequence, Error(where(name) + ": no rank to exclude", StatusKind::kInvalidArgument));
+    throw refuse(parent, name, sequence,
+                 Error(parent.where(name) + ": no rank to exclude", StatusKind::kInvalidArgument));
   }
   std::vector<int> members;
-  for (int r = 0; r < size(); ++r) {
+  for (int r = 0; r < parent.size(); ++r) {
     if (!out[r]) members.push_back(r);
   }
   // The quorum: the members go on only as a majority of this group, or exactly half of it with
   // its rank 0. A partition's two sides then never both go on: the other side's shrink fails.
-  const size_t n = static_cast<size_t>(size());
+  const size_t n = static_cast<size_t>(parent.size());
   const bool quorum = members.size() * 2 > n || (members.size() * 2 == n && !out[0]);
   if (requireQuorum && !quorum) {
-    throw refuseDerivation(
-        name, sequence,
+    throw refuse(
+        parent, name, sequence,
         Error(Status(StatusKind::kPartitioned,
-                     where(name) + ": the " + std::to_string(members.size()) + " ranks left of " +
-                         std::to_string(n) +
+                     parent.where(name) + ": the " + std::to_string(members.size()) +
+                         " ranks left of " + std::to_string(n) +
                          " are no quorum (more than half, or half with rank 0): the others may "
                          "be alive and cut off, and go on as a group of their own; a caller "
                          "that knows they are gone shrinks with the quorum not required",
                      sorted)));
   }
   if (abortFirst) {
-    close(group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
-          (sorted.size() > 1 ? "s " : " ") + listed);
+    parent.close(parent.group_->name + " is being shrunk (SHRINK_ABORT) to exclude rank" +
+                 (sorted.size() > 1 ? "s " : " ") + listed);
   }
-  return startDerivation(members, "exclude " + listed, name, sequence, sorted);
+  return start(parent, members, "exclude " + listed, name, sequence, sorted);
 }
 
-std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& excluded,
-                                                   bool abortFirst, bool requireQuorum) {
-  std::unique_ptr<Derivation> d = beginShrink(excluded, abortFirst, requireQuorum);
-  d->work->wait();
-  return finishDerivation(*d);
-}
-
-Error Communicator::refuseDerivation(const char* what, uint32_t sequence, Error error) {
+Error Derivation::refuse(Communicator& parent, const char* what, uint32_t sequence, Error error) {
   // The others' agreement of this call fails at once with these words (each member that hears
   // them tells the ranks at distances 1, 2, 4, ... after it), instead of waiting for this rank's
   // card until its timeout.
   Agreement a;
   a.everyone = std::make_shared<Group>();
-  a.everyone->runtime = &engine_->runtime();
-  a.everyone->rank = rank();
-  a.everyone->size = size();
+  a.everyone->runtime = &parent.engine_->runtime();
+  a.everyone->rank = parent.rank();
+  a.everyone->size = parent.size();
   a.everyone->id = tag::kAgreementGroup;
-  a.everyone->name = group_->name + "'s " + what;
-  a.everyone->addresses = group_->addresses;
-  engine_->call([&] { a.everyone->peers = group_->peers; });
+  a.everyone->name = parent.group_->name + "'s " + what;
+  a.everyone->addresses = parent.group_->addresses;
+  parent.engine_->call([&] { a.everyone->peers = parent.group_->peers; });
   a.group = a.everyone;
   a.sequence = sequence;
   a.attempt = sequence;
   a.what = what;
-  a.timeout = timeout_;
+  a.timeout = parent.timeout_;
   // To the ranks at distances 1, 2, 4, ... after this one among those not known gone: the
   // ranks right after it may all be dead (a host of them, which is why a shrink is called).
   try {
-    tellRanks(
-        a, successorsAmong(rank(), size(), goneRanks()),
-        "rank " + std::to_string(rank()) + " refused its call to " + what + ": " + error.what(), {},
-        error.kind());
+    tellRanks(a, successorsAmong(parent.rank(), parent.size(), parent.goneRanks()),
+              "rank " + std::to_string(parent.rank()) + " refused its call to " + what + ": " +
+                  error.what(),
+              {}, error.kind());
   } catch (...) {  // out of memory: the others time out instead
   }
   return error;
 }
 
-uint32_t Communicator::nextAgreement(const char* what) {
-  // From what the ranks share: the parent, the call, how many times it was made of the parent
-  // before. Not from the request itself: ranks asked different things must meet to find out.
-  const std::string key =
-      std::to_string(group_->id) + "/" + what + "/" + std::to_string(derivations_[what]++);
-  return static_cast<uint32_t>(std::hash<std::string>{}(key)&0xffff);
-}
-
-std::unique_ptr<Communicator::Derivation> Communicator::beginSplit(const std::vector<int>& ranks) {
+std::unique_ptr<Derivation> Derivation::split(Communicator& parent, const std::vector<int>& ranks) {
   const char* name = "split_group";
   // Every rank of this group calls split (torch's contract, as for NCCL's): every call counts,
   // the ones left out and the ones refused below too, so that later agreements keep one
   // numbering on every rank.
-  const uint32_t sequence = nextAgreement(name);
+  const uint32_t sequence = parent.nextAgreement(name);
   std::vector<int> members = ranks;
   std::sort(members.begin(), members.end());
   std::string asked;
   for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i] < 0 || members[i] >= size()) {
-      throw refuseDerivation(name, sequence,
-                             Error(where(name) + ": rank " + std::to_string(members[i]) +
-                                       " is not a rank of a group of " + std::to_string(size()),
-                                   StatusKind::kInvalidArgument));
+    if (members[i] < 0 || members[i] >= parent.size()) {
+      throw refuse(parent, name, sequence,
+                   Error(parent.where(name) + ": rank " + std::to_string(members[i]) +
+                             " is not a rank of a group of " + std::to_string(parent.size()),
+                         StatusKind::kInvalidArgument));
     }
     if (i > 0 && members[i] == members[i - 1]) {
-      throw refuseDerivation(
-          name, sequence,
-          Error(where(name) + ": rank " + std::to_string(members[i]) + " is named twice",
+      throw refuse(
+          parent, name, sequence,
+          Error(parent.where(name) + ": rank " + std::to_string(members[i]) + " is named twice",
                 StatusKind::kInvalidArgument));
     }
     asked += (asked.empty() ? "form a group of ranks " : ", ") + std::to_string(members[i]);
   }
-  if (!std::binary_search(members.begin(), members.end(), rank())) {
-    auto d = std::make_unique<Derivation>();
-    d->engine = engine_;
-    d->what = name;
-    d->member = false;
-    d->work = std::make_shared<Work>(name);
-    d->work->succeed();
+  if (!std::binary_search(members.begin(), members.end(), parent.rank())) {
+    auto d = std::unique_ptr<Derivation>(new Derivation(*parent.engine_, name));
+    d->member_ = false;
+    d->work_ = std::make_shared<Work>(name);
+    d->work_->succeed();
     return d;
   }
-  return startDerivation(members, asked, name, sequence);
+  return start(parent, members, asked, name, sequence);
 }
 
-std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks) {
-  std::unique_ptr<Derivation> d = beginSplit(ranks);
-  d->work->wait();
-  return finishDerivation(*d);
-}
-
-std::shared_ptr<Communicator> Communicator::finishDerivation(Derivation& d) {
-  if (!d.member) return nullptr;
-  if (!d.work->done()) throw Error("ddl: " + d.what + " has not finished");
-  if (d.work->failed()) {
-    Status error = d.work->status();
-    error.detail += d.result->asked;
+std::shared_ptr<Communicator> Derivation::finish() {
+  if (!member_) return nullptr;
+  if (!work_->done()) throw Error("ddl: " + what_ + " has not finished");
+  if (work_->failed()) {
+    Status error = work_->status();
+    error.detail += result_->asked;
     throw Error(error);
   }
-  if (!d.result->error.ok()) throw Error(d.result->error);
-  Engine& engine = *d.engine;
-  const uint32_t id = d.result->id;
+  if (!result_->error.ok()) throw Error(result_->error);
+  Engine& engine = *engine_;
+  const uint32_t id = result_->id;
   if (!engine.claimGroupId(id)) {
-    throw Error("ddl: " + d.what + ": the id " + std::to_string(id) +
+    throw Error("ddl: " + what_ + ": the id " + std::to_string(id) +
                 " agreed was taken here meanwhile (another group's creation); try again");
   }
   auto group = std::make_shared<Group>();
-  group->rank = d.rank;
-  group->size = static_cast<int>(d.addresses.size());
+  group->rank = rank_;
+  group->size = static_cast<int>(addresses_.size());
   group->id = id;
-  group->incarnation = d.result->incarnation;
-  group->addresses = d.addresses;
-  group->peers.assign(d.addresses.size(), -1);
-  nameGroup(*group, engine);
+  group->incarnation = result_->incarnation;
+  group->addresses = addresses_;
+  group->peers.assign(addresses_.size(), -1);
+  Communicator::nameGroup(*group, engine);
   engine.notices().open(group);
-  engine.watch(group, d.identities);
-  auto book = PlanBook::forMachine(std::move(d.topology), d.links, d.request, d.hierarchical);
+  engine.watch(group, identities_);
+  auto book = PlanBook::forMachine(std::move(topology_), links_, request_, hierarchical_);
   auto comm =
-      std::shared_ptr<Communicator>(new Communicator(engine, group, d.timeout, std::move(book)));
+      std::shared_ptr<Communicator>(new Communicator(engine, group, timeout_, std::move(book)));
   comm->ownsId_ = true;
-  comm->identities_ = std::move(d.identities);
-  comm->logCreation(d.how.c_str());
+  comm->identities_ = std::move(identities_);
+  comm->logCreation(how_.c_str());
   return comm;
 }
 
-std::unique_ptr<Communicator::Derivation> Communicator::beginReconfigure(
-    Engine& engine, const std::vector<std::string>& handles, int64_t uuid,
-    std::chrono::milliseconds timeout, const LinkCosts* links) {
+std::shared_ptr<Communicator> Derivation::await() {
+  work_->wait();
+  return finish();
+}
+
+std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
+                                                    const std::vector<std::string>& handles,
+                                                    int64_t uuid, std::chrono::milliseconds timeout,
+                                                    const LinkCosts* links) {
   const std::string what = "reconfigure";
   const int n = static_cast<int>(handles.size());
   if (n == 0) throw Error("ddl: reconfigure: no handles given", StatusKind::kInvalidArgument);
@@ -445,10 +438,7 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginReconfigure(
     }
   }
   engine.watch(agreement, identities);
-  auto d = std::make_unique<Derivation>();
-  d->engine = &engine;
-  d->what = what;
-  d->result = std::make_shared<DeriveResult>();
+  auto d = std::unique_ptr<Derivation>(new Derivation(engine, what));
   Agreement a;
   a.group = agreement;
   a.everyone = agreement;
@@ -458,28 +448,18 @@ std::unique_ptr<Communicator::Derivation> Communicator::beginReconfigure(
   a.members = members;
   a.what = what;
   a.timeout = timeout;
-  d->work = startAgreement(a, std::move(card), {}, TimePoint::max(), d->result);
-  d->rank = me;
-  d->addresses = directory.addresses;
-  d->identities = std::move(identities);
-  d->topology = std::move(directory.topology);
-  d->links = links != nullptr ? *links : parseLinks(settings.links);
-  if (links == nullptr) d->links.segmentBytes = static_cast<double>(settings.segmentBytes);
-  d->request = planRequest(settings);
-  d->hierarchical = settings.hierarchical;
-  d->timeout = timeout;
-  d->how = "reconfigured (uuid " + std::to_string(uuid) + ")";
+  d->work_ = startAgreement(a, std::move(card), {}, TimePoint::max(), d->result_);
+  d->rank_ = me;
+  d->addresses_ = directory.addresses;
+  d->identities_ = std::move(identities);
+  d->topology_ = std::move(directory.topology);
+  d->links_ = links != nullptr ? *links : parseLinks(settings.links);
+  if (links == nullptr) d->links_.segmentBytes = static_cast<double>(settings.segmentBytes);
+  d->request_ = planRequest(settings);
+  d->hierarchical_ = settings.hierarchical;
+  d->timeout_ = timeout;
+  d->how_ = "reconfigured (uuid " + std::to_string(uuid) + ")";
   return d;
-}
-
-std::shared_ptr<Communicator> Communicator::reconfigure(Engine& engine,
-                                                        const std::vector<std::string>& handles,
-                                                        int64_t uuid,
-                                                        std::chrono::milliseconds timeout,
-                                                        const LinkCosts* links) {
-  std::unique_ptr<Derivation> d = beginReconfigure(engine, handles, uuid, timeout, links);
-  d->work->wait();
-  return finishDerivation(*d);
 }
 
 }  // namespace ddl

@@ -117,7 +117,7 @@ int SimCluster::maxEndpoints() const {
 
 void SimCluster::createGroup() {
   const int n = size();
-  std::vector<std::unique_ptr<Communicator::Pending>> pending(n);
+  std::vector<std::unique_ptr<Creation>> pending(n);
   // The planner prices reductions at the rate the simulated ranks reduce.
   std::string groupLinks = spec_.links;
   if (spec_.reduceBandwidth > 0) {
@@ -135,21 +135,21 @@ void SimCluster::createGroup() {
     // the first op, where a real process that cannot map them would try once and go on so.
     options.plan = spec_.plan ? *spec_.plan : planRequest();
     options.plan->hostSlots = false;
-    pending[r] = Communicator::begin(*engines_[r], *store_, r, n, options);
+    pending[r] = Creation::begin(*engines_[r], *store_, r, n, options);
   }
   size_t done = 0;  // ranks before it have finished the exchange
   network_->run(
       [&] {
-        while (done < pending.size() && pending[done]->work->done()) ++done;
+        while (done < pending.size() && pending[done]->work()->done()) ++done;
         return done == pending.size();
       },
       network_->now() + spec_.timeout + std::chrono::seconds(1));
   for (int r = 0; r < n; ++r) {
-    if (!pending[r]->work->done()) {
+    if (!pending[r]->work()->done()) {
       throw Error("ddl: simulated rank " + std::to_string(r) +
                   " did not finish creating the group");
     }
-    comms_[r] = Communicator::finish(*pending[r]);
+    comms_[r] = pending[r]->finish();
   }
 }
 
@@ -234,14 +234,13 @@ int SimCluster::Shrink::size() const {
   return 0;
 }
 
-void SimCluster::awaitDerivations(
-    const std::vector<std::unique_ptr<Communicator::Derivation>>& pending,
-    std::chrono::milliseconds limit) {
+void SimCluster::awaitDerivations(const std::vector<std::unique_ptr<Derivation>>& pending,
+                                  std::chrono::milliseconds limit) {
   runUntil(
       [&] {
         for (size_t r = 0; r < pending.size(); ++r) {
           const bool waited = !waitFor || waitFor(static_cast<int>(r));
-          if (pending[r] && waited && !pending[r]->work->done()) return false;
+          if (pending[r] && waited && !pending[r]->work()->done()) return false;
         }
         return true;
       },
@@ -256,7 +255,7 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
   for (int attempt = 0; attempt < Shrink::kAttempts; ++attempt) {
     if (attempt > 0) runUntil([] { return false; }, std::chrono::milliseconds(100));  // news
     bool again = false;
-    std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+    std::vector<std::unique_ptr<Derivation>> pending(n);
     std::vector<std::vector<int>> asked(n);  // the ranks each rank excludes (ascending)
     for (int r = 0; r < n; ++r) {
       if (!trying[r]) continue;
@@ -266,14 +265,14 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
           std::vector<int> wrong = asked[r];
           wrong.push_back(comm(r).rank());
           try {
-            (void)comm(r).beginShrink(wrong);
+            (void)Derivation::shrink(comm(r), wrong);
           } catch (const Error& e) {
             result.lastError = "rank " + std::to_string(r) + ": " + e.what();
             again = true;  // it calls again, rightly
             continue;
           }
         }
-        pending[r] = comm(r).beginShrink(asked[r]);
+        pending[r] = Derivation::shrink(comm(r), asked[r]);
       } catch (const Error& e) {
         trying[r] = false;  // no quorum, or arguments refused: this rank gives up
         result.lastError = "rank " + std::to_string(r) + ": " + e.what();
@@ -282,13 +281,13 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
     awaitDerivations(pending, limit);
     for (int r = 0; r < n; ++r) {
       if (!pending[r]) continue;
-      if (!pending[r]->work->done()) {
+      if (!pending[r]->work()->done()) {
         result.unfinished.push_back(r);
         trying[r] = false;
         continue;
       }
       try {
-        result.groups[r] = Communicator::finishDerivation(*pending[r]);
+        result.groups[r] = pending[r]->finish();
         trying[r] = false;
         if (result.ranks.empty()) {
           const std::vector<int> left = asked[r];
@@ -315,23 +314,23 @@ std::vector<std::shared_ptr<Communicator>> SimCluster::split(const std::vector<C
                                                              std::chrono::milliseconds limit,
                                                              std::string* error) {
   const int n = size();
-  std::vector<std::unique_ptr<Communicator::Derivation>> pending(n);
+  std::vector<std::unique_ptr<Derivation>> pending(n);
   std::vector<std::shared_ptr<Communicator>> groups(n);
   for (int r = 0; r < n; ++r) {
     if (of[r] == nullptr || network_->dead(r)) continue;
     std::vector<int> all(static_cast<size_t>(of[r]->size()));
     for (int k = 0; k < of[r]->size(); ++k) all[static_cast<size_t>(k)] = k;
     try {
-      pending[r] = of[r]->beginSplit(all);
+      pending[r] = Derivation::split(*of[r], all);
     } catch (const Error& e) {
       *error = "rank " + std::to_string(r) + ": " + e.what();
     }
   }
   awaitDerivations(pending, limit);
   for (int r = 0; r < n; ++r) {
-    if (!pending[r] || !pending[r]->work->done()) continue;
+    if (!pending[r] || !pending[r]->work()->done()) continue;
     try {
-      groups[r] = Communicator::finishDerivation(*pending[r]);
+      groups[r] = pending[r]->finish();
     } catch (const Error& e) {
       *error = "rank " + std::to_string(r) + ": " + e.what();
     }

@@ -50,7 +50,7 @@ class SimCluster {
   // TORCH_DDL_TOPOLOGY's text for the racks ("" without racks), and rank r's locality.
   const std::string& rackMap() const { return rackMap_; }
 
-  // Creates one group of every rank, as processes do (Communicator::begin in rank order, the
+  // Creates one group of every rank, as processes do (Creation::begin in rank order, the
   // event loop until every rank's exchange is done, finish); throws the first rank's error.
   void createGroup();
   Communicator& comm(int rank) { return *comms_.at(rank); }
@@ -117,7 +117,7 @@ class SimCluster {
  private:
   // Runs until every derivation in `pending` (by rank) that waitFor waits for has ended, or
   // `limit` of virtual time has passed.
-  void awaitDerivations(const std::vector<std::unique_ptr<Communicator::Derivation>>& pending,
+  void awaitDerivations(const std::vector<std::unique_ptr<Derivation>>& pending,
                         std::chrono::milliseconds limit);
   class Store;
   std::unique_ptr<SimNetwork> network_;
