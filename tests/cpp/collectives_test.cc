@@ -257,7 +257,7 @@ TEST(Collectives, TimeoutNamesTheMissingRank) {
       },
       std::chrono::milliseconds(300));
   EXPECT_NE(message.find("Timed out after 300 ms"), std::string::npos) << message;
-  EXPECT_NE(message.find("allreduce on group"), std::string::npos) << message;
+  EXPECT_NE(message.find("all_reduce on group"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
@@ -283,8 +283,8 @@ TEST(Collectives, RanksThatDisagreeOnSizesAllFailSayingSo) {
     const std::string other = second == DataType::kFloat32 ? "200 x float32" : "100 x float64";
     for (int r = 0; r < 2; ++r) {
       EXPECT_NE(errors[r].find("the ranks' calls differ"), std::string::npos) << errors[r];
-      EXPECT_NE(errors[r].find("allreduce(SUM, 100 x float32)"), std::string::npos) << errors[r];
-      EXPECT_NE(errors[r].find("allreduce(SUM, " + other + ")"), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("all_reduce(SUM, 100 x float32)"), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("all_reduce(SUM, " + other + ")"), std::string::npos) << errors[r];
     }
   }
 }

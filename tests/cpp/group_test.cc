@@ -182,7 +182,7 @@ TEST(CallCheck, ARefusalOnOneRankEndsTheOpEverywhereAndTheGroupGoesOn) {
       std::chrono::seconds(30));
   for (int r = 1; r < 3; ++r) {
     EXPECT_NE(
-        errors[r].find("rank 0 reports: rank 0 refused its call to allreduce: reduce op BAND"),
+        errors[r].find("rank 0 reports: rank 0 refused its call to all_reduce: reduce op BAND"),
         std::string::npos)
         << errors[r];
   }

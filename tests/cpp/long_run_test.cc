@@ -47,7 +47,7 @@ void refusalArrivingEarly(uint64_t at) {
       },
       std::chrono::seconds(30));
   for (int r = 1; r < 3; ++r) {
-    EXPECT_NE(errors[r].find("rank 0 refused its call to allreduce"), std::string::npos)
+    EXPECT_NE(errors[r].find("rank 0 refused its call to all_reduce"), std::string::npos)
         << "op " << at << ", rank " << r << ": " << errors[r];
   }
 }

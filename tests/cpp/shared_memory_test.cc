@@ -186,11 +186,11 @@ TEST(SharedRing, DisagreeingCountsFailFastAndBreakTheRing) {
   // the ring stays usable depends on how far each rank got before it learned (a rank that wrote
   // into its neighbour's inbox breaks it); either way the second op fails on both, in time.
   for (const std::string& e : first) {
-    EXPECT_NE(e.find("allreduce(SUM, 1000 x float32)"), std::string::npos) << e;
-    EXPECT_NE(e.find("allreduce(SUM, 2000 x float32)"), std::string::npos) << e;
+    EXPECT_NE(e.find("all_reduce(SUM, 1000 x float32)"), std::string::npos) << e;
+    EXPECT_NE(e.find("all_reduce(SUM, 2000 x float32)"), std::string::npos) << e;
   }
   for (const std::string& e : second) {
-    EXPECT_TRUE(e.find("shared-memory ring of this group is unusable: allreduce op #1") !=
+    EXPECT_TRUE(e.find("shared-memory ring of this group is unusable: all_reduce op #1") !=
                     std::string::npos ||
                 e.find("the ranks' calls differ") != std::string::npos)
         << e;
@@ -213,9 +213,9 @@ TEST(SharedRing, EveryRankLearnsOfADisagreement) {
   // Ranks 0 and 2 find it in their neighbour's call check; rank 1 in its own or in a notice.
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[r].find("the ranks' calls differ"), std::string::npos) << errors[r];
-    EXPECT_NE(errors[r].find("called allreduce(SUM, 3000 x float32)"), std::string::npos)
+    EXPECT_NE(errors[r].find("called all_reduce(SUM, 3000 x float32)"), std::string::npos)
         << errors[r];
-    EXPECT_NE(errors[r].find("called allreduce(SUM, 6000 x float32)"), std::string::npos)
+    EXPECT_NE(errors[r].find("called all_reduce(SUM, 6000 x float32)"), std::string::npos)
         << errors[r];
   }
 }
@@ -310,8 +310,8 @@ TEST(Direct, DisagreeingCountsFailEveryRankAndBreakNothing) {
       std::chrono::seconds(20));
   // Every rank sees every rank's call check before its offer: all fail before any byte moves.
   for (int r = 0; r < 3; ++r) {
-    EXPECT_NE(errors[r].find("allreduce(SUM, 30000 x float32)"), std::string::npos) << errors[r];
-    EXPECT_NE(errors[r].find("allreduce(SUM, 40000 x float32)"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("all_reduce(SUM, 30000 x float32)"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("all_reduce(SUM, 40000 x float32)"), std::string::npos) << errors[r];
   }
 }
 

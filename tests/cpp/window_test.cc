@@ -499,7 +499,7 @@ TEST(WindowPaths, AnOfferLargerThanWhatThePeerSharesIsNotMapped) {
       hostile.share = found.key;
       const std::string offer = encodeWindowOffer(hostile);
       CallOptions as;
-      as.as = CallAs{Collective::kWindowRegister, "tensor_register"};
+      as.as = Collective::kWindowRegister;
       check(
           comm.allgatherVarying(offer.data(), offer.size(), std::make_shared<VaryingBlocks>(), as));
       check(comm.barrier());

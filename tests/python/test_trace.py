@@ -69,7 +69,7 @@ def test_trace_names_the_call_that_differs(tmp_path, monkeypatch):
     report = _info_trace(str(tmp_path / "trace_*"))
     assert "op #3: the ranks called different things" in report, report
     assert "rank 2: broadcast(10 x float32 from rank 0)" in report, report
-    assert "rank 0: allreduce(SUM, 10 x float32)" in report, report
+    assert "rank 0: all_reduce(SUM, 10 x float32)" in report, report
     # torch's own analyser reads the same dumps and names the rank that diverged.
     out = subprocess.run([sys.executable, "-m", "torch_ddl.info", "--fr-trace",
                           str(tmp_path / "trace_*")], capture_output=True, text=True, timeout=120)
@@ -83,5 +83,5 @@ def test_trace_names_the_rank_that_never_called(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_DDL_TRACE_FILE", str(tmp_path / "auto_"))
     run_ranks(_diverge, 3, str(tmp_path), "missing")
     report = _info_trace(str(tmp_path / "trace_*"))
-    assert "op #3 (allreduce(SUM, 10 x float32)): rank(s) 2 never called it" in report, report
+    assert "op #3 (all_reduce(SUM, 10 x float32)): rank(s) 2 never called it" in report, report
     assert "rank 2's last op on this group: #2" in report, report

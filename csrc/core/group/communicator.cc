@@ -139,17 +139,13 @@ std::string Communicator::where(const char* name) const {
          " of " + std::to_string(size()) + ")";
 }
 
-std::shared_ptr<Work> Communicator::start(const CallPrint& print, const char* name,
-                                          CallOptions& options,
+std::shared_ptr<Work> Communicator::start(const CallPrint& print, CallOptions& options,
                                           const std::function<Task(Op&)>& body,
                                           const void* inlineData, size_t inlineBytes) {
-  if (options.as) {
-    CallPrint own = callPrint(options.as->collective, options.asCount);
-    return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &own, options.as->name, options,
-                   body, kNotPointToPoint, inlineData, inlineBytes);
-  }
-  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &print, name, options, body,
-                 kNotPointToPoint, inlineData, inlineBytes);
+  const CallPrint own = options.as ? callPrint(*options.as, options.asCount) : print;
+  return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &own,
+                 collectiveName(own.collective), options, body, kNotPointToPoint, inlineData,
+                 inlineBytes);
 }
 
 std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* print,
@@ -197,21 +193,22 @@ std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& 
 
 std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType type,
                                               ReduceOp reduce, CallOptions options) {
+  const char* name = collectiveName(Collective::kAllreduce);
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) refuse("allreduce", bad);
-  checkedBytes("allreduce", count, type);
+  if (!bad.empty()) refuse(name, bad);
+  checkedBytes(name, count, type);
   const Adoptable adoptable = options.adoptable;
   std::shared_ptr<const AllreducePlan> plan = options.plan;
   if (!plan) {
     plan = allreducePlan(count, type);
   } else if (plan->count != count || plan->elementSize != elementSize(type)) {
-    refuse("allreduce", "the plan given is for " + std::to_string(plan->count) + " elements of " +
-                            std::to_string(plan->elementSize) + " bytes");
+    refuse(name, "the plan given is for " + std::to_string(plan->count) + " elements of " +
+                     std::to_string(plan->elementSize) + " bytes");
   } else if (!plan->checked) {
     try {
       checkPlan(*plan, size());
     } catch (const Error& e) {
-      refuse("allreduce", e.what());
+      refuse(name, e.what());
     }
   }
   // Two ranks, a small host allreduce: its data rides in the call print.
@@ -220,7 +217,7 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
                        bytes > 0 && bytes <= CallCheck::kInlineMax &&
                        options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(
-      callPrint(Collective::kAllreduce, count, type, reduce), "allreduce", options,
+      callPrint(Collective::kAllreduce, count, type, reduce), options,
       [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); },
       carried ? data : nullptr, carried ? bytes : 0);
 }
@@ -240,19 +237,19 @@ void Communicator::checkRoot(const char* name, int root) {
 
 std::shared_ptr<Work> Communicator::broadcast(void* data, size_t count, DataType type, int root,
                                               CallOptions options) {
-  checkRoot("broadcast", root);
-  size_t bytes = checkedBytes("broadcast", count, type);
-  return start(
-      callPrint(Collective::kBroadcast, count, type, std::nullopt, root), "broadcast", options,
-      [=, place = broadcastTreePlace(topology(), root, rank(), book_->hierarchical())](Op& op) {
-        return broadcastTree(op, data, bytes, place, pipelineSettings(op));
-      });
+  const char* name = collectiveName(Collective::kBroadcast);
+  checkRoot(name, root);
+  size_t bytes = checkedBytes(name, count, type);
+  return start(callPrint(Collective::kBroadcast, count, type, std::nullopt, root), options,
+               [=, place = broadcastTreePlace(topology(), root, rank(), book_->hierarchical())](
+                   Op& op) { return broadcastTree(op, data, bytes, place, pipelineSettings(op)); });
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType type, CallOptions options) {
-  size_t bytes = checkedBytes("allgather", count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kAllgather, count, type), "allgather", options,
+  const char* name = collectiveName(Collective::kAllgather);
+  size_t bytes = checkedBytes(name, count, type, static_cast<size_t>(size()));
+  return start(callPrint(Collective::kAllgather, count, type), options,
                [=, stages = book_->blockStages(false)](Op& op) {
                  if (!stages->empty()) {
                    return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
@@ -264,14 +261,15 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
 std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,
                                                      std::shared_ptr<VaryingBlocks> out,
                                                      CallOptions options) {
-  if (!out) refuse("allgather", "no output blocks given");
-  return start(callPrint(Collective::kAllgatherVarying), "allgather", options, [=](Op& op) {
+  const char* name = collectiveName(Collective::kAllgatherVarying);
+  if (!out) refuse(name, "no output blocks given");
+  return start(callPrint(Collective::kAllgatherVarying), options, [=](Op& op) {
     return allgatherVaryingRing(op, in, bytes, out, pipelineSettings(op));
   });
 }
 
 std::shared_ptr<Work> Communicator::barrier(CallOptions options) {
-  return start(callPrint(Collective::kBarrier), "barrier", options,
+  return start(callPrint(Collective::kBarrier), options,
                [](Op& op) { return barrierDissemination(op); });
 }
 
@@ -283,49 +281,54 @@ std::shared_ptr<Work> Communicator::monitoredBarrier(bool waitAll, CallOptions o
 
 std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, DataType type,
                                                   ReduceOp reduce, CallOptions options) {
+  const char* name = collectiveName(Collective::kReduceScatter);
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) refuse("reduce_scatter", bad);
-  checkedBytes("reduce_scatter", count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kReduceScatter, count, type, reduce), "reduce_scatter",
-               options, [=, stages = book_->blockStages(true)](Op& op) {
+  if (!bad.empty()) refuse(name, bad);
+  checkedBytes(name, count, type, static_cast<size_t>(size()));
+  return start(callPrint(Collective::kReduceScatter, count, type, reduce), options,
+               [=, stages = book_->blockStages(true)](Op& op) {
                  return reduceScatterTask(op, data, count, type, reduce, stages);
                });
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType type,
                                            ReduceOp reduce, int root, CallOptions options) {
+  const char* name = collectiveName(Collective::kReduce);
   std::string bad = checkReduceOp(type, reduce);
-  if (!bad.empty()) refuse("reduce", bad);
-  checkRoot("reduce", root);
-  checkedBytes("reduce", count, type);
-  return start(callPrint(Collective::kReduce, count, type, reduce, root), "reduce", options,
+  if (!bad.empty()) refuse(name, bad);
+  checkRoot(name, root);
+  checkedBytes(name, count, type);
+  return start(callPrint(Collective::kReduce, count, type, reduce, root), options,
                [=](Op& op) { return reduceTask(op, in, out, count, type, reduce, root); });
 }
 
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType type,
                                            int root, CallOptions options) {
-  checkRoot("gather", root);
-  size_t bytes = checkedBytes("gather", count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kGather, count, type, std::nullopt, root), "gather", options,
+  const char* name = collectiveName(Collective::kGather);
+  checkRoot(name, root);
+  size_t bytes = checkedBytes(name, count, type, static_cast<size_t>(size()));
+  return start(callPrint(Collective::kGather, count, type, std::nullopt, root), options,
                [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType type,
                                             int root, CallOptions options) {
-  checkRoot("scatter", root);
-  size_t bytes = checkedBytes("scatter", count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kScatter, count, type, std::nullopt, root), "scatter", options,
+  const char* name = collectiveName(Collective::kScatter);
+  checkRoot(name, root);
+  size_t bytes = checkedBytes(name, count, type, static_cast<size_t>(size()));
+  return start(callPrint(Collective::kScatter, count, type, std::nullopt, root), options,
                [=](Op& op) { return scatterLinear(op, in, out, bytes, root); });
 }
 
 std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, AlltoallLayout layout,
                                              CallOptions options) {
+  const char* name = collectiveName(Collective::kAlltoall);
   const size_t n = static_cast<size_t>(size());
   if (layout.sendOffsets.size() != n || layout.sendBytes.size() != n ||
       layout.recvOffsets.size() != n || layout.recvBytes.size() != n) {
-    refuse("all_to_all", "the layout must name one block per rank");
+    refuse(name, "the layout must name one block per rank");
   }
-  return start(callPrint(Collective::kAlltoall), "all_to_all", options,
+  return start(callPrint(Collective::kAlltoall), options,
                [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
 }
 

@@ -49,7 +49,7 @@ struct CallOptions {
   std::shared_ptr<const AllreducePlan> plan;
   // A collective made for another call (a window's: group/window.h): checked against the other
   // ranks' calls as that call, and named so. `asCount` takes the print's count.
-  std::optional<CallAs> as;
+  std::optional<Collective> as;
   uint64_t asCount = 0;
 };
 
@@ -182,9 +182,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   Communicator(Engine& engine, std::shared_ptr<Group> group, std::chrono::milliseconds timeout,
                std::shared_ptr<PlanBook> book);
-  // A collective: numbered, checked against the other ranks' calls (runtime/call_print.h).
-  // `inlineBytes` of `inlineData` ride in the call print (CallCheck::setInline).
-  std::shared_ptr<Work> start(const CallPrint& print, const char* name, CallOptions& options,
+  // A collective: numbered, checked against the other ranks' calls (runtime/call_print.h), and
+  // named by its collective. `inlineBytes` of `inlineData` ride in the call print
+  // (CallCheck::setInline).
+  std::shared_ptr<Work> start(const CallPrint& print, CallOptions& options,
                               const std::function<Task(Op&)>& body,
                               const void* inlineData = nullptr, size_t inlineBytes = 0);
   // `print` null: outside the call checks (point to point, monitored barriers). `peer`: the

@@ -43,9 +43,9 @@ Task flushTask(Op& op, std::vector<int> peers) {
 }
 
 // Options for one of the window's own collectives: checked as `as`, not as what it runs.
-CallOptions windowCall(Collective as, const char* name, uint64_t count = 0) {
+CallOptions windowCall(Collective as, uint64_t count = 0) {
   CallOptions options;
-  options.as = CallAs{as, name};
+  options.as = as;
   options.asCount = count;
   return options;
 }
@@ -145,7 +145,7 @@ Window::Creating Window::startCreate(Communicator& comm) {
   creating.number =
       std::make_shared<int64_t>(static_cast<int64_t>(comm.engine().takeWindowNumber()));
   creating.work = comm.allreduce(creating.number.get(), 1, DataType::kInt64, ReduceOp::kMax,
-                                 windowCall(Collective::kWindowCreate, "window creation"));
+                                 windowCall(Collective::kWindowCreate));
   return creating;
 }
 
@@ -241,7 +241,7 @@ std::unique_ptr<Window::Attaching> Window::startAttach(const WindowMemory& given
   try {
     attaching->work =
         comm_->allgatherVarying(attaching->offer.data(), attaching->offer.size(), attaching->blocks,
-                                windowCall(Collective::kWindowRegister, "tensor_register"));
+                                windowCall(Collective::kWindowRegister));
   } catch (...) {
     unregister(attaching->region);
     throw;
@@ -399,9 +399,8 @@ std::unique_ptr<Window::Detaching> Window::startDetach() {
 
 void Window::startBarrier(Detaching& detaching) {
   detaching.barrier = true;
-  detaching.work = startStep([&] {
-    return comm_->barrier(windowCall(Collective::kWindowDeregister, "tensor_deregister"));
-  });
+  detaching.work =
+      startStep([&] { return comm_->barrier(windowCall(Collective::kWindowDeregister)); });
 }
 
 std::shared_ptr<Work> Window::pending(const Detaching& detaching) { return detaching.work; }

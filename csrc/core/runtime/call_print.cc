@@ -12,7 +12,41 @@ bool CallPrint::operator==(const CallPrint& other) const {
          type == other.type && reduce == other.reduce && root == other.root && count == other.count;
 }
 
+const char* collectiveName(Collective collective) {
+  switch (collective) {
+    case Collective::kNone:
+      return "no collective";
+    case Collective::kAllreduce:
+      return "all_reduce";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kAllgather:
+    case Collective::kAllgatherVarying:
+      return "all_gather";
+    case Collective::kBarrier:
+      return "barrier";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kGather:
+      return "gather";
+    case Collective::kScatter:
+      return "scatter";
+    case Collective::kAlltoall:
+      return "all_to_all";
+    case Collective::kWindowCreate:
+      return "window creation";
+    case Collective::kWindowRegister:
+      return "tensor_register";
+    case Collective::kWindowDeregister:
+      return "tensor_deregister";
+  }
+  return "collective";
+}
+
 std::string CallPrint::describe() const {
+  const std::string name = collectiveName(collective);
   const std::string elements =
       std::to_string(count) + " x " +
       (type == kUnset ? std::string("?") : dataTypeName(static_cast<DataType>(type)));
@@ -20,33 +54,30 @@ std::string CallPrint::describe() const {
   const std::string rootRank = std::to_string(root);
   switch (collective) {
     case Collective::kNone:
-      return "no collective";
+      return name;
     case Collective::kAllreduce:
-      return "allreduce(" + op + ", " + elements + ")";
+      return name + "(" + op + ", " + elements + ")";
     case Collective::kBroadcast:
-      return "broadcast(" + elements + " from rank " + rootRank + ")";
+      return name + "(" + elements + " from rank " + rootRank + ")";
     case Collective::kAllgather:
-      return "allgather(" + elements + " per rank)";
+      return name + "(" + elements + " per rank)";
     case Collective::kAllgatherVarying:
-      return "allgather(blocks of any size)";
-    case Collective::kBarrier:
-      return "barrier()";
+      return name + "(blocks of any size)";
     case Collective::kReduceScatter:
-      return "reduce_scatter(" + op + ", " + elements + " per rank)";
+      return name + "(" + op + ", " + elements + " per rank)";
     case Collective::kReduce:
-      return "reduce(" + op + ", " + elements + " to rank " + rootRank + ")";
+      return name + "(" + op + ", " + elements + " to rank " + rootRank + ")";
     case Collective::kGather:
-      return "gather(" + elements + " per rank to rank " + rootRank + ")";
+      return name + "(" + elements + " per rank to rank " + rootRank + ")";
     case Collective::kScatter:
-      return "scatter(" + elements + " per rank from rank " + rootRank + ")";
-    case Collective::kAlltoall:
-      return "all_to_all()";
+      return name + "(" + elements + " per rank from rank " + rootRank + ")";
     case Collective::kWindowCreate:
-      return "window creation (window " + std::to_string(count) + " of the group)";
+      return name + " (window " + std::to_string(count) + " of the group)";
+    case Collective::kBarrier:
+    case Collective::kAlltoall:
     case Collective::kWindowRegister:
-      return "tensor_register()";
     case Collective::kWindowDeregister:
-      return "tensor_deregister()";
+      return name + "()";
   }
   return "collective " + std::to_string(static_cast<int>(collective));
 }

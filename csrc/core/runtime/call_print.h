@@ -39,11 +39,9 @@ enum class Collective : uint8_t {
   kWindowDeregister,
 };
 
-// A collective made for another call: its print and its name are that call's.
-struct CallAs {
-  Collective collective;
-  const char* name;
-};
+// The collective's name, as torch's calls spell it ("all_reduce", "all_gather", ...): the op's
+// name in errors, logs and the flight recorder.
+const char* collectiveName(Collective collective);
 
 // What one rank called, as the next rank checks it. Fields a collective does not have stay at
 // their defaults.

@@ -89,8 +89,6 @@ const char* torchDtype(uint8_t type) {
 
 std::string torchName(const TraceEntry& e, int rank) {
   const std::string name = e.name;
-  if (name == "allreduce") return "all_reduce";
-  if (name == "allgather") return "all_gather";
   if (name == "monitored_barrier") return "barrier";
   if (name == "send") return "send " + std::to_string(rank) + "->" + std::to_string(e.peer);
   if (name == "recv") return "recv " + std::to_string(rank) + "<-" + std::to_string(e.peer);
