@@ -202,6 +202,19 @@ std::vector<int64_t> splitsOf(const char* where, const char* what, const at::Ten
   return splits;
 }
 
+void checkRootList(const char* where, const std::vector<std::vector<at::Tensor>>& lists,
+                   const at::Tensor& like, bool root, int size, const char* role,
+                   const char* what) {
+  if (root) {
+    if (lists.size() != 1) {
+      badInput(where, std::string("the ") + role + " needs one list of " + what + "s");
+    }
+    checkList(where, lists[0], like, like.numel(), static_cast<size_t>(size));
+  } else if (!lists.empty() && !lists[0].empty()) {
+    badInput(where, std::string("only the ") + role + " rank passes an " + what + " list");
+  }
+}
+
 DataType commonType(const char* where, const std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) badInput(where, "needs at least one tensor");
   DataType type = checkTensor(tensors[0], where);

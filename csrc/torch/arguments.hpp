@@ -69,6 +69,10 @@ void checkRank(const char* where, const char* what, int64_t rank, int size);
 // Checks that every tensor of `list` matches `like` in dtype and element count.
 void checkList(const char* where, const std::vector<at::Tensor>& list, const at::Tensor& like,
                int64_t numel, size_t expected);
+// gather's outputs, scatter's inputs: at the root (`role`: "destination", "source") one list of
+// `size` tensors like `like`, elsewhere none (`what`: "output", "input").
+void checkRootList(const char* where, const std::vector<std::vector<at::Tensor>>& lists,
+                   const at::Tensor& like, bool root, int size, const char* role, const char* what);
 // Checks that the coalesced tensors share one dtype and returns it.
 DataType commonType(const char* where, const std::vector<at::Tensor>& tensors);
 // Rows per rank: the given split sizes, or an even split of dimension 0.

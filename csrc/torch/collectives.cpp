@@ -22,10 +22,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   if (tensor.defined() && tensor.layout() == c10::kSparse) return allreduceSparse(tensors, opts);
   DataType type = checkTensor(tensor, where);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
-  CallOptions options = callOptions(*work, "allreduce", opts.timeout);
+  CallOptions options = callOptions(*work, opts.timeout);
   options.plan = comm_->allreducePlan(count(buffer), type);
   if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() && options.plan->offersAdoption) {
     options.adoptable = ReuseTracker::instance().adoptable(buffer);
@@ -49,7 +49,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
   if (opts.reduceOp.op_ != c10d::ReduceOp::SUM) {
     badInput(where, "sparse tensors are reduced with ReduceOp.SUM only");
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor packed = packSparse(tensor.coalesce());
   auto blocks = std::make_shared<VaryingBlocks>();
   work->keepAlive(packed);
@@ -57,7 +57,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
     at::Tensor sum = sumPackedSparse(*blocks, tensor);
     tensor.copy_(sum);
   });
-  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allgatherVarying(packed.data_ptr(), static_cast<size_t>(packed.numel()), blocks, o);
   });
 }
@@ -72,9 +72,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor
     badInput(where, "src rank " + std::to_string(opts.rootRank) + " is not in a group of size " +
                         std::to_string(size_));
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BROADCAST, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BROADCAST, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, rank_ != opts.rootRank);
-  return launch(work, callOptions(*work, "broadcast", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->broadcast(buffer.data_ptr(), count(buffer), type, static_cast<int>(opts.rootRank), o);
   });
 }
@@ -97,18 +97,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
                           std::to_string(input.numel()) + ")");
     }
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLGATHER, outputs[0]);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLGATHER, outputs[0]);
   at::Tensor in = contiguousFor(input, *work, false);
   at::Tensor gathered = at::empty({size_, input.numel()}, input.options());
   work->keepAlive(in);
   work->keepAlive(gathered);
   for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
-  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allgather(in.data_ptr(), gathered.data_ptr(), count(in), type, o);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgatherIntoTensor(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor";
   CallScope scope(*comm_, where);
@@ -118,19 +118,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE(
     badInput(where, "output has " + std::to_string(output.numel()) + " elements; it needs " +
                         std::to_string(size_) + " x " + std::to_string(input.numel()));
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::_ALLGATHER_BASE,
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::_ALLGATHER_BASE,
                                            std::vector<at::Tensor>{output});
   at::Tensor in = contiguousFor(input, *work, false);
   at::Tensor out = contiguousFor(output, *work, true);
-  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allgather(in.data_ptr(), out.data_ptr(), count(in), type, o);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptions& opts) {
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
-  return launch(work, callOptions(*work, "barrier", opts.timeout),
-                [&](CallOptions& o) { comm_->barrier(o); });
+  const char* where = "barrier";
+  auto work =
+      c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
+  return launch(work, opts.timeout, [&](CallOptions& o) { comm_->barrier(o); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
@@ -142,14 +143,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   checkRank(where, "dst", opts.rootRank, size_);
   const bool root = rank_ == opts.rootRank;
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::REDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, root);
   if (opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM && !root && buffer.is_same(tensor)) {
     buffer = buffer.clone();
     work->keepAlive(buffer);
   }
   premultiply(opts.reduceOp, buffer, where);
-  return launch(work, callOptions(*work, "reduce", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->reduce(buffer.data_ptr(), root ? buffer.data_ptr() : nullptr, count(buffer), type, op,
                   static_cast<int>(opts.rootRank), o);
   });
@@ -164,13 +165,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(
   DataType type = checkTensor(input, where);
   checkRank(where, "dst", opts.rootRank, size_);
   const bool root = rank_ == opts.rootRank;
-  if (root) {
-    if (outputs.size() != 1) badInput(where, "the destination needs one list of outputs");
-    checkList(where, outputs[0], input, input.numel(), size_);
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    badInput(where, "only the destination rank passes an output list");
-  }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::GATHER,
+  checkRootList(where, outputs, input, root, size_, "destination", "output");
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::GATHER,
                                            root ? outputs[0] : std::vector<at::Tensor>{});
   at::Tensor in = contiguousFor(input, *work, false);
   at::Tensor gathered;
@@ -179,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(
     work->keepAlive(gathered);
     for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
   }
-  return launch(work, callOptions(*work, "gather", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->gather(in.data_ptr(), root ? gathered.data_ptr() : nullptr, count(in), type,
                   static_cast<int>(opts.rootRank), o);
   });
@@ -194,17 +190,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(
   DataType type = checkTensor(output, where);
   checkRank(where, "src", opts.rootRank, size_);
   const bool root = rank_ == opts.rootRank;
-  if (root) {
-    if (inputs.size() != 1) badInput(where, "the source needs one list of inputs");
-    checkList(where, inputs[0], output, output.numel(), size_);
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    badInput(where, "only the source rank passes an input list");
-  }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::SCATTER, outputs);
+  checkRootList(where, inputs, output, root, size_, "source", "input");
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::SCATTER, outputs);
   at::Tensor staged = root ? concatenate(inputs[0], output) : at::Tensor();
   if (root) work->keepAlive(staged);
   at::Tensor out = contiguousFor(output, *work, true);
-  return launch(work, callOptions(*work, "scatter", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->scatter(root ? staged.data_ptr() : nullptr, out.data_ptr(), count(out), type,
                    static_cast<int>(opts.rootRank), o);
   });
@@ -220,18 +211,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   if (inputs.size() != 1) badInput(where, "needs one list of inputs");
   checkList(where, inputs[0], output, output.numel(), size_);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::REDUCE_SCATTER, outputs);
   at::Tensor staged = concatenate(inputs[0], output);
   work->keepAlive(staged);
   premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
-  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduceScatterTensor(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor";
   CallScope scope(*comm_, where);
@@ -242,19 +233,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE(
                         std::to_string(size_) + " x " + std::to_string(output.numel()));
   }
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::_REDUCE_SCATTER_BASE,
                                            std::vector<at::Tensor>{output});
   at::Tensor staged = input.reshape({-1}).clone(at::MemoryFormat::Contiguous);
   work->keepAlive(staged);
   premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
-  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_TO_ALL_SINGLE(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoallSingle(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
   const char* where = "all_to_all_single";
@@ -268,7 +259,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_TO_ALL_SINGLE(
       output.dim() == 0 || output.size(0) == 0 ? 0 : output.numel() / output.size(0);
   for (auto& r : sendRows) r *= inRow;
   for (auto& r : recvRows) r *= outRow;
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLTOALL_BASE,
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLTOALL_BASE,
                                            std::vector<at::Tensor>{output});
   at::Tensor in = contiguousFor(input, *work, false);
   at::Tensor out = contiguousFor(output, *work, true);
@@ -277,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_TO_ALL_SINGLE(
     work->keepAlive(in);
   }
   AlltoallLayout layout = layoutOf(sendRows, recvRows, elementSize(type));
-  return launch(work, callOptions(*work, "all_to_all", opts.timeout),
+  return launch(work, opts.timeout,
                 [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
@@ -300,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
     sendElements.push_back(inputs[p].numel());
     recvElements.push_back(outputs[p].numel());
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLTOALL, outputs);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLTOALL, outputs);
   at::Tensor in = concatenate(inputs, inputs[0]);
   int64_t total = 0;
   for (int64_t e : recvElements) total += e;
@@ -313,7 +304,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
     offset += recvElements[p];
   }
   AlltoallLayout layout = layoutOf(sendElements, recvElements, elementSize(type));
-  return launch(work, callOptions(*work, "all_to_all", opts.timeout),
+  return launch(work, opts.timeout,
                 [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
@@ -324,10 +315,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::send(std::vector<at::Tensor>& te
   DataType type = checkTensor(tensor, where);
   checkRank(where, "dst", dstRank, size_);
   if (coalescing_.load()) return joinBatch(tensors, true, dstRank, tag, where);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::SEND, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::SEND, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, false);
   work->keepAlive(buffer);
-  return launch(work, callOptions(*work, "send", c10d::kUnsetTimeout), [&](CallOptions& o) {
+  return launch(work, c10d::kUnsetTimeout, [&](CallOptions& o) {
     comm_->send(buffer.data_ptr(), count(buffer) * elementSize(type), dstRank,
                 static_cast<uint32_t>(tag), o);
   });
@@ -340,9 +331,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::receive(std::vector<at::Tensor>&
   DataType dtype = checkTensor(tensor, where);
   if (srcRank != -1) checkRank(where, "src", srcRank, size_);
   if (coalescing_.load()) return joinBatch(tensors, false, srcRank, tag, where);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, type, tensors);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, type, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
-  return launch(work, callOptions(*work, "recv", c10d::kUnsetTimeout), [&](CallOptions& o) {
+  return launch(work, c10d::kUnsetTimeout, [&](CallOptions& o) {
     comm_->recv(buffer.data_ptr(), count(buffer) * elementSize(dtype), srcRank,
                 static_cast<uint32_t>(tag), o);
   });
@@ -359,9 +350,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::recvAnysource(std::vector<at::Te
 }
 
 void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
-  launch(work, callOptions(*work, "monitored_barrier", opts.timeout),
-         [&](CallOptions& o) { comm_->monitoredBarrier(waitAllRanks, o); });
+  const char* where = "monitored_barrier";
+  auto work =
+      c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
+  launch(work, opts.timeout, [&](CallOptions& o) { comm_->monitoredBarrier(waitAllRanks, o); });
   work->wait();
 }
 
@@ -372,7 +364,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
   DataType type = commonType(where, tensors);
   ReduceOp op = reduceOpFor(opts.reduceOp, type, where);
   // One allreduce over the tensors laid end to end.
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+  auto work =
+      c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
   at::Tensor flat = concatenate(tensors, tensors[0]);
   work->keepAlive(flat);
   premultiply(opts.reduceOp, flat, where);
@@ -381,12 +374,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
     work->copyAfter(t, flat.narrow(0, offset, t.numel()).view_as(t));
     offset += t.numel();
   }
-  return launch(work, callOptions(*work, "allreduce", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allreduce(flat.data_ptr(), count(flat), type, op, o);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE_COALESCED(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgatherIntoTensorCoalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* where = "all_gather_into_tensor_coalesced";
@@ -402,7 +395,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE_COALESCED(
     }
   }
   // One allgather of the inputs laid end to end; output i takes its column of each block.
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, outputs);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::COALESCED, outputs);
   at::Tensor flat = concatenate(inputs, inputs[0]);
   at::Tensor gathered = at::empty({size_, flat.numel()}, flat.options());
   work->keepAlive(flat);
@@ -422,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_ALL_GATHER_SINGLE_COALESCED(
     }
     offset += n;
   }
-  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
   });
 }
@@ -453,7 +446,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
     }
     all.insert(all.end(), outputLists[r].begin(), outputLists[r].end());
   }
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::ALLGATHER_COALESCED, all);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLGATHER_COALESCED, all);
   at::Tensor flat = concatenate(inputs, inputs[0]);
   at::Tensor gathered = at::empty({size_, flat.numel()}, flat.options());
   work->keepAlive(flat);
@@ -466,12 +459,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
     }
     offset += n;
   }
-  return launch(work, callOptions(*work, "allgather", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE_COALESCED(
+c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduceScatterTensorCoalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* where = "reduce_scatter_tensor_coalesced";
@@ -488,7 +481,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE_COALES
     columns.push_back(inputs[i].reshape({size_, outputs[i].numel()}));
   }
   // Block r of the staged buffer holds block r of every input, so one reduce-scatter serves all.
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, outputs);
+  auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::COALESCED, outputs);
   at::Tensor staged = at::cat(columns, 1).contiguous();
   work->keepAlive(staged);
   premultiply(opts.reduceOp, staged, where);
@@ -498,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::DDL_REDUCE_SCATTER_SINGLE_COALES
     work->copyAfter(out, staged[rank_].narrow(0, offset, out.numel()).view_as(out));
     offset += out.numel();
   }
-  return launch(work, callOptions(*work, "reduce_scatter", opts.timeout), [&](CallOptions& o) {
+  return launch(work, opts.timeout, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), static_cast<size_t>(block), type, op, o);
   });
 }

@@ -14,23 +14,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
-// The names ddl's backend overrides for the single-tensor collectives. torch 2.14 (its headers
-// define C10D_BACKEND_HAS_RECONFIGURE) makes the `_single` names canonical and keeps the old ones
-// as aliases that forward to them; before, only the old names exist. Overriding the canonical
-// name of the torch built against, no call goes through a forwarding alias.
+// torch 2.14 (its headers define C10D_BACKEND_HAS_RECONFIGURE) makes the `_single` names of the
+// single-tensor collectives canonical (all_gather_single, ...) and keeps the old ones
+// (_allgather_base, ...) as aliases that forward to them: ddl overrides the canonical names of
+// the torch built against (process_group_ddl.hpp).
 #ifdef C10D_BACKEND_HAS_RECONFIGURE
 #define DDL_TORCH_HAS_SINGLE_NAMES 1
-#define DDL_ALL_GATHER_SINGLE all_gather_single
-#define DDL_ALL_GATHER_SINGLE_COALESCED all_gather_single_coalesced
-#define DDL_REDUCE_SCATTER_SINGLE reduce_scatter_single
-#define DDL_REDUCE_SCATTER_SINGLE_COALESCED reduce_scatter_single_coalesced
-#define DDL_ALL_TO_ALL_SINGLE all_to_all_single
-#else
-#define DDL_ALL_GATHER_SINGLE _allgather_base
-#define DDL_ALL_GATHER_SINGLE_COALESCED allgather_into_tensor_coalesced
-#define DDL_REDUCE_SCATTER_SINGLE _reduce_scatter_base
-#define DDL_REDUCE_SCATTER_SINGLE_COALESCED reduce_scatter_tensor_coalesced
-#define DDL_ALL_TO_ALL_SINGLE alltoall_base
 #endif
 
 // torch 2.14's fault-tolerance API (supportsReconfigure, get_reconfigure_handle, reconfigure)

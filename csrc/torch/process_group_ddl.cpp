@@ -80,8 +80,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reconfigure(const c10d::Reconfig
   rank_ = comm_->rank();
   size_ = comm_->size();
   watchFailures();
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{});
-  work->coreWork(where)->succeed();
+  auto work =
+      c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{});
+  work->coreWork()->succeed();
   return work;
 }
 #endif
@@ -201,11 +202,10 @@ void ProcessGroupDDL::waitForPendingWorks() {
   }
 }
 
-CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, const char* name,
-                                         std::chrono::milliseconds timeout) {
+CallOptions ProcessGroupDDL::callOptions(WorkDDL& work, std::chrono::milliseconds timeout) {
   work.observe(observers_, comm_->sequenceNumber());
   work.setTimeout(timeout.count() >= 0 ? timeout : comm_->timeout());
-  CallOptions options{timeout, work.coreWork(name)};
+  CallOptions options{timeout, work.coreWork()};
   if (!observers_->hooked.load()) return options;
   work.countHookCall();
   std::lock_guard<std::mutex> lock(observers_->mutex);
@@ -349,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::postBatch(
     std::vector<BatchEntry> batch, const std::shared_ptr<BatchMemberWork::Batch>& slot) {
   std::vector<at::Tensor> tensors;
   for (const BatchEntry& e : batch) tensors.push_back(e.tensor);
-  auto work = c10::make_intrusive<WorkDDL>(rank_, c10d::OpType::COALESCED, tensors);
+  auto work = c10::make_intrusive<WorkDDL>("coalesced", rank_, c10d::OpType::COALESCED, tensors);
   std::vector<Communicator::Transfer> transfers;
   for (const BatchEntry& e : batch) {
     at::Tensor buffer = contiguousFor(e.tensor, *work, !e.isSend);
@@ -357,7 +357,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::postBatch(
                          static_cast<size_t>(buffer.numel()) * buffer.element_size(), e.peer,
                          static_cast<uint32_t>(e.tag)});
   }
-  auto posted = launch(work, callOptions(*work, "coalesced", c10d::kUnsetTimeout),
+  auto posted = launch(work, c10d::kUnsetTimeout,
                        [&](CallOptions& o) { comm_->pointToPoint(std::move(transfers), o); });
   slot->work = posted;
   slot->posted.store(true);

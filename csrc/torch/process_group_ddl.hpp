@@ -131,9 +131,6 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> DDL_ALL_GATHER_SINGLE(
-      at::Tensor& output, at::Tensor& input,
-      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
@@ -143,12 +140,6 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> DDL_ALL_GATHER_SINGLE_COALESCED(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> DDL_REDUCE_SCATTER_SINGLE_COALESCED(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
 
   c10::intrusive_ptr<c10d::Work> reduce(
       std::vector<at::Tensor>& tensors,
@@ -162,16 +153,83 @@ class ProcessGroupDDL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> DDL_REDUCE_SCATTER_SINGLE(
-      at::Tensor& output, at::Tensor& input,
-      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
-  c10::intrusive_ptr<c10d::Work> DDL_ALL_TO_ALL_SINGLE(
-      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
-      std::vector<int64_t>& inputSplitSizes,
-      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  // The single-tensor collectives, named as torch's Python calls them (all_gather_into_tensor,
+  // reduce_scatter_tensor, all_to_all_single and the coalesced two), under the names c10d
+  // calls: torch 2.14 (DDL_TORCH_HAS_SINGLE_NAMES) makes the `_single` names canonical and keeps
+  // the old ones as aliases that forward to them; before, only the old names exist. Overriding
+  // the canonical name of the torch built against, no call goes through a forwarding alias.
+  c10::intrusive_ptr<c10d::Work> allgatherIntoTensor(at::Tensor& output, at::Tensor& input,
+                                                     const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allgatherIntoTensorCoalesced(std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduceScatterTensor(at::Tensor& output, at::Tensor& input,
+                                                     const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduceScatterTensorCoalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> alltoallSingle(at::Tensor& output, at::Tensor& input,
+                                                std::vector<int64_t>& outputSplitSizes,
+                                                std::vector<int64_t>& inputSplitSizes,
+                                                const c10d::AllToAllOptions& opts);
+#ifdef DDL_TORCH_HAS_SINGLE_NAMES
+  c10::intrusive_ptr<c10d::Work> all_gather_single(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
+    return allgatherIntoTensor(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
+    return allgatherIntoTensorCoalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override {
+    return reduceScatterTensor(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override {
+    return reduceScatterTensorCoalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+      std::vector<int64_t>& inputSplitSizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override {
+    return alltoallSingle(output, input, outputSplitSizes, inputSplitSizes, opts);
+  }
+#else
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
+    return allgatherIntoTensor(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override {
+    return allgatherIntoTensorCoalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override {
+    return reduceScatterTensor(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override {
+    return reduceScatterTensorCoalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+      std::vector<int64_t>& inputSplitSizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override {
+    return alltoallSingle(output, input, outputSplitSizes, inputSplitSizes, opts);
+  }
+#endif
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -192,12 +250,21 @@ class ProcessGroupDDL : public c10d::Backend {
 #endif
 
  private:
-  CallOptions callOptions(WorkDDL& work, const char* name, std::chrono::milliseconds timeout);
+  // What the core is given for `work`: its core Work, named as it is, and the call's timeout.
+  CallOptions callOptions(WorkDDL& work, std::chrono::milliseconds timeout);
   // Device tensors: checks that the call's tensors share one device, the group's, and orders
   // the op on that device's streams (device_streams.hpp). Host tensors: nothing to do.
   void placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>& tensors, CallOptions& options);
+  // Every c10d method ends here: `submit` hands the core its one call with the work's
+  // CallOptions (callOptions(work, timeout), or options built from them).
   c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, CallOptions options,
                                         const std::function<void(CallOptions&)>& submit);
+  c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work,
+                                        std::chrono::milliseconds timeout,
+                                        const std::function<void(CallOptions&)>& submit) {
+    CallOptions options = callOptions(*work, timeout);
+    return launch(std::move(work), std::move(options), submit);
+  }
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,

@@ -168,9 +168,9 @@ c10::intrusive_ptr<c10d::Work> WindowDDL::launch(const char* where, c10d::OpType
                                                  std::chrono::milliseconds timeout, bool asyncOp,
                                                  const at::Tensor& source,
                                                  const std::function<void(CallOptions&)>& submit) {
-  auto work = c10::make_intrusive<WorkDDL>(window_->rank(), type, std::vector<at::Tensor>{});
+  auto work = c10::make_intrusive<WorkDDL>(where, window_->rank(), type, std::vector<at::Tensor>{});
   if (source.defined()) work->keepAlive(source);
-  CallOptions options = group_->callOptions(*work, where, timeout);
+  CallOptions options = group_->callOptions(*work, timeout);
   options.work->retain(work->tensorsInUse());
   try {
     WithoutGil released;

@@ -111,10 +111,11 @@ namespace {
 std::atomic<uint64_t> gCompletionKeys{1};
 }  // namespace
 
-WorkDDL::WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+WorkDDL::WorkDDL(const char* name, int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       completionKey_(gCompletionKeys.fetch_add(1)),
+      name_(name),
       future_(torch_compat::tensorListFuture()) {}
 
 WorkDDL::~WorkDDL() = default;
@@ -127,9 +128,8 @@ float WorkDDL::getDuration() const {
   return millisecondsOf(*core_);
 }
 
-std::shared_ptr<ddl::Work> WorkDDL::coreWork(const char* name) {
-  name_ = name;
-  core_ = std::make_shared<ddl::Work>(name);
+std::shared_ptr<ddl::Work> WorkDDL::coreWork() {
+  core_ = std::make_shared<ddl::Work>(name_);
   auto self = c10::intrusive_ptr<WorkDDL>::reclaim_copy(this);
   // The hook holds `self` until it runs (once, on the progress thread). A device op is always
   // finalized at once: the caller's streams may be waiting for it.

@@ -54,7 +54,8 @@ struct WorkObservers {
 // isCompleted(), getFuture() on a finished op, or the completion thread when a Future is pending.
 class WorkDDL : public c10d::Work {
  public:
-  WorkDDL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  // `name`: the c10d call's ("all_gather_into_tensor"), in its errors and its core Work's.
+  WorkDDL(const char* name, int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
   ~WorkDDL() override;
 
   bool isCompleted() override;
@@ -98,7 +99,7 @@ class WorkDDL : public c10d::Work {
   // Runs at finalization after the copies, on success only; what it throws fails the work.
   void thenRun(std::function<void()> fn) { after_.push_back(std::move(fn)); }
   // The core Work this one finishes with; its completion hook is installed here.
-  std::shared_ptr<ddl::Work> coreWork(const char* name);
+  std::shared_ptr<ddl::Work> coreWork();
   // Every tensor the operation may touch (outputs, kept tensors, copies), for the core Work to
   // retain.
   std::shared_ptr<const void> tensorsInUse() const;
@@ -120,7 +121,7 @@ class WorkDDL : public c10d::Work {
   uint64_t completionKey_;
   std::chrono::milliseconds timeout_{0};
   bool hookCounted_ = false;
-  const char* name_ = "collective";
+  const char* name_;
   std::shared_ptr<DeviceCompletion> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> futureRequested_{false};
