@@ -15,7 +15,7 @@ OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-asan-python test-python test-tsan test-tsan-python fuzz faults demo demo-cluster bench bench-reference bench-cluster format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
+.PHONY: all env build test test-cpp test-cpp-asan test-asan-python test-python test-tsan test-tsan-python fuzz faults demo demo-cluster bench bench-reference bench-cluster peers format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
 
 all: build
 
@@ -307,12 +307,54 @@ scale-real: build $(CLUSTER_TOOLS)
 	DDL_SCALE=1 $(PY) -m pytest -q -s -p no:cacheprovider \
 	  "tests/python/test_cluster.py::test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it"
 
-bench-reference: build
+bench-reference: build peers build/bench/core_bench
+	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference --pin
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference
+
+# ddl's core alone, with no torch on the path (benchmarks/core_bench.cc): the Communicator's
+# allreduce over UCX, timed as the references time theirs.
+CORE_OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS))
+build/bench/core_bench: $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) benchmarks/core_bench.cc
+	$(MAKE) --no-print-directory -j$(NPROC) link-core-bench \
+	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)
+
+.PHONY: link-core-bench
+link-core-bench: $(CORE_OBJS) build/cpp/benchmarks/core_bench.o
+	@mkdir -p build/bench
+	$(CXX) -o build/bench/core_bench $^ -pthread -L$(UCX_LIB) -Wl,-rpath,$(UCX_LIB) \
+	  -lucp -luct -lucs
+
+-include build/cpp/benchmarks/core_bench.d
+
+# The CPU peers, from PyPI's wheels into build/peers (about 250 MB): Intel's oneCCL 2022.1.2
+# and Intel MPI 2021.18.1, and their allreduce benchmarks (benchmarks/reference/ccl_allreduce.cc,
+# mpi_allreduce.cc against Intel MPI). The oneccl-cpu wheels lack libccl.so.2, which
+# libccl.so.1 needs: it is taken from the full oneccl wheel of the same version.
+PEERS := build/peers
+PEERS_LIB = $(abspath $(PEERS)/venv/lib)
+PEER_FLAGS = -std=c++17 -O2 -I$(PEERS)/venv/include -L$(PEERS_LIB) -Wl,--disable-new-dtags \
+  -Wl,-rpath,$(PEERS_LIB) -Wl,-rpath-link,$(PEERS_LIB)
+.PHONY: peers
+peers: $(PEERS)/bin/ccl_allreduce $(PEERS)/bin/impi_allreduce
+$(PEERS)/.installed:
+	rm -rf $(PEERS)/venv $(PEERS)/wheels
+	python3 -m venv $(PEERS)/venv
+	$(PEERS)/venv/bin/python -m pip install -q --no-deps oneccl-cpu==2022.1.2 \
+	  oneccl-cpu-devel==2022.1.2 impi-rt==2021.18.1 impi-devel==2021.18.1
+	$(PEERS)/venv/bin/python -m pip download -q --no-deps oneccl==2022.1.2 -d $(PEERS)/wheels
+	$(PEERS)/venv/bin/python tools/extract_wheel_libs.py $(PEERS)/wheels/oneccl-2022.1.2-*.whl \
+	  'libccl.so.2*' $(PEERS_LIB)
+	touch $@
+$(PEERS)/bin/ccl_allreduce: benchmarks/reference/ccl_allreduce.cc $(PEERS)/.installed
+	@mkdir -p $(dir $@)
+	$(CXX) $(PEER_FLAGS) -o $@ $< -lccl -lmpi
+$(PEERS)/bin/impi_allreduce: benchmarks/reference/mpi_allreduce.cc $(PEERS)/.installed
+	@mkdir -p $(dir $@)
+	$(CXX) $(PEER_FLAGS) -o $@ $< -lmpi
 
 format:
 	clang-format -i $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) $(TEST_SRCS) $(wildcard tests/cpp/*.h) \
-	  $(wildcard benchmarks/reference/*.cc benchmarks/reference/*.h)
+	  $(wildcard benchmarks/*.cc benchmarks/reference/*.cc benchmarks/reference/*.h)
 
 clean:
 	rm -rf build torch_ddl/_C*.so *.egg-info

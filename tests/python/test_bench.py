@@ -14,6 +14,15 @@ BENCH = os.path.join(ROOT, "benchmarks", "allreduce_bench.py")
 REFERENCE = os.path.join(ROOT, "benchmarks", "reference")
 
 
+def bench_module():
+    sys.path.insert(0, os.path.dirname(BENCH))
+    try:
+        import allreduce_bench
+    finally:
+        sys.path.pop(0)
+    return allreduce_bench
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -41,6 +50,30 @@ def test_reference_allreduce_is_correct(references, name, nbytes):
     assert float(done.stdout.strip()) >= 0
 
 
+@pytest.fixture(scope="module")
+def core_bench():
+    # ddl's core alone (benchmarks/core_bench.cc), linked from the objects core_tests is built of.
+    subprocess.run(["make", "-s", "build/bench/core_bench"], cwd=ROOT, check=True, timeout=1800)
+    return os.path.join(ROOT, "build", "bench", "core_bench")
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("nbytes", [0, 4, 1000, 3 * (256 << 10) + 8, 4 << 20])
+def test_core_bench_allreduce_is_correct(core_bench, ranks, nbytes):
+    done = subprocess.run([core_bench, str(nbytes), "2", "1", str(ranks)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip()) > 0
+
+
+def test_core_bench_pins_and_rejects_missing_arguments(core_bench):
+    done = subprocess.run([core_bench, "4096", "10", "1", "2", "pin"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and float(done.stdout.strip()) > 0, done.stderr
+    done = subprocess.run([core_bench], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage" in done.stderr
+
+
 def test_copy_speed_reads_the_other_process(tmp_path):
     exe = tmp_path / "copy_speed"
     subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-O2", "-o", str(exe),
@@ -65,13 +98,17 @@ def test_bench_prints_every_size_with_references():
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if "|" in line and "KiB" in line]
     assert [row.split("|")[0].strip() for row in rows] == ["1 KiB", "4 KiB", "16 KiB", "64 KiB"]
-    columns = 8 if shutil.which("mpicxx") and shutil.which("mpirun") else 7
+    references = 3 if shutil.which("mpicxx") and shutil.which("mpirun") else 2
+    peers = len(bench_module().peer_names())  # ddl's core, oneCCL, Intel MPI: where built
     for row in rows:
         cells = row.split("|")
-        assert len(cells) == columns, row
+        assert len(cells) == 5 + references + peers, row
         shared = cells[4].split()  # ddl on an empty_shared tensor: us, busbw x gloo, time ratio
         assert len(shared) == 3 and float(shared[0]) > 0 and shared[1].endswith("x"), row
-        assert all(cell.strip().endswith("x") for cell in cells[5:]), row
+        assert all(cell.strip().endswith("x") for cell in cells[5:5 + references]), row
+        for cell in cells[5 + references:]:  # a peer: its us, ddl's time over its
+            us, ratio = cell.split()
+            assert float(us) > 0 and float(ratio) >= 0, row  # 0.00: the peer took far longer
 
 
 def test_bench_reference_beyond_two_ranks_needs_mpi():
