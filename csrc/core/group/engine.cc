@@ -4,13 +4,29 @@
 
 #include "../base/tag.h"
 #include "../base/types.h"
+#include "../transport/ucx/ucx_transport.h"
 
 namespace ddl {
 
 namespace {
 std::mutex gEnginesMutex;
 std::set<Engine*> gEngines;  // engines constructed and not yet destroyed
+// The process-wide engine over UCX, shared by every process group of the process.
+std::mutex gProcessMutex;
+Engine* gProcessEngine = nullptr;
 }  // namespace
+
+Engine& Engine::process() {
+  std::lock_guard<std::mutex> lock(gProcessMutex);
+  if (gProcessEngine == nullptr) gProcessEngine = new Engine(std::make_unique<UcxTransport>());
+  return *gProcessEngine;
+}
+
+void Engine::shutdownProcess() {
+  std::lock_guard<std::mutex> lock(gProcessMutex);
+  delete gProcessEngine;
+  gProcessEngine = nullptr;
+}
 
 Engine::Engine(std::unique_ptr<Transport> transport, Drive drive, const Clock& clock,
                Memory* hostMemory, const Config* settings)
