@@ -1,7 +1,8 @@
-"""The layers of csrc/, checked: every quoted include points to the file's own layer or one below
-it, no source file is longer than 600 lines, no function longer than 80 (but the few listed in
-LONG_FUNCTIONS, a list that may only shrink), and no comment names a file that does not exist
-(one that moved or is gone). docs/internals.md draws the same order.
+"""The layers of csrc/, checked: every quoted include points to the file's own layer or one below it,
+no source file is longer than 600 lines, no function longer than 80 (but the few listed in
+LONG_FUNCTIONS, a list that may only shrink), and no comment names a file that does not exist (one
+that moved or is gone), nor does a document (README.md, SECURITY.md, docs/) in backquotes.
+docs/internals.md draws the same order.
 
     python tools/check_layers.py        # prints each breach; exit status 1 if there is one
 """
@@ -154,15 +155,50 @@ def stale_names(root=ROOT):
             for named in NAMED.findall(line[comment:]):
                 if "/" not in named and named in names:
                     continue
-                if any(os.path.exists(os.path.join(b, named)) for b in bases):
-                    continue
-                found.append(f"{os.path.relpath(path, root)}:{number}: names {named}, "
-                             "which does not exist")
+                found += gone(root, path, number, named, bases)
+    return found
+
+
+def gone(root, path, number, named, bases):
+    """[the breach] if `named` (on line `number` of `path`) is found from none of `bases`."""
+    if any(os.path.exists(os.path.join(b, named)) for b in bases):
+        return []
+    return [f"{os.path.relpath(path, root)}:{number}: names {named}, which does not exist"]
+
+
+QUOTED = re.compile(r"`([^`\s]+)`")
+
+
+def stale_doc_names(root=ROOT):
+    """Every file of this tree that the README, SECURITY.md or docs/ name in backquotes and that
+    does not exist: a path whose first folder is one of the root's or of csrc/core's, looked for
+    from the root, csrc/ and csrc/core/ (a path of another project's, include/ucp/api/ucp.h, is
+    left alone; so is build/, made by the build)."""
+    core = os.path.join(root, "csrc", "core")
+    ours = set()
+    for base in (root, core):
+        if os.path.isdir(base):
+            ours.update(f for f in os.listdir(base) if os.path.isdir(os.path.join(base, f)))
+    ours -= {"build", ".git", ".venv"}
+    documents = [os.path.join(root, name) for name in ("README.md", "SECURITY.md")]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        documents += [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
+    bases = [root, os.path.join(root, "csrc"), core]
+    found = []
+    for path in documents:
+        if not os.path.exists(path):
+            continue
+        for number, line in enumerate(open(path), 1):
+            for quoted in QUOTED.findall(line):
+                for named in NAMED.findall(quoted):
+                    if "/" in named and named.split("/")[0] in ours:
+                        found += gone(root, path, number, named, bases)
     return found
 
 
 def main():
-    found = breaches() + long_functions() + stale_names()
+    found = breaches() + long_functions() + stale_names() + stale_doc_names()
     for line in found:
         print(line)
     return 1 if found else 0

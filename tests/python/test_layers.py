@@ -32,6 +32,22 @@ def test_no_comment_names_a_file_that_is_gone():
     assert check_layers.stale_names() == []
 
 
+def test_no_document_names_a_file_that_is_gone():
+    assert check_layers.stale_doc_names() == []
+
+
+def test_the_check_finds_a_document_naming_a_file_that_moved(tmp_path):
+    (tmp_path / "csrc" / "core" / "algorithms").mkdir(parents=True)
+    (tmp_path / "csrc" / "core" / "shm").mkdir(parents=True)
+    (tmp_path / "csrc" / "core" / "algorithms" / "slot_link.h").write_text("#pragma once\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "internals.md").write_text(
+        "The slots (`algorithms/slot_link.h`), once `shm/slot_link.h`;\n"
+        "UCX's `include/ucp/api/ucp.h` is another project's.\n")
+    found = check_layers.stale_doc_names(str(tmp_path))
+    assert found == ["docs/internals.md:1: names shm/slot_link.h, which does not exist"], found
+
+
 def test_the_check_finds_a_comment_naming_a_file_that_moved(tmp_path):
     shm = tmp_path / "csrc" / "core" / "shm"
     algorithms = tmp_path / "csrc" / "core" / "algorithms"
