@@ -10,7 +10,9 @@
 // `pin` pins rank r (and every thread it starts) to core r mod the cores, as Intel MPI pins.
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,9 +142,12 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path dir = pattern;
   std::vector<pid_t> children;
+  const pid_t parent = getpid();
   for (int r = 0; r < ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a benchmark killed (a test's timeout) takes its ranks
+      if (getppid() != parent) std::_Exit(1);  // it died before that was set
       int status = 1;
       try {
         status = runRank(r, ranks, dir, bytes, iters, rounds, pin);
@@ -153,11 +158,18 @@ int main(int argc, char** argv) {
     }
     children.push_back(pid);
   }
+  // A rank that fails leaves the others waiting for it: they are stopped at once.
   int failed = 0;
-  for (pid_t pid : children) {
+  while (!children.empty()) {
     int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    const pid_t pid = wait(&status);
+    if (pid < 0) break;
+    std::erase(children, pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      if (failed++ == 0) {
+        for (pid_t child : children) kill(child, SIGKILL);  // not yet reaped: still theirs
+      }
+    }
   }
   std::filesystem::remove_all(dir);
   return failed == 0 ? 0 : 1;

@@ -3,9 +3,11 @@ compute the right sum (each checks its first result and exits non-zero otherwise
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,6 +74,38 @@ def test_core_bench_pins_and_rejects_missing_arguments(core_bench):
     assert done.returncode == 0 and float(done.stdout.strip()) > 0, done.stderr
     done = subprocess.run([core_bench], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_core_bench_killed_takes_its_ranks_with_it(core_bench):
+    def ranks_running(marker):
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if args[:2] == [core_bench.encode(), marker]:
+                found.append(int(pid))
+        return found
+
+    marker = b"4099"  # a size no other test uses: these processes are this test's
+    bench = subprocess.Popen([core_bench, marker.decode(), "100000000", "1", "2"])
+    try:
+        deadline = time.monotonic() + 30
+        while len(ranks_running(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ranks_running(marker)) == 3  # the parent and its two ranks
+    finally:
+        bench.kill()
+        bench.wait()
+    deadline = time.monotonic() + 10
+    while ranks_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = ranks_running(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
 
 
 def test_copy_speed_reads_the_other_process(tmp_path):
