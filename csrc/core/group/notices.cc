@@ -281,7 +281,6 @@ void Notices::applyNotice(GroupNotices& control, const Notice& notice) {
 
 void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
-  const TimePoint now = runtime_.clock().now();
   // From a rank counted gone here: it stalled and came back, or speaks from the other side of
   // a partition. Its words are not taken; it is told.
   if (group.state->goneSince(notice.from)) {
@@ -306,7 +305,6 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
     runtime_.markLost(address, why, true);
     learnGone(address, why, notice.text);
   }
-  (void)now;
   floodPendingNews();
 }
 
