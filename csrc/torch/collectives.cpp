@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
-  CallOptions options = callOptions(*work, opts.timeout);
+  CallOptions options = callOptions(*work, opts);
   options.plan = comm_->allreducePlan(count(buffer), type);
   if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() && options.plan->offersAdoption) {
     options.adoptable = ReuseTracker::instance().adoptable(buffer);
@@ -57,7 +57,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduceSparse(
     at::Tensor sum = sumPackedSparse(*blocks, tensor);
     tensor.copy_(sum);
   });
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allgatherVarying(packed.data_ptr(), static_cast<size_t>(packed.numel()), blocks, o);
   });
 }
@@ -74,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::broadcast(std::vector<at::Tensor
   }
   auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BROADCAST, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, rank_ != opts.rootRank);
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->broadcast(buffer.data_ptr(), count(buffer), type, static_cast<int>(opts.rootRank), o);
   });
 }
@@ -103,7 +103,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather(
   work->keepAlive(in);
   work->keepAlive(gathered);
   for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allgather(in.data_ptr(), gathered.data_ptr(), count(in), type, o);
   });
 }
@@ -122,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgatherIntoTensor(
                                            std::vector<at::Tensor>{output});
   at::Tensor in = contiguousFor(input, *work, false);
   at::Tensor out = contiguousFor(output, *work, true);
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allgather(in.data_ptr(), out.data_ptr(), count(in), type, o);
   });
 }
@@ -131,7 +131,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::barrier(const c10d::BarrierOptio
   const char* where = "barrier";
   auto work =
       c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
-  return launch(work, opts.timeout, [&](CallOptions& o) { comm_->barrier(o); });
+  return launch(work, opts, [&](CallOptions& o) { comm_->barrier(o); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& tensors,
@@ -150,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce(std::vector<at::Tensor>& 
     work->keepAlive(buffer);
   }
   premultiply(opts.reduceOp, buffer, where);
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->reduce(buffer.data_ptr(), root ? buffer.data_ptr() : nullptr, count(buffer), type, op,
                   static_cast<int>(opts.rootRank), o);
   });
@@ -175,7 +175,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::gather(
     work->keepAlive(gathered);
     for (int r = 0; r < size_; ++r) work->copyAfter(outputs[0][r], gathered[r].view_as(input));
   }
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->gather(in.data_ptr(), root ? gathered.data_ptr() : nullptr, count(in), type,
                   static_cast<int>(opts.rootRank), o);
   });
@@ -195,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::scatter(
   at::Tensor staged = root ? concatenate(inputs[0], output) : at::Tensor();
   if (root) work->keepAlive(staged);
   at::Tensor out = contiguousFor(output, *work, true);
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->scatter(root ? staged.data_ptr() : nullptr, out.data_ptr(), count(out), type,
                    static_cast<int>(opts.rootRank), o);
   });
@@ -217,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduce_scatter(
   premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
   });
 }
@@ -240,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduceScatterTensor(
   premultiply(opts.reduceOp, staged, where);
   const int64_t n = output.numel();
   work->copyAfter(output, staged.narrow(0, rank_ * n, n).view_as(output));
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), count(output), type, op, o);
   });
 }
@@ -268,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoallSingle(
     work->keepAlive(in);
   }
   AlltoallLayout layout = layoutOf(sendRows, recvRows, elementSize(type));
-  return launch(work, opts.timeout,
+  return launch(work, opts,
                 [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
@@ -304,7 +304,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::alltoall(std::vector<at::Tensor>
     offset += recvElements[p];
   }
   AlltoallLayout layout = layoutOf(sendElements, recvElements, elementSize(type));
-  return launch(work, opts.timeout,
+  return launch(work, opts,
                 [&](CallOptions& o) { comm_->alltoall(in.data_ptr(), out.data_ptr(), layout, o); });
 }
 
@@ -353,7 +353,7 @@ void ProcessGroupDDL::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
   const char* where = "monitored_barrier";
   auto work =
       c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::BARRIER, std::vector<at::Tensor>{});
-  launch(work, opts.timeout, [&](CallOptions& o) { comm_->monitoredBarrier(waitAllRanks, o); });
+  launch(work, opts, [&](CallOptions& o) { comm_->monitoredBarrier(waitAllRanks, o); });
   work->wait();
 }
 
@@ -374,7 +374,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
     work->copyAfter(t, flat.narrow(0, offset, t.numel()).view_as(t));
     offset += t.numel();
   }
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allreduce(flat.data_ptr(), count(flat), type, op, o);
   });
 }
@@ -415,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgatherIntoTensorCoalesced(
     }
     offset += n;
   }
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
   });
 }
@@ -459,7 +459,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allgather_coalesced(
     }
     offset += n;
   }
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->allgather(flat.data_ptr(), gathered.data_ptr(), count(flat), type, o);
   });
 }
@@ -491,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::reduceScatterTensorCoalesced(
     work->copyAfter(out, staged[rank_].narrow(0, offset, out.numel()).view_as(out));
     offset += out.numel();
   }
-  return launch(work, opts.timeout, [&](CallOptions& o) {
+  return launch(work, opts, [&](CallOptions& o) {
     comm_->reduceScatter(staged.data_ptr(), static_cast<size_t>(block), type, op, o);
   });
 }

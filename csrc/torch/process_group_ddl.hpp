@@ -265,6 +265,19 @@ class ProcessGroupDDL : public c10d::Backend {
     CallOptions options = callOptions(*work, timeout);
     return launch(std::move(work), std::move(options), submit);
   }
+  // A c10d call's options (`opts`: its timeout, and asyncOp false when the caller waits at once).
+  template <typename Options>
+  CallOptions callOptions(WorkDDL& work, const Options& opts) {
+    CallOptions options = callOptions(work, opts.timeout);
+    options.waited = !opts.asyncOp;
+    return options;
+  }
+  template <typename Options>
+  c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkDDL> work, const Options& opts,
+                                        const std::function<void(CallOptions&)>& submit) {
+    CallOptions options = callOptions(*work, opts);
+    return launch(std::move(work), std::move(options), submit);
+  }
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,

@@ -171,6 +171,7 @@ c10::intrusive_ptr<c10d::Work> WindowDDL::launch(const char* where, c10d::OpType
   auto work = c10::make_intrusive<WorkDDL>(where, window_->rank(), type, std::vector<at::Tensor>{});
   if (source.defined()) work->keepAlive(source);
   CallOptions options = group_->callOptions(*work, timeout);
+  options.waited = !asyncOp;
   options.work->retain(work->tensorsInUse());
   try {
     WithoutGil released;

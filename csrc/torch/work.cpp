@@ -229,7 +229,10 @@ void WorkDDL::finalize() {
 }
 
 bool WorkDDL::isCompleted() {
-  if (!core_->done()) return false;
+  if (!core_->done()) {
+    core_->wakeIfDeferred();  // polled, not waited for
+    return false;
+  }
   finalize();
   return true;
 }
@@ -263,6 +266,7 @@ bool WorkDDL::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkDDL::getFuture() {
   futureRequested_.store(true);
+  core_->wakeIfDeferred();  // its callbacks, not a wait, take the result
   if (core_->done()) finalize();
   return future_;
 }

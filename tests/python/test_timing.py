@@ -161,3 +161,39 @@ def test_time_estimator_predicts_without_communicating(size, tmp_path):
     print(f"{size} ranks, 16 MiB allreduce: estimated {estimated:.0f} us, measured "
           f"{measured:.0f} us ({estimated / measured:.2f}x)")
     assert estimated > 0 and measured > 0
+
+
+def _unwaited_ops_progress(rank, size):
+    x = torch.ones(1 << 16)
+    dist.barrier()
+    # An async op whose caller does not wait: the progress thread runs it, and the peer's
+    # blocking call (turned by its own caller) ends while this rank sleeps.
+    if rank == 0:
+        work = dist.all_reduce(x, async_op=True)
+        time.sleep(1.0)
+        work.wait()
+    else:
+        start = time.monotonic()
+        dist.all_reduce(x)
+        took = time.monotonic() - start
+        assert took < 0.5, f"the peer's async op waited for its caller: {took:.3f} s"
+    assert torch.equal(x, torch.full_like(x, 2.0))
+    dist.barrier()
+    time.sleep(0.05)  # both progress threads asleep
+    # A call made as a blocking one (asyncOp false) but polled instead of waited for: polling
+    # wakes the progress thread at once (with no heartbeats it would sleep up to a second).
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    y = torch.ones(4)
+    start = time.monotonic()
+    work = dist.group.WORLD.allreduce([y], opts)
+    while not work.is_completed() and time.monotonic() - start < 5:
+        time.sleep(0.0005)
+    took = time.monotonic() - start
+    assert work.is_completed() and torch.equal(y, torch.full_like(y, 2.0))
+    assert took < 0.3, f"a polled blocking call took {took:.3f} s"
+
+
+def test_ops_progress_whether_or_not_their_callers_wait(monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_HEARTBEAT_MS", "0")
+    run_ranks(_unwaited_ops_progress, 2)

@@ -34,7 +34,8 @@ const std::vector<ConfigEntry> kTable = {
      "ring, and per colour of multidim); 0: 1 for the flat ring, the cost model's choice for "
      "multidim"},
     {"TORCH_DDL_SPIN_US", "50",
-     "microseconds the progress thread and a waiting caller poll before they sleep"},
+     "microseconds the progress thread, and a caller waiting for its op (turning the runtime "
+     "itself while the thread is idle), poll before they sleep"},
     {"TORCH_DDL_SHARE_TENSORS", "1",
      "1: a CPU tensor of at least TORCH_DDL_DIRECT_MIN_BYTES allreduced a second time, whose "
      "memory is a block of its own (glibc's large allocations), is moved into shared memory in "

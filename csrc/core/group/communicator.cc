@@ -182,7 +182,7 @@ std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& 
     op->task = body(*op);
   }
   if (!options.deferStart) {
-    engine_->submit(std::move(op));
+    engine_->submit(std::move(op), options.waited);
     return work;
   }
   Runtime* runtime = &engine_->runtime();

@@ -51,6 +51,10 @@ struct CallOptions {
   // ranks' calls as that call, and named so. `asCount` takes the print's count.
   std::optional<Collective> as;
   uint64_t asCount = 0;
+  // The caller waits for the Work at once (torch's asyncOp false): the progress thread is not
+  // woken for the op, the caller's wait turns the runtime (runtime/driver.h). One that does not
+  // wait after all calls Work::wakeIfDeferred.
+  bool waited = false;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {

@@ -54,7 +54,11 @@ class Engine {
   Memory& hostMemory() const { return runtime_.hostMemory(); }
 
   // Any thread.
-  void submit(std::unique_ptr<Op> op) { runtime_.submit(std::move(op)); }
+  // `waited`: the caller waits for the op's Work at once (CallOptions::waited).
+  void submit(std::unique_ptr<Op> op, bool waited = false) {
+    if (driver_) return driver_->submit(std::move(op), waited);
+    runtime_.submit(std::move(op));
+  }
   void call(const std::function<void()>& fn) { runtime_.call(fn); }
   const std::string& localAddress() const { return runtime_.localAddress(); }
   // Watches the peers of `group` whose identity (by group rank) shows them on this host

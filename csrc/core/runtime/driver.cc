@@ -12,10 +12,61 @@
 
 namespace ddl {
 
-ThreadDriver::ThreadDriver(Runtime& runtime) : runtime_(runtime) {
+namespace {
+// This thread may hold a Turn now (the progress thread always may): it never tries to take one,
+// which a thread that holds it must not.
+thread_local bool tTurns = false;
+}  // namespace
+
+Turn::Turn() {
   eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (eventFd_ < 0) throw Error("ddl: eventfd failed");
-  runtime_.setWakeHook([this] { wake(); });
+}
+
+Turn::~Turn() { close(eventFd_); }
+
+void Turn::wake() {
+  if (sleeping_.load()) {
+    uint64_t one = 1;
+    (void)!write(eventFd_, &one, sizeof(one));
+  }
+}
+
+bool Turn::help(const Work& work, std::chrono::microseconds spin) {
+  if (tTurns || !lent_.load(std::memory_order_relaxed)) return work.done();
+  bool leftForThread = false;
+  {
+    std::unique_lock<std::mutex> hold(mutex_, std::try_to_lock);
+    if (!hold.owns_lock() || driver_ == nullptr || !lent_.load()) return work.done();
+    tTurns = true;
+    Runtime& runtime = driver_->runtime_;
+    runtime.setDriverThread(std::this_thread::get_id());  // a call() from here runs inline
+    const Clock& clock = runtime.clock();
+    TimePoint last = clock.now();
+    while (!work.done() && !runtime.stopping()) {
+      if (runtime.turn()) {
+        last = clock.now();
+      } else if (clock.now() - last >= spin) {
+        break;
+      } else {
+        sched_yield();
+      }
+    }
+    runtime.setDriverThread(driver_->thread_.get_id());
+    leftForThread = driver_->leftForThread();
+    tTurns = false;
+  }
+  // After the turn is free: a thread that went to sleep while this one turned, whose store of
+  // sleeping_ comes before its own look at the turn, is seen asleep here (or took the turn).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (leftForThread) wake();
+  return work.done();
+}
+
+ThreadDriver::ThreadDriver(Runtime& runtime) : runtime_(runtime) {
+  turn_->driver_ = this;
+  std::shared_ptr<Turn> turn = turn_;
+  runtime_.setWakeHook([turn] { turn->wake(); });
   thread_ = std::thread([this] { run(); });
   runtime_.setDriverThread(thread_.get_id());
 }
@@ -23,61 +74,110 @@ ThreadDriver::ThreadDriver(Runtime& runtime) : runtime_(runtime) {
 ThreadDriver::~ThreadDriver() {
   runtime_.requestStop();
   thread_.join();
+  {
+    std::lock_guard<std::mutex> hold(turn_->mutex_);
+    turn_->driver_ = nullptr;
+  }
   runtime_.setWakeHook(nullptr);
   runtime_.setDriverThread(std::thread::id());
-  close(eventFd_);
 }
 
-void ThreadDriver::wake() {
-  if (sleeping_.load()) {
-    uint64_t one = 1;
-    (void)!write(eventFd_, &one, sizeof(one));
+bool ThreadDriver::lendTurn(Op& op) {
+  if (!op.work || !turn_->lent_.load()) return false;
+  if (op.memory().kind() == MemoryKind::kHost) {
+    op.work->lendTurn(turn_);
+    return true;
   }
+  std::lock_guard<std::mutex> hold(turn_->mutex_);  // a caller turning now ends its turn first
+  turn_->lent_.store(false);
+  return false;
 }
 
-void ThreadDriver::sleep() {
-  sleeping_.store(true);
+void ThreadDriver::submit(std::unique_ptr<Op> op, bool waited) {
+  const bool deferred = lendTurn(*op) && waited;
+  if (deferred) op->work->deferWake();
+  runtime_.submit(std::move(op), !deferred);
+}
+
+bool ThreadDriver::leftForThread() {
+  // Not for a timer due less than kAwaitHandBack before the thread wakes by itself (the
+  // housekeeping a period after the caller's activity): it runs that much late at most.
+  return runtime_.activeOps() > 0 || runtime_.hasSubmissions() || runtime_.idle() ||
+         runtime_.nextTimer() + kAwaitHandBack < turn_->sleepsUntil_.load();
+}
+
+void ThreadDriver::awaitHandBack() {
+  Turn& turn = *turn_;
+  turn.sleepsUntil_.store(runtime_.clock().now() + kAwaitHandBack);
+  turn.sleeping_.store(true);
+  if (turn.mutex_.try_lock()) {  // handed back meanwhile, maybe without a look at sleeping_
+    turn.mutex_.unlock();
+  } else {
+    pollfd fd = {turn.eventFd_, POLLIN, 0};
+    poll(&fd, 1, static_cast<int>(kAwaitHandBack.count()));
+  }
+  turn.sleeping_.store(false);
+  uint64_t counter;
+  (void)!read(turn.eventFd_, &counter, sizeof(counter));
+}
+
+void ThreadDriver::sleep(std::unique_lock<std::mutex>& hold) {
+  Turn& turn = *turn_;
+  turn.sleeping_.store(true);
   Transport& transport = runtime_.transport();
-  if (!runtime_.hasSubmissions() && transport.arm()) {
-    int timeoutMs = -1;
+  std::vector<pollfd> fds = {{turn.eventFd_, POLLIN, 0}};
+  // A second at most: an op submitted for a caller that was to wait and did not (deferred
+  // wake: Work::deferWake) starts within it.
+  int timeoutMs = 1000;
+  const bool sleeps = !runtime_.hasSubmissions() && transport.arm();
+  if (sleeps) {
+    const TimePoint now = runtime_.clock().now();
     const TimePoint next = runtime_.nextTimer();
     if (next != TimePoint::max()) {
-      auto wait =
-          std::chrono::duration_cast<std::chrono::milliseconds>(next - runtime_.clock().now());
-      timeoutMs = static_cast<int>(std::clamp<long>(wait.count() + 1, 0, 1000));
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now);
+      timeoutMs = static_cast<int>(std::clamp<long>(wait.count() + 1, 0, timeoutMs));
     }
-    std::vector<pollfd> fds = {{eventFd_, POLLIN, 0}};
     if (transport.wakeFd() >= 0) {
       fds.push_back({transport.wakeFd(), POLLIN, 0});
-    } else if (timeoutMs < 0) {
-      timeoutMs = 1;
+    } else {
+      timeoutMs = std::min(timeoutMs, 1);
     }
     for (int fd : runtime_.watchedFds()) fds.push_back({fd, POLLIN, 0});  // a watched peer exits
-    poll(fds.data(), fds.size(), timeoutMs);
+    turn.sleepsUntil_.store(now + std::chrono::milliseconds(timeoutMs));
   }
-  sleeping_.store(false);
+  hold.unlock();  // a caller may turn while this thread sleeps
+  if (sleeps) poll(fds.data(), fds.size(), timeoutMs);
+  turn.sleeping_.store(false);
   uint64_t counter;
-  (void)!read(eventFd_, &counter, sizeof(counter));
+  (void)!read(turn.eventFd_, &counter, sizeof(counter));
 }
 
 void ThreadDriver::run() {
+  tTurns = true;
   const Clock& clock = runtime_.clock();
-  auto lastActivity = clock.now();
+  const auto spin = std::chrono::microseconds(runtime_.config().spinMicros);
+  TimePoint lastActivity = clock.now();
+  std::unique_lock<std::mutex> hold(turn_->mutex_, std::defer_lock);
   while (true) {
+    if (!hold.try_lock()) {  // a caller turns
+      awaitHandBack();
+      continue;
+    }
     const bool busy = runtime_.turn();
-    const TimePoint now = clock.now();
     if (runtime_.stopping()) break;
+    const TimePoint now = clock.now();
     if (busy) {
       lastActivity = now;
-      continue;
-    }
-    if (now - lastActivity < std::chrono::microseconds(runtime_.config().spinMicros)) {
+    } else if (now - lastActivity < spin) {
+      hold.unlock();
       sched_yield();
       continue;
+    } else if (!runtime_.idle()) {  // no notice is left untaken
+      sleep(hold);
+      lastActivity = clock.now();
+      continue;
     }
-    if (runtime_.idle()) continue;  // no notice is left untaken
-    sleep();
-    lastActivity = clock.now();
+    hold.unlock();
   }
   runtime_.stop();
 }

@@ -63,7 +63,7 @@ void Runtime::wake() {
   if (wakeHook_) wakeHook_();
 }
 
-void Runtime::submit(std::unique_ptr<Op> op) {
+void Runtime::submit(std::unique_ptr<Op> op, bool wakeDriver) {
   if (stopping_.load()) {
     op->work->finish(Status(StatusKind::kClosed,
                             "ddl: " + op->name() + " submitted after the engine was shut down"));
@@ -73,7 +73,7 @@ void Runtime::submit(std::unique_ptr<Op> op) {
     std::lock_guard<std::mutex> lock(submitMutex_);
     submitted_.push_back(std::move(op));
   }
-  wake();
+  if (wakeDriver) wake();
 }
 
 void Runtime::submitIfAlive(Runtime* runtime, std::unique_ptr<Op> op) {

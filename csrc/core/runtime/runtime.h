@@ -87,8 +87,9 @@ class Runtime {
   // hands its function to that thread. Without one the caller turns it, and call() runs inline.
   void setDriverThread(std::thread::id id) { driverThread_ = id; }
 
-  // Any thread. The op's task must be set; its Work finishes when the op ends.
-  void submit(std::unique_ptr<Op> op);
+  // Any thread. The op's task must be set; its Work finishes when the op ends. `wake`: false
+  // when the driver need not be woken for it (its caller turns the runtime: driver.h).
+  void submit(std::unique_ptr<Op> op, bool wake = true);
   // submit(), if `runtime` still exists; otherwise the op's Work fails.
   static void submitIfAlive(Runtime* runtime, std::unique_ptr<Op> op);
   // Runs fn on the turning thread and waits for it; rethrows what it throws.

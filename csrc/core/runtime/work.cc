@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include "../base/config.h"
+#include "driver.h"
 
 namespace ddl {
 
@@ -11,10 +12,13 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   if (done()) return true;
   const auto start = Clock::now();
   const auto spin = std::chrono::microseconds(config().spinMicros);
+  std::shared_ptr<Turn> turn = turn_.lock();
   while (Clock::now() - start < spin) {
     if (done()) return true;
+    if (turn && turn->help(*this, spin)) return true;
     sched_yield();
   }
+  wakeIfDeferred();  // the thread turns it from here on
   sleepers_.fetch_add(1);
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout.count() < 0) {
@@ -24,6 +28,11 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   }
   sleepers_.fetch_sub(1);
   return done();
+}
+
+void Work::wakeIfDeferred() {
+  if (!wakeDeferred_.exchange(false) || done()) return;
+  if (std::shared_ptr<Turn> turn = turn_.lock()) turn->wake();
 }
 
 void Work::finish(Status status) {

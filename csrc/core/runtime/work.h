@@ -1,6 +1,7 @@
 // Work: the completion handle of one operation, shared by the caller and the engine. The caller
-// waits (spinning briefly, then sleeping); the engine finishes it exactly once from the progress
-// thread and then runs the completion hook the caller installed before submitting.
+// waits (spinning briefly, turning the runtime itself when the progress thread lends it the turn
+// (driver.h), then sleeping); the engine finishes it exactly once from the thread that turns the
+// runtime and then runs the completion hook the caller installed before submitting.
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,8 @@
 #include "../base/status.h"
 
 namespace ddl {
+
+class Turn;
 
 class Work {
  public:
@@ -32,7 +35,8 @@ class Work {
   // Blocks until done or until `timeout` passes (negative: no limit). Returns done().
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
-  // Runs on the progress thread right after the work finishes. Install before submitting.
+  // Runs on the thread that turns the runtime (the progress thread, or a caller lent the turn)
+  // right after the work finishes. Install before submitting.
   void setCompletionHook(std::function<void()> hook) { hook_ = std::move(hook); }
 
   // Keeps what the operation reads and writes (the caller's buffers) alive as long as this Work:
@@ -48,6 +52,13 @@ class Work {
   }
 
   // Engine side.
+  // While it spins, wait() may turn the runtime on its own thread (ThreadDriver::lendTurn).
+  void lendTurn(std::weak_ptr<Turn> turn) { turn_ = std::move(turn); }
+  // The op was submitted without waking the progress thread, its caller being about to wait:
+  // wait() turns the runtime, and a caller that drops the work unwaited calls wakeIfDeferred().
+  void deferWake() { wakeDeferred_.store(true); }
+  // Wakes the progress thread if the op was submitted without waking it and no wait() came.
+  void wakeIfDeferred();
   void markStarted() {
     started_.store(std::chrono::steady_clock::now().time_since_epoch().count());
   }
@@ -66,6 +77,8 @@ class Work {
   std::condition_variable cv_;
   std::function<void()> hook_;
   std::shared_ptr<const void> retained_;
+  std::weak_ptr<Turn> turn_;
+  std::atomic<bool> wakeDeferred_{false};
 };
 
 }  // namespace ddl
