@@ -90,13 +90,16 @@ int runRank(int rank, int ranks, const std::filesystem::path& dir, size_t bytes,
   auto comm = ddl::Communicator::create(engine, store, rank, ranks, std::chrono::seconds(60));
   const size_t count = bytes / 4;
   std::vector<float> buffer(std::max<size_t>(count, 1), 1.0f);
+  ddl::CallOptions waited;  // each call is waited for at once, as a blocking torch call is
+  waited.waited = true;
   auto allreduce = [&] {
-    auto work = comm->allreduce(buffer.data(), count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum);
+    auto work = comm->allreduce(buffer.data(), count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum,
+                                waited);
     work->wait();
     if (work->failed()) throw ddl::Error(work->error());
   };
   auto barrier = [&] {
-    auto work = comm->barrier();
+    auto work = comm->barrier(waited);
     work->wait();
     if (work->failed()) throw ddl::Error(work->error());
   };
