@@ -19,6 +19,9 @@ ddl is faster): ddl's core alone, without torch (benchmarks/core_bench.cc, `make
 build/bench/core_bench`), and, once `make peers` has built them, Intel's oneCCL (its own
 algorithms over shared memory: CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1 FI_PROVIDER=shm) and Intel MPI.
 
+--reference also prints torch's own cost of a blocking dist.all_reduce call (its fake backend,
+which moves nothing): below it no backend goes through torch, whatever its library can do.
+
 --pin pins every rank (and the threads it starts) to a core of its own, rank r on core r mod the
 cores, as Intel MPI does by default; the references run pinned too (I_MPI_PIN=1). Without it
 nothing is pinned (I_MPI_PIN=0).
@@ -185,6 +188,35 @@ def time_reference(command, nbytes, iters, rounds, env=None, extra=()):
     return float(out.strip().splitlines()[-1]) / 1e3
 
 
+FLOOR = """
+import os, sys, time, statistics
+if sys.argv[1] == "pin":
+    os.sched_setaffinity(0, {0})
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+torch.set_num_threads(1)
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+t = torch.ones(2)
+for _ in range(2000):
+    dist.all_reduce(t)
+rounds = []
+for _ in range(7):
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        dist.all_reduce(t)
+    rounds.append((time.perf_counter() - t0) / 20000)
+print(statistics.median(rounds))
+"""
+
+
+def torch_floor(pin):
+    """Seconds that torch itself spends in a blocking dist.all_reduce call, with torch's fake
+    backend, which moves nothing: no backend's call costs less through torch."""
+    out = subprocess.run([sys.executable, "-c", FLOOR, "pin" if pin else "free"], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    return float(out.strip().splitlines()[-1])
+
+
 def worker(rank, args):
     if args.pin:  # before any thread starts: the ones torch and ddl start keep this core
         os.sched_setaffinity(0, {rank % os.cpu_count()})
@@ -307,6 +339,9 @@ def main():
             print("(make build/bench/core_bench peers: adds ddl's core alone, oneCCL and Intel MPI)")
     if args.phases:
         header += f" | {'to start':>8} {'running':>8} {'to next':>8}"
+    if args.reference and args.device == "cpu":
+        print(f"(torch's own cost of a blocking dist.all_reduce, its fake backend moving nothing: "
+              f"{torch_floor(args.pin) * 1e6:.1f} us per call; no backend is faster through torch)")
     print(header)
     mp.start_processes(worker, args=(args,), nprocs=p, start_method="spawn")
 
