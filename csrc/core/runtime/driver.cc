@@ -106,7 +106,7 @@ bool ThreadDriver::leftForThread() {
          runtime_.nextTimer() + kAwaitHandBack < turn_->sleepsUntil_.load();
 }
 
-void ThreadDriver::awaitHandBack() {
+bool ThreadDriver::awaitHandBack() {
   Turn& turn = *turn_;
   turn.sleepsUntil_.store(runtime_.clock().now() + kAwaitHandBack);
   turn.sleeping_.store(true);
@@ -117,8 +117,8 @@ void ThreadDriver::awaitHandBack() {
     poll(&fd, 1, static_cast<int>(kAwaitHandBack.count()));
   }
   turn.sleeping_.store(false);
-  uint64_t counter;
-  (void)!read(turn.eventFd_, &counter, sizeof(counter));
+  uint64_t counter = 0;
+  return read(turn.eventFd_, &counter, sizeof(counter)) == sizeof(counter) && counter > 0;
 }
 
 void ThreadDriver::sleep(std::unique_lock<std::mutex>& hold) {
@@ -160,7 +160,8 @@ void ThreadDriver::run() {
   std::unique_lock<std::mutex> hold(turn_->mutex_, std::defer_lock);
   while (true) {
     if (!hold.try_lock()) {  // a caller turns
-      awaitHandBack();
+      // Handed back with work left: the caller's turns were activity, as this thread's are.
+      if (awaitHandBack()) lastActivity = clock.now();
       continue;
     }
     const bool busy = runtime_.turn();

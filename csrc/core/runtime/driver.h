@@ -77,8 +77,9 @@ class ThreadDriver {
   void run();
   void sleep(std::unique_lock<std::mutex>& hold);  // lets go of the turn while asleep
   // While a caller turns: sleeps until it hands the turn back with something left for this
-  // thread, or kAwaitHandBack passes (a caller holds the turn for a spin at most).
-  void awaitHandBack();
+  // thread, or kAwaitHandBack passes (a caller holds the turn for a spin at most). True when
+  // it was woken (something is left for it).
+  bool awaitHandBack();
   static constexpr std::chrono::milliseconds kAwaitHandBack{1};
   // Under the turn's mutex, as a caller hands the turn back: whether the thread must turn
   // before it would wake by itself (ops of others, submissions, notices the caller's turns took
