@@ -98,9 +98,10 @@ def time_op(group, tensor, rounds, budget_s):
 
 def phases(window):
     """Where a ddl allreduce's time went in the last timed round (`window`: its wall-clock span),
-    from the flight recorder's timestamps: median microseconds from the call to the progress
-    thread taking the op up (for CUDA tensors: the caller's stream reaching the call), on the
-    progress thread, and from its end to the next call (completion, the caller waking, Python)."""
+    from the flight recorder's timestamps: median microseconds from the call to the runtime
+    taking the op up (for CUDA tensors: the caller's stream reaching the call), running (on the
+    caller's thread or the progress thread), and from its end to the next call (completion, the
+    caller's return, Python)."""
     import pickle
 
     import torch_ddl
@@ -313,8 +314,8 @@ def main():
     parser.add_argument("--no-shared", action="store_true",
                         help="leave out ddl on torch_ddl.empty_shared tensors")
     parser.add_argument("--phases", action="store_true",
-                        help="split ddl's time per op (flight recorder): call to start, on the "
-                        "progress thread, end to the next call (median us)")
+                        help="split ddl's time per op (flight recorder): call to start, running, "
+                        "end to the next call (median us)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the tensors live (cuda: ddl reduces on the GPU)")
     args = parser.parse_args()
