@@ -38,8 +38,11 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
   {
     std::unique_lock<std::mutex> hold(mutex_, std::try_to_lock);
     if (!hold.owns_lock() || driver_ == nullptr || !lent_.load()) return work.done();
-    tTurns = true;
     Runtime& runtime = driver_->runtime_;
+    // Stopping, or stopped by the thread on its way out (before the driver forgets this turn):
+    // nothing may be turned or posted any more.
+    if (runtime.stopping()) return work.done();
+    tTurns = true;
     runtime.setDriverThread(std::this_thread::get_id());  // a call() from here runs inline
     const Clock& clock = runtime.clock();
     TimePoint last = clock.now();
