@@ -185,3 +185,12 @@ def test_bench_refuses_cuda_without_a_gpu():
     done = subprocess.run([sys.executable, BENCH, "--device", "cuda"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device is visible" in done.stderr
+
+
+def test_a_peers_result_is_its_last_number_whatever_it_prints_after():
+    # oneCCL may print a warning after its figure: that killed a sweep before 0de16db.
+    bench = bench_module()
+    warned = "0.012\n2026:11:28-01:13:29:28688:[1] |CCL_WARN| workers are disabled\n"
+    assert bench.last_number(warned) == 0.012
+    with pytest.raises(ValueError, match="no number"):
+        bench.last_number("|CCL_WARN| only words\n")
