@@ -93,8 +93,8 @@ int runRank(int rank, int ranks, const std::filesystem::path& dir, size_t bytes,
   ddl::CallOptions waited;  // each call is waited for at once, as a blocking torch call is
   waited.waited = true;
   auto allreduce = [&] {
-    auto work = comm->allreduce(buffer.data(), count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum,
-                                waited);
+    auto work =
+        comm->allreduce(buffer.data(), count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum, waited);
     work->wait();
     if (work->failed()) throw ddl::Error(work->error());
   };
