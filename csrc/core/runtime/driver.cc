@@ -49,7 +49,7 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
     while (!work.done() && !runtime.stopping()) {
       if (runtime.turn()) {
         last = clock.now();
-      } else if (clock.now() - last >= spin) {
+      } else if (clock.now() - last >= spin && clock.now() >= runtime.pollSpinsUntil()) {
         break;
       } else {
         sched_yield();
@@ -172,7 +172,7 @@ void ThreadDriver::run() {
     const TimePoint now = clock.now();
     if (busy) {
       lastActivity = now;
-    } else if (now - lastActivity < spin) {
+    } else if (now - lastActivity < spin || now < runtime_.pollSpinsUntil()) {
       hold.unlock();
       sched_yield();
       continue;

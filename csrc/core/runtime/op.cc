@@ -188,6 +188,11 @@ Op::Until Op::next() {
 
 bool Op::turnDue() const { return group_->runtime->clock().now() - resumedAt_ >= kTurnSlice; }
 
+Op::Until Op::poll(std::function<bool()> predicate, std::chrono::nanoseconds spin) {
+  pollSpinsUntil_ = group_->runtime->clock().now() + spin;
+  return Until(this, std::move(predicate), true);
+}
+
 Op::Until Op::yieldTurn() {
   wakeAt(group_->runtime->clock().now());
   auto asked = std::make_shared<bool>(false);

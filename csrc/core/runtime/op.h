@@ -63,20 +63,31 @@ class Op {
 
   class Until {
    public:
-    Until(Op* op, std::function<bool()> predicate) : op_(op), predicate_(std::move(predicate)) {}
+    Until(Op* op, std::function<bool()> predicate, bool everyTurn = false)
+        : op_(op), predicate_(std::move(predicate)), everyTurn_(everyTurn) {}
     // A failed op suspends at its next co_await (the engine then ends it), even where what it
     // waits for is done: what arrived may be what made it fail.
     bool await_ready() { return op_->failure_.ok() && predicate_(); }
     void await_suspend(std::coroutine_handle<> handle);
     void await_resume() { op_->seen_ = op_->completions_; }
+    bool everyTurn() const { return everyTurn_; }
 
    private:
     friend class Runtime;
     Op* op_;
     std::function<bool()> predicate_;
+    bool everyTurn_;
   };
   // Suspends until predicate() holds; it is evaluated when one of this op's requests completes.
   Until until(std::function<bool()> predicate) { return Until(this, std::move(predicate)); }
+  // Suspends until predicate() holds; it is evaluated at every turn of the runtime: for state no
+  // request of this op tracks (a peer's flag in shared memory, which wakes no one). Whoever turns
+  // the runtime spins, without sleeping, until `spin` has passed (the time a peer may take to get
+  // there: no wake-up can tell it sooner), then as it always does; the runtime then looks at least
+  // every housekeeping period, also while its thread sleeps.
+  Until poll(std::function<bool()> predicate, std::chrono::nanoseconds spin);
+  TimePoint pollSpinsUntil() const { return polls() ? pollSpinsUntil_ : TimePoint::min(); }
+  bool polls() const { return waiting_ != nullptr && waiting_->everyTurn(); }
   Until all(std::vector<Request*> requests);
   // all(a, b, ...): no braced list inside co_await (GCC 12 miscompiles those in coroutines).
   template <typename... Requests>
@@ -163,6 +174,7 @@ class Op {
   uint64_t checked_ = 0;  // completions_ when the engine last evaluated the waiting predicate
   Until* waiting_ = nullptr;
   TimePoint wakeAt_ = TimePoint::max();
+  TimePoint pollSpinsUntil_ = TimePoint::min();
   TimePoint resumedAt_;  // when the engine last resumed the coroutine (turnDue)
   bool turnGivenUp_ = false;
   std::coroutine_handle<> resumePoint_;

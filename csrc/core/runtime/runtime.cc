@@ -210,7 +210,7 @@ bool Runtime::stepOps() {
       any = true;
       continue;
     }
-    if (op.completions_ == op.checked_ || op.waiting_ == nullptr) continue;
+    if (op.waiting_ == nullptr || (op.completions_ == op.checked_ && !op.polls())) continue;
     op.checked_ = op.completions_;
     if (!op.waiting_->predicate_()) continue;
     resume(op);
@@ -301,11 +301,18 @@ bool Runtime::checkDeadlines() {
   return woken;
 }
 
+TimePoint Runtime::pollSpinsUntil() const {
+  TimePoint until = TimePoint::min();
+  for (const auto& op : active_) until = std::max(until, op->pollSpinsUntil());
+  return until;
+}
+
 TimePoint Runtime::nextTimer() const {
   TimePoint next = TimePoint::max();
   for (const auto& op : active_) {
     next = std::min(next, op->waitReports.sent ? op->deadline() : op->halfway());
     next = std::min(next, op->wakeAt_);
+    if (op->polls()) next = std::min(next, clock_.now() + kHousekeeping);
   }
   if (!lost_.empty() && !active_.empty()) {
     next = std::min(next, clock_.now() + std::chrono::milliseconds(10));

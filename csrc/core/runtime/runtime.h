@@ -113,6 +113,8 @@ class Runtime {
   // When the runtime must be turned although nothing arrives (an op's deadline or halfway point,
   // housekeeping while a peer is lost, the supervisor's timers); TimePoint::max() when never.
   TimePoint nextTimer() const;
+  // Until when an op that polls (Op::poll) asks whoever turns to spin rather than sleep.
+  TimePoint pollSpinsUntil() const;
   // Stops: fails the ops in flight and what was submitted, runs what was posted. Idempotent.
   void stop();
   // Any thread: asks the driver to stop turning (it then calls stop() on its thread).
