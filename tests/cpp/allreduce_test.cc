@@ -98,6 +98,23 @@ TEST_P(AllreduceSize, AllreduceSharedRingLarge) {
   allreduceSweep(GetParam(), {65537, 300007}, false);
 }
 
+TEST_P(AllreduceSize, AllreduceStaged) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}});
+  allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true);
+}
+
+TEST_P(AllreduceSize, AllreduceStagedManyPieces) {
+  // Halves of 64 bytes: many pieces, both halves in turn, chunks of an element or two, or none.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "64"}});
+  allreduceSweep(GetParam(), {1, 13, 257}, false);
+}
+
+TEST_P(AllreduceSize, AllreduceStagedLarge) {
+  // Auto stages what it can: pieces of 64 KiB, the last one short.
+  ScopedEnv env({{"TORCH_DDL_STAGED_BYTES", "65536"}, {"TORCH_DDL_SMALL_BYTES", "0"}});
+  allreduceSweep(GetParam(), {16411, 300007}, false);
+}
+
 TEST_P(AllreduceSize, AllreduceDirect) {
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "direct"}});
   allreduceSweep(GetParam(), {0, 1, 2, 7, 131, 1021}, true, true);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "adoption.h"
 #include "collective_checks.h"
@@ -15,8 +17,11 @@ namespace {
 
 // Ranks over loopback transports the test can reach: rank r's transport is transports[r].
 struct SharedRingWorld {
-  explicit SharedRingWorld(int size) {
+  // `settings(r)`, where given, holds the environment while rank r's engine takes its settings.
+  explicit SharedRingWorld(int size,
+                           const std::function<std::unique_ptr<ScopedEnv>(int)>& settings = {}) {
     for (int r = 0; r < size; ++r) {
+      std::unique_ptr<ScopedEnv> env = settings ? settings(r) : nullptr;
       auto t = fabric.join();
       transports.push_back(t.get());
       engines.push_back(std::make_unique<Engine>(std::move(t)));
@@ -239,6 +244,136 @@ TEST(SharedRing, TimeoutNamesTheMissingRank) {
   EXPECT_NE(message.find("rank 2"), std::string::npos) << message;
 }
 
+// Staged allreduce: medium tensors not in shared buffers, through staging buffers every rank maps.
+TEST(Staged, BuffersLiveWithTheGroupAndAreReleasedAfterIt) {
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    sumOfRanks(comm, 100003);
+    sumOfRanks(comm, 70001, 2.5f);
+    // The ring's inbox and its neighbour's (set up first), its own staging buffer and its two
+    // peers'.
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(world.windowsInUse(r), 0u) << "rank " << r;
+}
+
+TEST(Staged, RanksThatCannotShareStagingBuffersTakeTheRingOrFail) {
+  // Rank 1's buffers are of another size: no rank stages, every rank agrees.
+  auto settings = [](const char* algo) {
+    return [algo](int r) {
+      return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<std::string, std::string>>{
+          {"TORCH_DDL_ALLREDUCE_ALGO", algo},
+          {"TORCH_DDL_STAGED_BYTES", r == 1 ? "1048576" : "2097152"}});
+    };
+  };
+  SharedRingWorld world(3, settings("auto"));
+  world.run([&](Communicator& comm) {
+    sumOfRanks(comm, 100003);
+    sumOfRanks(comm, 70001, 1.5f);
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 2u);  // the ring's alone
+  });
+  SharedRingWorld forced(3, settings("staged"));
+  std::vector<std::string> errors(3);
+  forced.run([&](Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    w->wait();
+    errors[comm.rank()] = w->error();
+    check(comm.barrier());  // the group itself is fine
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("TORCH_DDL_ALLREDUCE_ALGO=staged, but not every rank"), std::string::npos)
+        << e;
+  }
+}
+
+TEST(Staged, HalvesSmallerThanAnElementAreRefusedOnEveryRank) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4"}});
+  SharedRingWorld world(2);
+  std::vector<std::string> errors(2);
+  world.run([&](Communicator& comm) {
+    sumOfRanks(comm, 9);  // float32: pieces of one element
+    std::vector<double> buf(5, 1.0);
+    auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat64, ReduceOp::kSum);
+    w->wait();
+    errors[comm.rank()] = w->error();
+    sumOfRanks(comm, 9, 1.0f);  // the group and its buffers are fine
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("smaller than one element"), std::string::npos) << e;
+  }
+}
+
+TEST(Staged, OpsInFlightTakeTurns) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4096"}});
+  SharedRingWorld world(3);
+  world.run([&](Communicator& comm) {
+    std::vector<std::vector<float>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t k = 0; k < 8; ++k) bufs.emplace_back(1000 + 7919 * k, comm.rank() + float(k));
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works.push_back(
+          comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kFloat32, ReduceOp::kSum));
+      if (k % 3 == 0) works.push_back(comm.barrier());
+    }
+    for (auto& w : works) check(w);
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      float want = 3.0f + 3.0f * k;
+      for (float v : bufs[k]) ASSERT_EQ(v, want) << "op " << k;
+    }
+  });
+}
+
+TEST(Staged, DisagreeingCountsFailEveryRank) {
+  // The counts differ past the first piece: the header's total finds it before any byte of a
+  // peer is used.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4096"}});
+  SharedRingWorld world(3);
+  std::vector<std::string> errors(3);
+  world.run(
+      [&](Communicator& comm) {
+        sumOfRanks(comm, 5000);  // sets the buffers up
+        std::vector<float> buf(comm.rank() == 2 ? 3000 : 6000, 1.0f);
+        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        errors[comm.rank()] = w->error();
+      },
+      std::chrono::seconds(20));
+  // Every rank sees every header; the call check may name the calls first.
+  for (int r = 0; r < 3; ++r) {
+    const std::string& e = errors[r];
+    EXPECT_TRUE(e.find("SUM of 3000 x float32") != std::string::npos ||
+                e.find("all_reduce(SUM, 3000 x float32)") != std::string::npos)
+        << e;
+  }
+}
+
+TEST(Staged, TimeoutNamesTheMissingRank) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}});
+  SharedRingWorld world(3);
+  std::vector<std::string> messages(3);
+  world.run(
+      [&](Communicator& comm) {
+        sumOfRanks(comm, 50000);
+        if (comm.rank() == 2) return;  // leaves the second one
+        std::vector<float> buf(50000, 1.0f);
+        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        w->wait();
+        EXPECT_TRUE(w->failed());
+        messages[comm.rank()] = w->error();
+      },
+      std::chrono::milliseconds(300));
+  for (int r = 0; r < 2; ++r) {
+    // Rank 0 misses rank 2's call print as well: the runtime's words name it there.
+    const size_t at = messages[r].find("Timed out after 300 ms");
+    ASSERT_NE(at, std::string::npos) << messages[r];
+    const std::string why = messages[r].substr(at);
+    EXPECT_NE(why.find("rank 2 has not started this op"), std::string::npos) << why;
+    EXPECT_EQ(why.find("rank 0 "), std::string::npos) << why;
+    EXPECT_EQ(why.find("rank 1 "), std::string::npos) << why;
+  }
+}
+
 // Direct allreduce: tensors in shared buffers on every rank.
 void fillAndSum(Communicator& comm, float* data, size_t count, float offset) {
   std::fill(data, data + count, comm.rank() + offset);
@@ -369,14 +504,15 @@ TEST(Direct, AGroupOfPrivateTensorsAsksAgainOnlyForLargeOnes) {
     std::vector<float> local(100000);
     SharedBuffer small(comm.engine(), 100000 * sizeof(float));
     SharedBuffer large(comm.engine(), 300000 * sizeof(float));
-    fillAndSum(comm, local.data(), 100000, 0);       // asks: not all shared
-    EXPECT_EQ(world.windowsInUse(comm.rank()), 4u);  // the ring's two, its own two buffers
-    fillAndSum(comm, floats(small), 100000, 1);      // below the threshold: does not ask
-    EXPECT_EQ(world.windowsInUse(comm.rank()), 4u);
-    fillAndSum(comm, floats(large), 300000, 2);  // asks: direct, maps the peer's `large`
-    EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);
-    fillAndSum(comm, floats(small), 100000, 3);  // the last answer was yes: direct
+    fillAndSum(comm, local.data(), 100000, 0);  // asks: not all shared (then: staged)
+    // The ring's two, the staging buffers (its own and its peer's), its own two buffers.
     EXPECT_EQ(world.windowsInUse(comm.rank()), 6u);
+    fillAndSum(comm, floats(small), 100000, 1);  // below the threshold: does not ask
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 6u);
+    fillAndSum(comm, floats(large), 300000, 2);  // asks: direct, maps the peer's `large`
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 7u);
+    fillAndSum(comm, floats(small), 100000, 3);  // the last answer was yes: direct
+    EXPECT_EQ(world.windowsInUse(comm.rank()), 8u);
   });
 }
 

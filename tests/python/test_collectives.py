@@ -140,10 +140,11 @@ def _allreduce_algorithm(rank, size):
         assert_same(w.result()[0], torch.full((300007 + i,), float(i * size)), f"in flight #{i}")
 
 
-@pytest.mark.parametrize("algo", ["shm_ring", "ring"])
+@pytest.mark.parametrize("algo", ["shm_ring", "staged", "ring"])
 @pytest.mark.parametrize("size", [2, 3])
 def test_all_reduce_algorithm_matches_gloo(size, algo, monkeypatch):
-    # shm_ring fails rather than fall back: passing proves the shared-memory path ran.
+    # shm_ring and staged fail rather than fall back: passing proves the shared-memory path ran
+    # (staged: 2^20 + 3 float32 in three pieces of at most TORCH_DDL_STAGED_BYTES).
     monkeypatch.setenv("TORCH_DDL_ALLREDUCE_ALGO", algo)
     monkeypatch.setenv("TORCH_DDL_SEGMENT_BYTES", "65536")  # many segments per chunk
     run_ranks(_allreduce_algorithm, size)

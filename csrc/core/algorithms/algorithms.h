@@ -57,11 +57,18 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
                      PipelineSettings settings, const AllreducePlan& plan,
                      Adoptable adoptable = {});
 
+struct SharedRing;
+class SharedRingTurn;
+
+// allreduce_staged.cc: each rank copies its tensor into a staging buffer every rank maps and
+// reduces its chunk out of all of them, paced by flags in shared memory (no message). Holding the
+// group's turn at its shared windows (released here), set up (ring.stage.ready).
+Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                     SharedRing& ring, SharedRingTurn& turn);
+
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
 // Called by allreduceShared while it holds the ring's turn, which it gives up; sets *used to
 // false, having moved no data, when some rank's tensor is not in a shared buffer.
-struct SharedRing;
-class SharedRingTurn;
 Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                      SharedRing& ring, bool required, SharedRingTurn& turn, bool* used);
 

@@ -33,12 +33,55 @@ namespace ddl {
 namespace {
 
 constexpr uint32_t kSlotNoticeStep = 3;  // and 4 for freed slots; 0-2 set up, 5-7 the direct path
+// The staged allreduce's windows are set up in the phase's last three steps.
+constexpr uint32_t kStageSetUpStep = tag::kMaxSteps - 3;
 
 std::string unavailable(AllreduceAlgorithm mode) {
-  return std::string("TORCH_DDL_ALLREDUCE_ALGO=") +
-         (mode == AllreduceAlgorithm::kDirect ? "direct" : "shm_ring") +
+  return std::string("TORCH_DDL_ALLREDUCE_ALGO=") + algorithmName(mode) +
          ", but not every rank of the group can map its neighbour's shared memory (ranks on other "
          "hosts, or UCX without a shared-memory transport); use auto or ring";
+}
+
+// The ring through the group's windows (ready), holding the turn.
+Task slotRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce, SharedRing& ring,
+              SharedRingTurn& turn) {
+  const int n = op.size();
+  const size_t es = elementSize(type);
+  turn.setClean(false);  // from here on, bytes land in the next rank's inbox
+  const int rank = op.rank();
+  RingSchedule schedule;
+  schedule.ring = naturalRing(n, false);
+  schedule.steps = 2 * (n - 1);
+  schedule.reduceSteps = n - 1;
+  schedule.shift = 0;
+  schedule.chunks = splitEven(count, n);
+  auto link = std::make_unique<SlotLink>(op, ring.windows, (rank + n - 1) % n, (rank + 1) % n,
+                                         count, tag::kSharedPhase, kSlotNoticeStep);
+  SlotLink* slots = link.get();
+  {
+    RingPipeline pipeline(op, std::move(schedule), data, type, reduce, ring.windows.slotBytes / es,
+                          ring.windows.slots, std::move(link));
+    // The link's words on a timeout, for as long as it lives (however this scope is left).
+    op.describeTimeout = [slots] { return slots->describeTimeout(); };
+    struct Forget {
+      Op& op;
+      ~Forget() { op.describeTimeout = nullptr; }
+    } forget{op};
+    while (!pipeline.advance()) co_await op.next();
+  }
+  turn.release();
+}
+
+// Moves the block holding the tensor into shared memory, holding the turn (no earlier op of this
+// group still writes the tensor).
+void adopt(Op& op, Adoptable adoptable) {
+  if (!op.group().buffers->adopt(adoptable.base, adoptable.bytes) && logs(LogLevel::kWarn)) {
+    logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
+                                 ": a tensor of " + std::to_string(adoptable.bytes) +
+                                 " bytes was not adopted into shared memory (no room in "
+                                 "/dev/shm, or its memory cannot be remapped): its "
+                                 "allreduces stay on the shared-memory ring");
+  }
 }
 
 }  // namespace
@@ -72,16 +115,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
-  if (adoptable.base != nullptr) {
-    // Here, holding the turn, no earlier op of this group still writes the tensor.
-    if (!op.group().buffers->adopt(adoptable.base, adoptable.bytes) && logs(LogLevel::kWarn)) {
-      logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(op.rank()) +
-                                   ": a tensor of " + std::to_string(adoptable.bytes) +
-                                   " bytes was not adopted into shared memory (no room in "
-                                   "/dev/shm, or its memory cannot be remapped): its "
-                                   "allreduces stay on the shared-memory ring");
-    }
-  }
+  if (adoptable.base != nullptr) adopt(op, adoptable);
   if (mode == AllreduceAlgorithm::kDirect ||
       (mode == AllreduceAlgorithm::kShared && (ring.lastAllShared || plan.asksDirect))) {
     bool used = false;
@@ -89,35 +123,30 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
                              mode == AllreduceAlgorithm::kDirect, turn, &used);
     if (used) co_return;
   }
+  if (plan.staged && !ring.stage.setUp) {
+    turn.setClean(false);  // as the ring's setup
+    co_await setUpStageWindows(op, ring.stage, op.group().runtime->config().stagedBytes,
+                               kStageSetUpStep);
+    turn.setClean(true);
+  }
+  if (plan.staged && ring.stage.ready && ring.stage.halfBytes >= es) {
+    co_await allreduceStaged(op, data, count, type, reduce, ring, turn);
+    co_return;
+  }
+  if (mode == AllreduceAlgorithm::kStaged) {
+    turn.release();
+    throw Error(
+        "TORCH_DDL_ALLREDUCE_ALGO=staged, but not every rank of the group can map every "
+        "other's staging buffer (see TORCH_DDL_DEBUG=WARN), their TORCH_DDL_STAGED_BYTES "
+        "differ, or it is smaller than one element; use auto");
+  }
   if (settings.segmentBytes < es) {  // slots too small for one element
     turn.release();
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
 
-  turn.setClean(false);  // from here on, bytes land in the next rank's inbox
-  const int rank = op.rank();
-  RingSchedule schedule;
-  schedule.ring = naturalRing(n, false);
-  schedule.steps = 2 * (n - 1);
-  schedule.reduceSteps = n - 1;
-  schedule.shift = 0;
-  schedule.chunks = splitEven(count, n);
-  auto link = std::make_unique<SlotLink>(op, ring.windows, (rank + n - 1) % n, (rank + 1) % n,
-                                         count, tag::kSharedPhase, kSlotNoticeStep);
-  SlotLink* slots = link.get();
-  {
-    RingPipeline pipeline(op, std::move(schedule), data, type, reduce, ring.windows.slotBytes / es,
-                          ring.windows.slots, std::move(link));
-    // The link's words on a timeout, for as long as it lives (however this scope is left).
-    op.describeTimeout = [slots] { return slots->describeTimeout(); };
-    struct Forget {
-      Op& op;
-      ~Forget() { op.describeTimeout = nullptr; }
-    } forget{op};
-    while (!pipeline.advance()) co_await op.next();
-  }
-  turn.release();
+  co_await slotRing(op, data, count, type, reduce, ring, turn);
 }
 
 }  // namespace ddl

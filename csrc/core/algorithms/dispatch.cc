@@ -44,7 +44,7 @@ Task multiDimBody(Op& op, AllreduceCall c) {
 
 Task sharedBody(Op& op, AllreduceCall c) {
   // Device memory moves through the transport only (the shared-memory paths are for host
-  // memory): a shared plan, or a forced shm_ring or direct, means the ring there.
+  // memory): a shared plan, or a forced shm_ring, direct or staged, means the ring there.
   if (op.memory().kind() != MemoryKind::kHost) {
     co_await allreduceRing(op, c.data, c.count, c.type, c.reduce, c.settings);
     co_return;
@@ -63,6 +63,7 @@ constexpr AllreduceEntry kAllreduceTable[] = {
     {AllreduceAlgorithm::kShared, &sharedBody},
     {AllreduceAlgorithm::kSharedRing, &sharedBody},
     {AllreduceAlgorithm::kDirect, &sharedBody},
+    {AllreduceAlgorithm::kStaged, &sharedBody},
 };
 
 }  // namespace

@@ -17,6 +17,7 @@ constexpr Named kNames[] = {
     {AllreduceAlgorithm::kShared, "shared"},
     {AllreduceAlgorithm::kSharedRing, "shm_ring"},
     {AllreduceAlgorithm::kDirect, "direct"},
+    {AllreduceAlgorithm::kStaged, "staged"},
 };
 
 }  // namespace

@@ -20,10 +20,11 @@ enum class AllreduceAlgorithm : uint8_t {
                        // shared-memory ring (never asked for by name)
   kSharedRing,         // the shared-memory ring alone, failing where it cannot run
   kDirect,             // the direct path alone, failing where some tensor is not shared
+  kStaged,             // the staged allreduce alone, failing where the ranks cannot map its buffers
 };
 
 // "auto", "trivial", "recursive_doubling", "leaders", "ring", "multidim", "shared", "shm_ring",
-// "direct".
+// "direct", "staged".
 const char* algorithmName(AllreduceAlgorithm algorithm);
 std::optional<AllreduceAlgorithm> algorithmNamed(const std::string& name);
 }  // namespace ddl

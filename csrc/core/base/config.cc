@@ -13,13 +13,13 @@ namespace {
 
 const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLREDUCE_ALGO", "auto",
-     "allreduce algorithm: auto, multidim, leaders, direct, shm_ring, ring or recursive_doubling "
-     "(auto, one "
-     "host: recursive doubling up to TORCH_DDL_SMALL_BYTES; above it, when every rank can map its "
-     "neighbour's shared memory, direct if every rank's tensor is in a shared buffer "
-     "(torch_ddl.empty_shared), else shm_ring; else ring. auto, several hosts: the plan the cost "
-     "model finds cheapest, see python -m torch_ddl.info --plan. direct and shm_ring alone fail "
-     "where they cannot be used)"},
+     "allreduce algorithm: auto, multidim, leaders, direct, staged, shm_ring, ring or "
+     "recursive_doubling (auto, one host: recursive doubling up to TORCH_DDL_SMALL_BYTES; above "
+     "it, when every rank can map its neighbour's shared memory, direct if every rank's tensor is "
+     "in a shared buffer (torch_ddl.empty_shared), else staged up to TORCH_DDL_STAGED_BYTES, else "
+     "shm_ring; else ring. auto, several hosts: the plan the cost model finds cheapest, see "
+     "python -m torch_ddl.info --plan. direct, staged and shm_ring alone fail where they cannot "
+     "be used)"},
     {"TORCH_DDL_SMALL_BYTES", "65536",
      "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
     {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
@@ -89,6 +89,11 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "2000",
      "a watched peer (one at such a distance) silent this long is counted gone: its "
      "groups fail naming it, on every rank, and the news spreads to the others"},
+    {"TORCH_DDL_STAGED_BYTES", "1048576",
+     "auto, one host: an allreduce above TORCH_DDL_SMALL_BYTES and up to this size "
+     "(of a tensor not in a shared buffer) is staged: each rank copies it into a buffer every rank "
+     "maps and reduces its share out of all of them, the ranks pacing each other through flags in "
+     "shared memory, with no message; each rank's buffer takes twice this; 0: never (the ring)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -144,7 +149,7 @@ Config read() {
   const std::optional<AllreduceAlgorithm> named = algorithmNamed(algo);
   if (!named || *named == AllreduceAlgorithm::kTrivial || *named == AllreduceAlgorithm::kShared) {
     throw Error("ddl: TORCH_DDL_ALLREDUCE_ALGO=" + algo +
-                " is not one of auto, multidim, leaders, direct, shm_ring, ring, "
+                " is not one of auto, multidim, leaders, direct, staged, shm_ring, ring, "
                 "recursive_doubling");
   }
   c.allreduceAlgorithm = *named;
@@ -175,6 +180,7 @@ Config read() {
   c.debugFile = configValue(kTable[20]);
   c.heartbeatMillis = static_cast<long>(parseSize(kTable[21], 0));
   c.heartbeatTimeoutMillis = static_cast<long>(parseSize(kTable[22], 1));
+  c.stagedBytes = parseSize(kTable[23], 0);
   if (c.heartbeatMillis > 0 && c.heartbeatTimeoutMillis < 2 * c.heartbeatMillis) {
     throw Error("ddl: TORCH_DDL_HEARTBEAT_TIMEOUT_MS=" + configValue(kTable[22]) +
                 " must be at least twice TORCH_DDL_HEARTBEAT_MS=" + configValue(kTable[21]));

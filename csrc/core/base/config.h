@@ -35,6 +35,7 @@ struct Config {
   std::string debugFile;            // TORCH_DDL_DEBUG_FILE ("": stderr; %h host, %p pid)
   long heartbeatMillis = 0;         // TORCH_DDL_HEARTBEAT_MS (runtime/heartbeat.h; 0: off)
   long heartbeatTimeoutMillis = 0;  // a watched peer silent this long is gone
+  size_t stagedBytes = 0;           // one host: allreduces up to this large are staged (0: never)
 };
 
 struct ConfigEntry {

@@ -45,6 +45,9 @@ SharedRing::~SharedRing() {
     }
   }
   collect(this->windows, &windows);
+  for (uint64_t w : stage.windows) {
+    if (w != 0) windows.push_back(w);
+  }
   for (const auto& [key, ring] : levelRings) collect(ring, &windows);
   if (windows.empty()) return;
   Runtime* r = runtime;
@@ -171,6 +174,75 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
                                    " ranks moves its bytes over messages: " +
                                    (ok ? "another of its ranks" : "this rank") +
                                    " could not map its neighbour's shared memory");
+    }
+  }
+}
+
+Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t firstStep) {
+  const int n = op.size(), rank = op.rank();
+  const uint64_t keySlot = tag::slot(kPhase, firstStep + kKeyStep);
+  const uint64_t voteSlot = tag::slot(kPhase, firstStep + kVoteStep);
+  const uint64_t verdictSlot = tag::slot(kPhase, firstStep + kVerdictStep);
+  Transport& transport = op.group().runtime->transport();
+  const size_t bytes = StageWindows::kHeaderBytes + 2 * halfBytes;
+  stage.windows.assign(n, 0);
+  stage.bases.assign(n, nullptr);
+  stage.halfBytes = halfBytes;
+  std::string key;
+  void* base = nullptr;
+  stage.windows[rank] = transport.allocateWindow(bytes, &base, &key);
+  stage.bases[rank] = static_cast<char*>(base);
+  // Flags start at 0 (no staging yet) before any peer can map the window.
+  if (base != nullptr) std::memset(base, 0, StageWindows::kHeaderBytes);
+  Geometry geometry{halfBytes, 2};
+  std::string offer(reinterpret_cast<const char*>(&geometry), sizeof(geometry));
+  if (stage.windows[rank] != 0) offer += key;
+  std::vector<std::vector<char>> theirs(n);
+  std::vector<Request*> requests, received(n, nullptr);
+  for (int j = 0; j < n; ++j) {
+    if (j == rank) continue;
+    theirs[j].resize(sizeof(Geometry) + kMaxKey);
+    requests.push_back(op.send(j, keySlot, offer.data(), offer.size()));
+    received[j] = op.recvUpTo(j, keySlot, theirs[j].data(), theirs[j].size());
+    requests.push_back(received[j]);
+  }
+  co_await op.all(requests);
+
+  uint8_t ok = stage.windows[rank] != 0;
+  for (int j = 0; j < n && ok; ++j) {
+    if (j == rank) continue;
+    Geometry peer{};
+    std::memcpy(&peer, theirs[j].data(), std::min(sizeof(peer), received[j]->receivedBytes));
+    if (received[j]->receivedBytes <= sizeof(Geometry) || peer.slotBytes != geometry.slotBytes ||
+        peer.slots != geometry.slots) {
+      ok = 0;
+      break;
+    }
+    std::string peerKey(theirs[j].data() + sizeof(Geometry),
+                        received[j]->receivedBytes - sizeof(Geometry));
+    size_t length = 0;
+    stage.windows[j] = transport.mapWindow(op.group().peer(j), peerKey, &base, &length);
+    stage.bases[j] = static_cast<char*>(base);
+    ok = stage.windows[j] != 0 && length >= bytes;  // the halves must lie in what it shares
+  }
+
+  uint8_t verdict = 0;
+  co_await allOf(op, naturalRing(n, false).order, voteSlot, verdictSlot, ok, &verdict);
+  stage.setUp = true;
+  stage.ready = verdict != 0;
+  if (!stage.ready) {
+    for (uint64_t& w : stage.windows) {
+      if (w != 0) transport.releaseWindow(w);
+      w = 0;
+    }
+    stage.bases.assign(n, nullptr);
+    if (logs(LogLevel::kWarn)) {
+      logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(rank) +
+                                   ": allreduces of one host are not staged (" +
+                                   (ok ? "another rank" : "this rank") +
+                                   " could not map every peer's staging buffer, or the ranks' "
+                                   "TORCH_DDL_STAGED_BYTES differ): they take the shared-memory "
+                                   "ring");
     }
   }
 }

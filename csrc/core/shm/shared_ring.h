@@ -41,6 +41,19 @@ struct SlotWindows {
   size_t slots = 0;
 };
 
+// The staged allreduce's buffers (algorithms/allreduce_staged.cc): each member allocates a window
+// of a header (its flags, each on a cache line of its own) and two halves of `halfBytes`, and
+// maps every other member's. All or nothing (ready), like the ring's.
+struct StageWindows {
+  static constexpr size_t kHeaderBytes = 4096;
+  bool setUp = false;  // tried: ready, or refused everywhere
+  bool ready = false;
+  size_t halfBytes = 0;
+  uint64_t sequence = 0;          // stagings so far, the same on every member
+  std::vector<uint64_t> windows;  // by group rank: own allocated, peers' mapped (0: none)
+  std::vector<char*> bases;       // by group rank
+};
+
 struct SharedRing {
   enum class State { kUnknown, kReady, kUnavailable, kBroken };
 
@@ -59,6 +72,7 @@ struct SharedRing {
   // Rings of the host level of multi-dimensional plans, by key (allreduce_multidim.cc); each
   // set up once, ready or not.
   std::map<std::string, SlotWindows> levelRings;
+  StageWindows stage;    // over every rank; set up by the first staged allreduce
   uint64_t tickets = 0;  // handed out so far
   uint64_t serving = 0;  // the ticket whose op may use the windows
   std::set<uint64_t> abandoned;
@@ -113,5 +127,11 @@ class SharedRingTurn {
 // Holding the turn.
 Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size_t slotBytes,
                       size_t slots, uint32_t firstStep);
+
+// Sets up `stage` over every rank of the op's group, halves of `halfBytes`: every member allocates
+// its window and sends the key to every other, which maps it; the first member collects whether
+// everyone could and tells everyone. All or nothing (stage.ready). Messages in tag steps
+// [firstStep, firstStep + 3) of the shared phase. Holding the turn.
+Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t firstStep);
 
 }  // namespace ddl

@@ -81,7 +81,10 @@ struct AllreducePlan {
   //   (kShared and kDirect, where request.shareTensors);
   // - offersAdoption: callers that keep tensors (the torch glue) hand one: adopts, from
   //   directMinBytes on, unless the request forced kShared.
+  // - staged: kShared where the direct path is not taken: the staged allreduce
+  //   (algorithms/allreduce_staged.cc) up to request.stagedBytes, the shared-memory ring above.
   bool asksDirect = false;
+  bool staged = false;
   bool adopts = false;
   bool offersAdoption = false;
   double predicted = 0;  // seconds, by the cost model
@@ -108,6 +111,7 @@ struct PlanRequest {
   size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
+  size_t stagedBytes = 1 << 20;     // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
 };
 // What the configuration asks of the planner (the process's configuration by default): the one
 // place that reads the settings that choose an allreduce.

@@ -289,6 +289,7 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
     case AllreduceAlgorithm::kShared:
     case AllreduceAlgorithm::kSharedRing:
     case AllreduceAlgorithm::kDirect:
+    case AllreduceAlgorithm::kStaged:
       return predictRing(t, links, bytes, plan.rings);
     case AllreduceAlgorithm::kMultiDim:
       break;

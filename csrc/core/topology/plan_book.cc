@@ -17,7 +17,8 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
          std::to_string(r.colors) + "," + std::to_string(r.rings) + "," + std::to_string(r.waves) +
          "," + std::to_string(r.smallBytes) + "," + std::to_string(r.ringRings) + "," +
          (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + "," +
-         std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + ":";
+         std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + "," +
+         std::to_string(r.stagedBytes) + ":";
   for (int d : r.order) key += std::to_string(d) + ",";
   return key;
 }

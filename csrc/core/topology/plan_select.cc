@@ -20,14 +20,17 @@ AllreducePlan simplePlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
   return plan;
 }
 
-// One host's shared memory: kShared, or kSharedRing or kDirect where the request forces them.
+// One host's shared memory: kShared, or kSharedRing, kDirect or kStaged where the request forces
+// them.
 AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elementSize,
                          const PlanRequest& request) {
   using A = AllreduceAlgorithm;
   AllreducePlan plan = simplePlan(algorithm, count, elementSize);
   const bool large = count * elementSize >= request.directMinBytes;
   plan.asksDirect = algorithm == A::kDirect || (algorithm == A::kShared && large);
-  plan.adopts = algorithm != A::kSharedRing && request.shareTensors;
+  plan.staged = algorithm == A::kStaged ||
+                (algorithm == A::kShared && !large && count * elementSize <= request.stagedBytes);
+  plan.adopts = algorithm != A::kSharedRing && algorithm != A::kStaged && request.shareTensors;
   plan.offersAdoption = plan.adopts && large && request.algorithm != A::kShared;
   return plan;
 }
@@ -92,6 +95,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
     case A::kShared:
     case A::kSharedRing:
     case A::kDirect:
+    case A::kStaged:
       out.push_back(sharedPlan(request.algorithm, count, elementSize, request));
       break;
     case A::kMultiDim:
@@ -146,6 +150,7 @@ PlanRequest planRequest(const Config& c) {
   request.hostSlots = c.hostSlots;
   request.directMinBytes = c.directMinBytes;
   request.shareTensors = c.shareTensors;
+  request.stagedBytes = c.stagedBytes;
   return request;
 }
 

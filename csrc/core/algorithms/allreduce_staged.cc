@@ -1,0 +1,190 @@
+// Staged allreduce: for ranks of one host and medium tensors that are not in shared buffers. Each
+// rank has a staging window that every other rank maps (StageWindows, shm/shared_ring.h): a
+// header of flags and two halves. Per piece of the tensor (at most a half):
+//   1. copy the piece into this rank's half (of the piece's parity), all but chunk r, which no
+//      other rank reads, then raise `staged`;
+//   2. once every rank's `staged` is up, reduce chunk r of the piece out of the tensor and every
+//      peer's half (in rank order) into its own half, and copy it back into the tensor, then
+//      raise `reduced`;
+//   3. once every rank's `reduced` is up, copy every other rank's chunk out of its half.
+// The flags carry the staging's number (the group's count of pieces staged, the same on every
+// rank), so they only ever rise and need no reset. Nothing but the flags paces the ranks: no
+// message moves, and each element is reduced once, by one rank, so every rank ends with the same
+// bits.
+//
+// Why two halves suffice: a rank writes half h at staging s only after every rank raised
+// `staged` for s - 1, which each did after step 3 of s - 2, the last read of half h.
+//
+// Waiting: the runtime looks at the flags every turn (Op::poll), spinning for as long as a peer may
+// take to do the same work (TORCH_DDL_SPIN_US, and the piece's bytes at 1 GB/s), then every
+// housekeeping period while it sleeps: no peer can wake it, and it never spins long on a core it
+// shares. Each rank's header also says what it staged (op number, element counts, dtype, reduce
+// op): a rank that staged another shape fails every rank before any byte of it is used.
+#include <atomic>
+#include <cstring>
+#include <set>
+
+#include "../reduce/reduce.h"
+#include "../runtime/runtime.h"
+#include "../runtime/waits.h"
+#include "../shm/shared_ring.h"
+#include "../topology/ring_plan.h"
+#include "algorithms.h"
+
+namespace ddl {
+namespace {
+
+// A rank's header: what it staged last, then each flag on a cache line of its own.
+struct StagedCall {
+  uint64_t total;     // elements of the op
+  uint64_t count;     // of the piece
+  uint32_t sequence;  // of the op in its group
+  uint16_t type;
+  uint16_t reduce;
+  bool operator==(const StagedCall&) const = default;
+};
+constexpr size_t kCallAt = 0, kStagedAt = 64, kReducedAt = 128;
+
+std::atomic_ref<uint64_t> flag(char* base, size_t at) {
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base + at));
+}
+
+// The ranks whose flag at `at` is below `staging`.
+std::vector<int> behind(const StageWindows& stage, size_t at, uint64_t staging) {
+  std::vector<int> late;
+  for (size_t j = 0; j < stage.bases.size(); ++j) {
+    if (flag(stage.bases[j], at).load(std::memory_order_acquire) < staging) {
+      late.push_back(static_cast<int>(j));
+    }
+  }
+  return late;
+}
+
+// How long a peer may take to raise its flag after this rank did, having copied or reduced as many
+// bytes: the spin time, and the bytes at kSlowestCopy (a peer descheduled for longer costs a
+// housekeeping period).
+constexpr double kSlowestCopy = 1e9;  // bytes per second
+std::chrono::nanoseconds peerMayTake(const Op& op, size_t bytes) {
+  return std::chrono::microseconds(op.group().runtime->config().spinMicros) +
+         std::chrono::nanoseconds(static_cast<int64_t>(1e9 * bytes / kSlowestCopy));
+}
+
+// Until every rank's flag at `at` reached `staging`, after this rank's `bytes` of work: looked at
+// every turn of the runtime (the op's deadline still holds: the runtime ends it).
+Op::Until flagsReached(Op& op, const StageWindows& stage, size_t at, uint64_t staging,
+                       size_t bytes) {
+  return op.poll([&stage, at, staging] { return behind(stage, at, staging).empty(); },
+                 peerMayTake(op, bytes));
+}
+
+std::string describe(const StagedCall& c) {
+  const bool known = c.type <= static_cast<uint16_t>(DataType::kBool) &&
+                     c.reduce <= static_cast<uint16_t>(ReduceOp::kBxor);
+  const std::string op = "op #" + std::to_string(c.sequence) + " (";
+  const std::string piece = ", a piece of " + std::to_string(c.count) + ")";
+  if (!known) return op + "an unknown dtype or reduce op" + piece;
+  return op + reduceOpName(static_cast<ReduceOp>(c.reduce)) + " of " + std::to_string(c.total) +
+         " x " + dataTypeName(static_cast<DataType>(c.type)) + piece;
+}
+
+// Whom a timeout waited for at `staging`: the ranks that did not stage it (or, all having
+// staged, did not reduce their share), and whether they had started the op at all. A rank whose
+// call print has not arrived either is left to the runtime's words ("has not started this op").
+std::string timeoutWords(const Op& op, const StageWindows& stage, uint64_t staging) {
+  const std::set<int> notStarted = waitsOf(op).notStarted;
+  std::vector<int> late = behind(stage, kStagedAt, staging);
+  const bool staged = late.empty();
+  if (staged) late = behind(stage, kReducedAt, staging);
+  std::string said;
+  for (int j : late) {
+    StagedCall theirs;
+    std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
+    std::string words = "rank " + std::to_string(j);
+    if (staged) {
+      words += " has not reduced its share";
+    } else if (theirs.sequence != op.sequence()) {
+      if (notStarted.count(j) > 0) continue;
+      words += " has not started this op (the last it staged was op #" +
+               std::to_string(theirs.sequence) + ")";
+    } else {
+      words += " has not staged its next piece";
+    }
+    said += (said.empty() ? ": " : "; ") + words;
+  }
+  return "Timed out after " + std::to_string(op.timeout().count()) + " ms" + said +
+         " (staged allreduce over shared memory, staging " + std::to_string(staging) + ")";
+}
+
+}  // namespace
+
+Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                     SharedRing& ring, SharedRingTurn& turn) {
+  StageWindows& stage = ring.stage;
+  const int n = op.size(), rank = op.rank();
+  const size_t es = elementSize(type);
+  const size_t pieceCount = std::max<size_t>(stage.halfBytes / es, 1);
+  char* tensor = static_cast<char*>(data);
+  uint64_t waitedFor = 0;  // the staging a timeout waits on
+  op.describeTimeout = [&op, &stage, &waitedFor] { return timeoutWords(op, stage, waitedFor); };
+  struct Forget {
+    Op& op;
+    ~Forget() { op.describeTimeout = nullptr; }
+  } forget{op};
+
+  for (size_t first = 0; first < count; first += pieceCount) {
+    if (op.turnDue()) co_await op.yieldTurn();
+    const size_t length = std::min(pieceCount, count - first);
+    const uint64_t staging = ++stage.sequence;
+    const size_t half = StageWindows::kHeaderBytes + (staging & 1) * stage.halfBytes;
+    char* own = stage.bases[rank];
+    // 1. The piece into this rank's half, but for its own chunk, which only it reads.
+    turn.setClean(false);
+    const std::vector<Range> chunks = splitEven(length, n);
+    const Range chunk = chunks[rank];
+    const size_t before = chunk.offset * es, after = (chunk.offset + chunk.length) * es;
+    std::memcpy(own + half, tensor + first * es, before);
+    std::memcpy(own + half + after, tensor + first * es + after, length * es - after);
+    const StagedCall call{count, length, op.sequence(), static_cast<uint16_t>(type),
+                          static_cast<uint16_t>(reduce)};
+    std::memcpy(own + kCallAt, &call, sizeof(call));
+    flag(own, kStagedAt).store(staging, std::memory_order_release);
+    waitedFor = staging;
+    co_await flagsReached(op, stage, kStagedAt, staging, length * es);
+    for (int j = 0; j < n; ++j) {
+      StagedCall theirs;
+      std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
+      if (!(theirs == call)) {
+        throw Error("rank " + std::to_string(j) + " staged " + describe(theirs) + ", this rank " +
+                    describe(call) +
+                    " (every rank must make the same calls, with the same shapes)");
+      }
+    }
+    // 2. This rank's chunk, reduced out of the tensor and every peer's half into its own half,
+    // and back into the tensor.
+    char* mine = own + half + before;
+    char* source = tensor + first * es + before;
+    bool firstPeer = true;
+    for (int j = 0; j < n; ++j) {
+      if (j == rank) continue;
+      const char* theirs = stage.bases[j] + half + before;
+      if (firstPeer) {
+        reduceTo(type, reduce, mine, source, theirs, chunk.length);
+      } else {
+        reduceInto(type, reduce, mine, theirs, chunk.length);
+      }
+      firstPeer = false;
+    }
+    std::memcpy(source, mine, chunk.length * es);
+    flag(own, kReducedAt).store(staging, std::memory_order_release);
+    co_await flagsReached(op, stage, kReducedAt, staging, chunk.length * es * n);
+    // 3. Every other rank's chunk, out of its half.
+    for (int j = 0; j < n; ++j) {
+      if (j == rank) continue;
+      std::memcpy(tensor + (first + chunks[j].offset) * es,
+                  stage.bases[j] + half + chunks[j].offset * es, chunks[j].length * es);
+    }
+  }
+  turn.release();
+}
+
+}  // namespace ddl
