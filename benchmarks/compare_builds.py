@@ -9,6 +9,9 @@ first on PYTHONPATH), time --ops allreduces per round of each size, and report t
 per op. Runs alternate before/after --pairs times, so that machine noise that drifts over
 minutes hits both builds alike; per size the script prints each build's median time and the
 after/before ratio of each pair (median, lowest, highest). A ratio of 1.02 is 2 % slower.
+
+--after-env NAME=VALUE (repeatable) sets the environment of the after runs alone: with --before .
+--after . it weighs a setting against the default in one build.
 """
 
 import argparse
@@ -50,8 +53,9 @@ dist.destroy_process_group()
 """
 
 
-def run(tree, size, sizes, ops, rounds, pin):
+def run(tree, size, sizes, ops, rounds, pin, settings=()):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), OMP_NUM_THREADS="1")
+    env.update(settings)
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(size), store,
@@ -83,20 +87,31 @@ def main():
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--pin", action="store_true",
                         help="rank r and its threads on core r mod the cores (before import)")
+    parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the after runs alone (repeatable)")
     args = parser.parse_args()
+    settings = {}
+    for item in args.after_env:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            parser.error(f"--after-env {item!r} is not NAME=VALUE")
+        settings[name] = value
     sizes = [int(s) for s in args.sizes.split(",")]
     times = {"before": {s: [] for s in sizes}, "after": {s: [] for s in sizes}}
     for pair in range(args.pairs):
         order = ["before", "after"] if pair % 2 == 0 else ["after", "before"]
         for which in order:
             tree = args.before if which == "before" else args.after
-            for s, t in run(tree, args.world_size, sizes, args.ops, args.rounds, args.pin).items():
+            extra = settings if which == "after" else {}
+            for s, t in run(tree, args.world_size, sizes, args.ops, args.rounds, args.pin,
+                            extra).items():
                 times[which][s].append(t)
         print(f"pair {pair + 1}/{args.pairs}: " + ", ".join(
             f"{s} B {times['before'][s][-1] * 1e6:.1f} / {times['after'][s][-1] * 1e6:.1f} us"
             for s in sizes), flush=True)
     print(f"\n{args.world_size} ranks, {args.pairs} pairs of runs, {args.rounds} rounds of "
-          f"{args.ops} allreduces per size and run")
+          f"{args.ops} allreduces per size and run"
+          + (f"; after: {' '.join(args.after_env)}" if settings else ""))
     print(f"{'bytes':>8} {'before us':>10} {'after us':>10} {'after/before':>13} "
           f"{'lowest':>7} {'highest':>7}")
     for s in sizes:
