@@ -20,7 +20,7 @@ const std::vector<ConfigEntry> kTable = {
      "shm_ring; else ring. auto, several hosts: the plan the cost model finds cheapest, see "
      "python -m torch_ddl.info --plan. direct, staged and shm_ring alone fail where they cannot "
      "be used)"},
-    {"TORCH_DDL_SMALL_BYTES", "65536",
+    {"TORCH_DDL_SMALL_BYTES", "1024",
      "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
     {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
      "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
@@ -89,7 +89,7 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "2000",
      "a watched peer (one at such a distance) silent this long is counted gone: its "
      "groups fail naming it, on every rank, and the news spreads to the others"},
-    {"TORCH_DDL_STAGED_BYTES", "1048576",
+    {"TORCH_DDL_STAGED_BYTES", "524288",
      "auto, one host: an allreduce above TORCH_DDL_SMALL_BYTES and up to this size "
      "(of a tensor not in a shared buffer) is staged: each rank copies it into a buffer every rank "
      "maps and reduces its share out of all of them, the ranks pacing each other through flags in "
