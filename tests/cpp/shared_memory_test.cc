@@ -150,8 +150,9 @@ TEST(SharedRing, RequiredButUnavailableIsAnErrorOnEveryRank) {
   }
 }
 
-TEST(SharedRing, OpsInFlightTakeTurns) {
-  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}, {"TORCH_DDL_SEGMENT_BYTES", "1024"}});
+// Eight allreduces of 3 ranks posted before any is waited on, of different sizes, mixed with
+// barriers: they take turns at the group's windows.
+void opsInFlightTakeTurns() {
   SharedRingWorld world(3);
   world.run([&](Communicator& comm) {
     // Posted before any is waited on, of different sizes, mixed with other collectives.
@@ -169,6 +170,11 @@ TEST(SharedRing, OpsInFlightTakeTurns) {
       for (float v : bufs[k]) ASSERT_EQ(v, want) << "op " << k;
     }
   });
+}
+
+TEST(SharedRing, OpsInFlightTakeTurns) {
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "shm_ring"}, {"TORCH_DDL_SEGMENT_BYTES", "1024"}});
+  opsInFlightTakeTurns();
 }
 
 TEST(SharedRing, DisagreeingCountsFailFastAndBreakTheRing) {
@@ -306,22 +312,7 @@ TEST(Staged, HalvesSmallerThanAnElementAreRefusedOnEveryRank) {
 
 TEST(Staged, OpsInFlightTakeTurns) {
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4096"}});
-  SharedRingWorld world(3);
-  world.run([&](Communicator& comm) {
-    std::vector<std::vector<float>> bufs;
-    std::vector<std::shared_ptr<Work>> works;
-    for (size_t k = 0; k < 8; ++k) bufs.emplace_back(1000 + 7919 * k, comm.rank() + float(k));
-    for (size_t k = 0; k < bufs.size(); ++k) {
-      works.push_back(
-          comm.allreduce(bufs[k].data(), bufs[k].size(), DataType::kFloat32, ReduceOp::kSum));
-      if (k % 3 == 0) works.push_back(comm.barrier());
-    }
-    for (auto& w : works) check(w);
-    for (size_t k = 0; k < bufs.size(); ++k) {
-      float want = 3.0f + 3.0f * k;
-      for (float v : bufs[k]) ASSERT_EQ(v, want) << "op " << k;
-    }
-  });
+  opsInFlightTakeTurns();
 }
 
 TEST(Staged, DisagreeingCountsFailEveryRank) {
