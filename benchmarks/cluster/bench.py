@@ -91,7 +91,7 @@ def simulate_rows(hosts, ranks, racks, links, rows, min_bytes=1 << 20):
             host_sizes=[], ranks=hosts * ranks, ranks_per_host=ranks,
             hosts_per_rack=hosts // len(racks) if racks else 0, links=links, reduce_bw=0.0,
             copy_bw=0.0, payload=False, timeout_ms=600000, collective="allreduce",
-            bytes=row["bytes"], seed=1, kill_rank=-1, kill_fraction=0.5,
+            bytes=row["bytes"], seed=1, kill_ranks=[], kill_fraction=0.5,
             **plan_request(row["auto_plan"])))
         error = (r["sim_us"] * 1e-6 - row["auto"]) / row["auto"]
         worst = max(worst, abs(error))
