@@ -106,12 +106,12 @@ struct PlanRequest {
   std::vector<int> order;  // dimensions of colour 0 (empty: innermost first)
   int waves = 0;
   size_t smallBytes = 1024;  // one host, auto: recursive doubling up to this size
-  int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
-  bool hostSlots = true;      // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
+  int ringRings = 1;         // rings of the flat ring (TORCH_DDL_RINGS)
+  bool hostSlots = true;     // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
   size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
-  size_t stagedBytes = 512 << 10;    // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
+  size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
 };
 // What the configuration asks of the planner (the process's configuration by default): the one
 // place that reads the settings that choose an allreduce.
