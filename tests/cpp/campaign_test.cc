@@ -81,6 +81,10 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x8c7a90754b28ff55, "a rank reducing 78 304 times slower: a tree's turn reduced 256 KiB"
                          " several times (1 s each) and sent no heartbeat for 2 s, so its peers"
                          " counted it gone"},
+    {0x09b09fa35dccd4d7, "7 ranks on one host, a size disagreement in a 16 KiB allreduce that"
+                         " had become a shared-memory one (TORCH_DDL_SMALL_BYTES 1024): its"
+                         " window setup cut short left the ring unusable, and the next op failed"
+                         " naming that op, not a fault"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -105,9 +105,9 @@ struct PlanRequest {
   int rings = 0;
   std::vector<int> order;  // dimensions of colour 0 (empty: innermost first)
   int waves = 0;
-  size_t smallBytes = 1024;  // one host, auto: recursive doubling up to this size
-  int ringRings = 1;         // rings of the flat ring (TORCH_DDL_RINGS)
-  bool hostSlots = true;     // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
+  size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
+  int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
+  bool hostSlots = true;      // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
   size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
