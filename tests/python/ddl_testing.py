@@ -142,12 +142,12 @@ def run_spawned(fn, size, args, want, timeout=120):
 
 def fault_call(op, size):
     """A 4 MiB collective of the default group by name (all_reduce, broadcast, all_gather,
-    reduce_scatter; all_reduce_1mib: of 1 MiB), as the fault tests call it again and again."""
+    reduce_scatter; all_reduce_256kib: of 256 KiB), as the fault tests call it again and again."""
     x = torch.ones(1 << 20)
     outs = [torch.empty_like(x) for _ in range(size)]
     calls = {
         "all_reduce": lambda: dist.all_reduce(x),
-        "all_reduce_1mib": lambda: dist.all_reduce(x[: 1 << 18]),  # one host: staged
+        "all_reduce_256kib": lambda: dist.all_reduce(x[: 1 << 16]),  # one host: staged
         "broadcast": lambda: dist.broadcast(x, src=0),
         "all_gather": lambda: dist.all_gather(outs, x),
         "reduce_scatter": lambda: dist.reduce_scatter(x[: 1 << 18], [t[: 1 << 18] for t in outs]),

@@ -80,7 +80,7 @@ def test_a_peer_that_dies_fails_the_survivors_in_seconds(op, how):
 @pytest.mark.parametrize("how", ["kill", "exit"])
 def test_a_peer_that_dies_in_a_staged_all_reduce_fails_the_survivors_in_seconds(how):
     # The survivors wait on its flags in shared memory, not on a message from it.
-    _run_fault(3, 1, how, "all_reduce_1mib", pause_us=300)
+    _run_fault(3, 1, how, "all_reduce_256kib", pause_us=300)
 
 
 FAULT_TRIALS = int(os.environ.get("DDL_FAULT_TRIALS", "6"))
