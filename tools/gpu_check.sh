@@ -8,8 +8,8 @@
 #   tools/gpu_check.sh variants    the same at the sizes where settings matter, under other
 #                                  settings (a progress thread that polls, recursive doubling),
 #                                  and UCX alone (ucx_perftest, device memory both sides)
-#   tools/gpu_check.sh cpu         CPU allreduce at 8 and 4 ranks (CPU_RANKS) against gloo and
-#                                  Open MPI
+#   tools/gpu_check.sh cpu         CPU allreduce at 8, 16 and 4 ranks (CPU_RANKS) against gloo,
+#                                  Open MPI and ddl's core alone
 #   tools/gpu_check.sh ranks8      the collective tests at 8 ranks too (DDL_TEST_MORE_RANKS=8)
 #   tools/gpu_check.sh conformance PyTorch's CI subset with the GPU hidden (the suite skips every
 #                                  test when it sees fewer GPUs than ranks)
@@ -120,7 +120,10 @@ ranks8() {
     tests/python/test_collectives.py tests/python/test_collectives_more.py -k "8"
 }
 cpu() {
-  for p in ${CPU_RANKS:-8 4}; do
+  # ddl's core alone beside them (benchmarks/core_bench.cc), built with this python's UCX.
+  make -s -j"$(nproc)" link-core-bench UCX_INC="$("$py" tools/find_ucx.py --include)" \
+    UCX_LIB="$("$py" tools/find_ucx.py --lib)" || return 1
+  for p in ${CPU_RANKS:-8 16 4}; do
     CUDA_VISIBLE_DEVICES="" bounded "$py" benchmarks/allreduce_bench.py --world-size $p --reference \
       --no-shared --min-bytes 8 --max-bytes 64M --budget 0.15 --rounds 3
   done
@@ -159,13 +162,14 @@ case "$what" in
         bench) STEP_TIMEOUT=120 step bench bench ;;
         test-cuda) STEP_TIMEOUT=200 step test-cuda test_cuda ;;
         variants) STEP_TIMEOUT=60 step variants variants ;;
-        cpu) STEP_TIMEOUT=90 step cpu cpu ;;
+        cpu) STEP_TIMEOUT=180 step cpu cpu ;;
         ranks8) STEP_TIMEOUT=100 step ranks8 ranks8 ;;
       esac
     done
     left=$((limit - SECONDS))
     if [ $left -gt 30 ]; then
-      STEP_TIMEOUT=$left step test tests --ignore=tests/python/test_cuda.py
+      # -v after -q: a line per file with its results, so a run cut short still names them.
+      STEP_TIMEOUT=$left step test tests -v --ignore=tests/python/test_cuda.py
     fi
     ;;
   *)
