@@ -126,9 +126,20 @@ Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp r
   char* tensor = static_cast<char*>(data);
   uint64_t waitedFor = 0;  // the staging a timeout waits on
   op.describeTimeout = [&op, &stage, &waitedFor] { return timeoutWords(op, stage, waitedFor); };
+  // Whom it waits for now: the ranks that did not stage the piece, else did not reduce it.
+  op.awaitedPeers = [&stage, &waitedFor, rank] {
+    std::vector<int> late = behind(stage, kStagedAt, waitedFor);
+    if (late.empty()) late = behind(stage, kReducedAt, waitedFor);
+    std::set<int> peers(late.begin(), late.end());
+    peers.erase(rank);
+    return peers;
+  };
   struct Forget {
     Op& op;
-    ~Forget() { op.describeTimeout = nullptr; }
+    ~Forget() {
+      op.describeTimeout = nullptr;
+      op.awaitedPeers = nullptr;
+    }
   } forget{op};
 
   for (size_t first = 0; first < count; first += pieceCount) {

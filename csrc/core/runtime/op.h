@@ -135,6 +135,9 @@ class Op {
   // out after N ms: " + pendingPeers(op), runtime/waits.h). Called on the progress thread while the
   // frame lives.
   std::function<std::string()> describeTimeout;
+  // The peers the op waits on other than through its requests (flags in shared memory that it
+  // polls), for waitsOf (waits.h); set by such an algorithm for as long as it polls.
+  std::function<std::set<int>()> awaitedPeers;
   // Hands requests that are still posted to the caller (the engine orphans and cancels them).
   std::vector<std::unique_ptr<Request>> takePending();
 

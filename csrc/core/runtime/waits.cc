@@ -49,6 +49,9 @@ Waits waitsOf(const Op& op) {
     w.peers.insert(r->peer);
     if (op.callCheck().isStartPrint(*r)) w.notStarted.insert(r->peer);
   }
+  if (op.awaitedPeers) {
+    for (int r : op.awaitedPeers()) w.peers.insert(r);
+  }
   return w;
 }
 
