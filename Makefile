@@ -23,7 +23,7 @@ env: $(ENV_STAMP)
 $(ENV_STAMP):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23" "setuptools>=64" wheel
-	$(PY) -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja pytest scikit-learn expecttest hypothesis
+	$(PY) -m pip install -q torch==2.13.0 libucx-cu13 numpy ninja pytest scikit-learn expecttest hypothesis prometheus_client
 	touch $@
 
 build: $(EXT_STAMP)

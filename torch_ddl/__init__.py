@@ -52,6 +52,8 @@ ProcessGroupDDL = _C.ProcessGroupDDL
 # Fail at import, naming the variable, rather than in the middle of a collective.
 _C.check_config()
 
+from . import _status  # noqa: E402 (needs _C)
+
 
 def dump_trace(path=None):
     """Writes the flight recorder (the last operations of this process's ddl groups) to `path`,
@@ -149,12 +151,17 @@ def new_window(tensor=None, group=None):
 
 
 def _create_backend(dist_backend_opts, backend_options=None):
-    return _C.ProcessGroupDDL(
+    backend = _C.ProcessGroupDDL(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
     )
+    # The process's status port (python -m torch_ddl.status) and metrics, with its first group.
+    _status.serve(dist_backend_opts.store, dist_backend_opts.group_rank,
+                  dist_backend_opts.group_size,
+                  list(getattr(dist_backend_opts, "global_ranks_in_group", None) or []))
+    return backend
 
 
 def _allow_monitored_barrier():

@@ -91,6 +91,35 @@ def parse_stall(text):
         float(match.group(3)) if match.group(3) else -1.0)
 
 
+def parse_time(text):
+    """A virtual time after the op's start: seconds, or with a unit (us, ms, s)."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*(us|ms|s)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"--status-at {text}: give a time, e.g. 2.5, 300ms, 50us")
+    return float(match.group(1)) * {"us": 1, "ms": 1e3, "s": 1e6, None: 1e6}[match.group(2)]
+
+
+def print_status(r):
+    """Every rank as python -m torch_ddl.status sees a process, at the time --status-at asked."""
+    import json
+
+    from . import status
+
+    results = {}
+    for text in r["status"]:
+        row = json.loads(text)
+        record = {"host": row["host"]}
+        if row["state"] == "ok":
+            results[row["rank"]] = ("ok", row["answer"], record)
+        elif row["state"] == "stopped":
+            results[row["rank"]] = ("stopped", "stalled: not turned (it would not answer)", record)
+        else:
+            results[row["rank"]] = ("dead", "killed", record)
+    verdict, ranks = status.diagnose(results)
+    print(f"STATUS at_us={r['status_taken_us']:.1f}: {verdict}")
+    print(status.table(ranks))
+
+
 def parse_factor(flag):
     def parse(text):
         match = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.]+)\s*", text)
@@ -157,6 +186,9 @@ def main(argv=None):
                    help="after --kill, the survivors shrink the group (each excluding the ranks "
                         "it knows are gone) and run 20 collectives of mixed kinds on it")
     p.add_argument("--timeout-ms", type=int, default=60000, help="the group's timeout")
+    p.add_argument("--status-at", type=parse_time, default=None, metavar="T",
+                   help="print every rank as python -m torch_ddl.status sees a job, at virtual "
+                        "time T after the op's start (seconds, or 300ms, 50us)")
     p.add_argument("--verbose", action="store_true", help="creation and failure details")
     args = p.parse_args(argv)
 
@@ -192,6 +224,8 @@ def main(argv=None):
         faults.update(slow_rank=args.slow[0], slow_factor=args.slow[1])
     if args.slow_link:
         faults.update(slow_host=args.slow_link[0], slow_host_factor=args.slow_link[1])
+    if args.status_at is not None:
+        faults.update(status_at_us=args.status_at)
     try:
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
@@ -237,6 +271,11 @@ def main(argv=None):
         print(f"SHRINK groups={r['shrink_groups']} members={r['shrink_members']} "
               f"took_us={r['shrink_us']:.1f} ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']}")
         failed = r["shrink_groups"] != 1 or r["shrink_ops_ok"] != r["shrink_ops"]
+    if args.status_at is not None:
+        if r["status"]:
+            print_status(r)
+        else:
+            print(f"STATUS: the op ended before {args.status_at:.1f} us")
     algo = r["algo"].replace(" ", ":") if args.collective == "allreduce" else args.collective
     print(f"SIM ranks={r['ranks']} algo={algo} bytes={r['bytes']} sim_us={r['sim_us']:.1f} "
           f"model_us={r['model_us']:.1f} store_requests={r['store_requests']} "

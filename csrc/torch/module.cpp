@@ -5,6 +5,8 @@
 
 #include "../core/base/config.h"
 #include "../core/group/engine.h"
+#include "../core/runtime/status.h"
+#include "../core/runtime/status_server.h"
 #include "../core/runtime/trace.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/transport/ucx/ucx_transport.h"
@@ -204,6 +206,39 @@ void bindBackend(py::module_& m) {
       });
 }
 
+// The process's status port (torch_ddl/_status.py), started with its first group.
+std::mutex gStatusMutex;
+std::unique_ptr<ddl::StatusServer> gStatusServer;
+
+// What python -m torch_ddl.status and the metrics read (torch_ddl/_status.py).
+void bindStatus(py::module_& m) {
+  m.def(
+      "status_json",
+      [](int64_t waitMs) {
+        return ddl::statusJson(ddl::Engine::process().runtime(),
+                               std::chrono::milliseconds(std::max<int64_t>(waitMs, 0)));
+      },
+      py::arg("wait_ms") = 500, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "stats_json",
+      [] {
+        ddl::Runtime& runtime = ddl::Engine::process().runtime();
+        return runtime.stats().json(runtime.clock().now());
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "start_status_server",
+      [](const std::string& address, const std::string& facts) {
+        std::lock_guard<std::mutex> lock(gStatusMutex);
+        if (!gStatusServer) {
+          gStatusServer =
+              std::make_unique<ddl::StatusServer>(ddl::Engine::process().runtime(), address, facts);
+        }
+        return gStatusServer->port();
+      },
+      py::call_guard<py::gil_scoped_release>());
+}
+
 // The process's own: configuration, shared buffers, the flight recorder, the transport.
 void bindProcess(py::module_& m) {
   m.def("config_table", [] {
@@ -250,7 +285,16 @@ void bindProcess(py::module_& m) {
   m.def(
       "transport_devices", [] { return ddl::Engine::process().transportDevices(); },
       py::call_guard<py::gil_scoped_release>());
-  m.def("shutdown", &ddl::Engine::shutdownProcess, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "shutdown",
+      [] {
+        {
+          std::lock_guard<std::mutex> lock(gStatusMutex);
+          gStatusServer.reset();  // before the runtime it asks
+        }
+        ddl::Engine::shutdownProcess();
+      },
+      py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace
@@ -278,4 +322,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   ddl::defineSimulator(m);
   bindProcess(m);
+  bindStatus(m);
 }

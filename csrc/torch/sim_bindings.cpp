@@ -74,6 +74,7 @@ SimRequest simRequestOf(const py::dict& a) {
     q.stallFraction = a["stall_fraction"].cast<double>();
     q.stallMillis = a["stall_ms"].cast<double>();
   }
+  if (a.contains("status_at_us")) q.statusAtMicros = a["status_at_us"].cast<double>();
   if (a.contains("slow_rank")) {
     q.slowRank = a["slow_rank"].cast<int>();
     q.slowFactor = a["slow_factor"].cast<double>();
@@ -131,6 +132,8 @@ py::dict simReportDict(const SimReport& r) {
   out["first_error"] = r.firstError;
   out["unnamed_error"] = r.unnamedError;
   out["wall_s"] = r.wallSeconds;
+  out["status"] = r.status;
+  out["status_taken_us"] = r.statusTakenMicros;
   return out;
 }
 

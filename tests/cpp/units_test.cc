@@ -6,6 +6,7 @@
 #include "../../csrc/core/base/config.h"
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/reduce/reduce.h"
+#include "../../csrc/core/runtime/stats.h"
 #include "../../csrc/core/topology/ring_plan.h"
 #include "harness.h"
 #include "values.h"
@@ -133,6 +134,43 @@ TEST(Config, MalformedValuesNameTheVariable) {
     EXPECT_EQ(std::string(e.name).rfind("TORCH_DDL_", 0), 0u);
     EXPECT_GT(std::strlen(e.description), 10u);
   }
+}
+
+TEST(OpStats, CountsPerCollectiveAndSizeClassWithATimeHistogram) {
+  OpStats stats;
+  const TimePoint t0{};
+  stats.ended(0, "group 0", 1, 4, "all_reduce", 7, 1024, 2e-5, StatusKind::kOk, t0);
+  stats.ended(0, "group 0", 1, 4, "all_reduce", 8, 1025, 0.5, StatusKind::kOk, t0);
+  stats.ended(0, "group 0", 1, 4, "all_reduce", 9, 1025, 20.0, StatusKind::kTimeout, t0);
+  stats.ended(1, "group 1", 0, 2, "broadcast", 0, 0, 0, StatusKind::kOk, t0);
+  const auto counts = stats.counts();
+  const OpStats::Counts& small = counts.at({"all_reduce", 0});  // up to 1 KiB
+  EXPECT_EQ(small.ops, 1u);
+  EXPECT_EQ(small.bytes, 1024u);
+  EXPECT_EQ(small.buckets[1], 1u);  // 20 us: above 10 us, up to 30 us
+  const OpStats::Counts& medium = counts.at({"all_reduce", 1});
+  EXPECT_EQ(medium.ops, 2u);
+  EXPECT_EQ(medium.failed, 1u);
+  EXPECT_EQ(medium.buckets[10], 1u);                       // 0.5 s: above 0.3 s, up to 1 s
+  EXPECT_EQ(medium.buckets[OpStats::kBounds.size()], 1u);  // 20 s: the last bucket
+  EXPECT_EQ(stats.failures()[static_cast<int>(StatusKind::kTimeout)], 1u);
+  // The last completed op of each group (a failed one is not completed).
+  const auto groups = stats.groups();
+  EXPECT_EQ(groups.at(0).lastSequence, 8);
+  EXPECT_EQ(groups.at(0).completed, 2u);
+  EXPECT_EQ(groups.at(0).failed, 1u);
+  EXPECT_EQ(groups.at(1).lastName, "broadcast");
+  // A new group under a used id starts again.
+  stats.ended(1, "group 1 again", 0, 3, "barrier", 0, 0, 0, StatusKind::kOk, t0);
+  EXPECT_EQ(stats.groups().at(1).completed, 1u);
+  EXPECT_EQ(stats.groups().at(1).size, 3);
+  const std::string json = stats.json(t0);
+  EXPECT_NE(json.find("\"size_class\": \"le64KiB\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"timeout\": 1"), std::string::npos) << json;
+}
+
+TEST(OpStats, JsonStringsAreEscaped) {
+  EXPECT_EQ(jsonString("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
 }
 
 }  // namespace

@@ -94,6 +94,18 @@ const std::vector<ConfigEntry> kTable = {
      "(of a tensor not in a shared buffer) is staged: each rank copies it into a buffer every rank "
      "maps and reduces its share out of all of them, the ranks pacing each other through flags in "
      "shared memory, with no message; each rank's buffer takes twice this; 0: never (the ring)"},
+    {"TORCH_DDL_STATUS", "1",
+     "1: each process answers `python -m torch_ddl.status` (what it runs and awaits; nothing "
+     "can be changed through it) on a TCP port of its own, whose address it publishes in the "
+     "job's store; 0: it does not"},
+    {"TORCH_DDL_STATUS_ADDR", "",
+     "the address the status port binds to; empty: the one this host reaches the job's store "
+     "from (loopback where the store is on this host at 127.0.0.1)"},
+    {"TORCH_DDL_METRICS_PORT", "",
+     "a port P: the process of local rank i (LOCAL_RANK, else its rank) serves Prometheus "
+     "metrics on P + i (needs prometheus_client); empty: none"},
+    {"TORCH_DDL_METRICS_ADDR", "127.0.0.1",
+     "the address the metrics port binds to (0.0.0.0: every interface)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -181,6 +193,16 @@ Config read() {
   c.heartbeatMillis = static_cast<long>(parseSize(kTable[21], 0));
   c.heartbeatTimeoutMillis = static_cast<long>(parseSize(kTable[22], 1));
   c.stagedBytes = parseSize(kTable[23], 0);
+  c.statusServer = parseFlag(kTable[24]);
+  c.statusAddress = configValue(kTable[25]);
+  if (!configValue(kTable[26]).empty()) {
+    c.metricsPort = parseSize(kTable[26], 1);
+    if (c.metricsPort > 65535) {
+      throw Error("ddl: TORCH_DDL_METRICS_PORT=" + configValue(kTable[26]) +
+                  " is not a port (1 to 65535)");
+    }
+  }
+  c.metricsAddress = configValue(kTable[27]);
   if (c.heartbeatMillis > 0 && c.heartbeatTimeoutMillis < 2 * c.heartbeatMillis) {
     throw Error("ddl: TORCH_DDL_HEARTBEAT_TIMEOUT_MS=" + configValue(kTable[22]) +
                 " must be at least twice TORCH_DDL_HEARTBEAT_MS=" + configValue(kTable[21]));

@@ -45,6 +45,10 @@ const char* collectiveName(Collective collective) {
   return "collective";
 }
 
+uint64_t CallPrint::bytes() const {
+  return type == kUnset ? 0 : count * elementSize(static_cast<DataType>(type));
+}
+
 std::string CallPrint::describe() const {
   const std::string name = collectiveName(collective);
   const std::string elements =

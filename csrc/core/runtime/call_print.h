@@ -60,6 +60,8 @@ struct CallPrint {
   bool operator==(const CallPrint& other) const;
   // e.g. "allreduce(sum, 100 x float32)", "broadcast(4 x int64 from rank 1)".
   std::string describe() const;
+  // count elements of its dtype, in bytes (0 for a call without a dtype).
+  uint64_t bytes() const;
 };
 static_assert(sizeof(CallPrint) == 24);
 

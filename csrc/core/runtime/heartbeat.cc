@@ -110,4 +110,10 @@ void Heartbeat::stop(Transport& transport) {
   }
 }
 
+std::optional<TimePoint> Heartbeat::heard(const std::string& address) const {
+  auto it = watched_.find(idOf(address));
+  if (it == watched_.end()) return std::nullopt;
+  return it->second.heard;
+}
+
 }  // namespace ddl

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ class Heartbeat {
                                                         const IsLost& lost);
   // When tick must run next (TimePoint::max(): never).
   TimePoint next() const;
+  // When a beat of the process at `address` last arrived, if this process watches it (the time
+  // the watch began, before any beat). Turning thread.
+  std::optional<TimePoint> heard(const std::string& address) const;
+  size_t watchedCount() const { return watched_.size(); }
   // Lets go of what the transport holds (before it closes).
   void stop(Transport& transport);
 

@@ -251,6 +251,16 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   // be given up without doubt (shm/shared_ring.h).
   op->endsCleanly_ = ending == Ending::kRemoteRefusal;
   recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : pendingPeers(*op));
+  {
+    const TimePoint now = clock_.now();
+    const double ran =
+        op->deadline() == TimePoint{}
+            ? 0.0
+            : std::chrono::duration<double>(now - (op->deadline() - op->timeout())).count();
+    const Group& g = op->group();
+    stats_.ended(g.id, g.name, g.rank, g.size, op->name(), op->sequence(),
+                 op->callCheck().print().bytes(), ran, error.kind, now, error.detail);
+  }
   if (!error.ok() && ending != Ending::kRefused) recorder_.writeOnFailure();
   std::vector<std::unique_ptr<Request>> pending = op->takePending();
   for (auto& req : pending) transport_->cancel(req.get());

@@ -30,6 +30,7 @@
 #include "heartbeat.h"
 #include "liveness.h"
 #include "op.h"
+#include "stats.h"
 #include "trace.h"
 
 namespace ddl {
@@ -134,6 +135,8 @@ class Runtime {
   // simulated rank's own.
   const Config& config() const { return config_; }
   FlightRecorder& recorder() { return recorder_; }
+  // What it counted of the ops it ended (stats.h). Any thread.
+  const OpStats& stats() const { return stats_; }
   // File descriptors a sleeping driver waits on besides its own (watched peers that exit).
   std::vector<int> watchedFds() const { return watch_.fds(); }
 
@@ -195,6 +198,7 @@ class Runtime {
   Memory* const hostMemory_;
   const Config config_;
   FlightRecorder recorder_;
+  OpStats stats_;
 
   std::mutex submitMutex_;
   std::vector<std::unique_ptr<Op>> submitted_;

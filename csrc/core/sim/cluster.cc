@@ -4,6 +4,8 @@
 #include <map>
 
 #include "../base/types.h"
+#include "../runtime/stats.h"
+#include "../runtime/status.h"
 
 namespace ddl {
 
@@ -194,6 +196,11 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
   // Checked after every event: a count, and a look at each rank only while no more ops run than
   // ranks have died (the dead never end theirs).
   auto allEnded = [&] {
+    if (look_ && network_->now() >= lookWhen_) {
+      std::function<void()> look = std::move(look_);
+      look_ = nullptr;
+      look();
+    }
     if (!waitFor && *running > network_->deaths()) return false;
     for (int r = 0; r < n; ++r) {
       if (works[r] && !works[r]->done() && !network_->dead(r) && (!waitFor || waitFor(r))) {
@@ -211,6 +218,24 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
     }
   }
   return outcome;
+}
+
+std::vector<std::string> SimCluster::statusRows() {
+  std::vector<std::string> rows;
+  for (int r = 0; r < size(); ++r) {
+    const char* state = network_->dead(r) ? "dead" : network_->stalled(r) ? "stopped" : "ok";
+    std::string row = "{\"rank\": " + std::to_string(r) +
+                      ", \"host\": " + jsonString(localities_[r].hostName) + ", \"state\": \"" +
+                      state + "\"";
+    if (std::string(state) == "ok") {
+      Runtime& runtime = engines_[r]->runtime();
+      row += ", \"answer\": {\"active_ops\": " + std::to_string(runtime.activeOps()) +
+             ", \"in_flight\": \"simulated\", " + inFlightJson(runtime) +
+             ", \"stats\": " + runtime.stats().json(runtime.clock().now()) + "}";
+    }
+    rows.push_back(row + "}");
+  }
+  return rows;
 }
 
 std::set<uint32_t> SimCluster::Shrink::ids() const {

@@ -77,6 +77,16 @@ class SimCluster {
   bool runUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
   // Ranks whose op runs on: not dead, and not stalled for good (a rank the run must wait for).
   std::function<bool(int)> waitFor;
+  // Called once, inside run(), at the first event at or after `when` (a look at the ranks while
+  // their ops run: python -m torch_ddl.sim --status-at).
+  void lookAt(TimePoint when, std::function<void()> look) {
+    lookWhen_ = when;
+    look_ = std::move(look);
+  }
+  // Each rank as `python -m torch_ddl.status` sees a process (runtime/status.h), one JSON object
+  // per rank: {"rank", "host", "state": "ok", "answer": {...}} or state "dead" (killed) or
+  // "stopped" (stalled: it would not answer).
+  std::vector<std::string> statusRows();
   // The group of every rank (createGroup), by cluster rank.
   std::vector<Communicator*> members();
 
@@ -133,6 +143,8 @@ class SimCluster {
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<std::shared_ptr<Communicator>> comms_;
   ClusterSpec spec_;
+  TimePoint lookWhen_ = TimePoint::max();
+  std::function<void()> look_;
 };
 
 }  // namespace ddl

@@ -212,6 +212,8 @@ class SimNetwork {
   // Puts that landed in memory no longer registered (SimTransport::land), over every rank.
   uint64_t strayPuts() const;
   bool dead(int rank) const { return dead_[rank]; }
+  // Whether `rank` is stalled (not turned) now.
+  bool stalled(int rank) const { return point(stallUntil_[rank]) > now_; }
   int deaths() const { return deaths_; }
   // Whether a message from a to b would be dropped now (a cut or a partition between them).
   bool severed(int a, int b) const;

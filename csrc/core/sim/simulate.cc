@@ -120,6 +120,19 @@ void slowDown(const SimRequest& request, SimCluster& cluster) {
   }
 }
 
+// With statusAtMicros: every rank's status row, at that time after `began` (SimReport::status).
+void lookAtStatus(SimCluster& cluster, const SimRequest& request, SimReport& report,
+                  TimePoint began) {
+  cluster.lookAt(
+      began + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::duration<double, std::micro>(request.statusAtMicros)),
+      [&cluster, &report, began] {
+        report.status = cluster.statusRows();
+        report.statusTakenMicros =
+            std::chrono::duration<double, std::micro>(cluster.network().now() - began).count();
+      });
+}
+
 }  // namespace
 
 SimReport simulate(const SimRequest& request) {
@@ -188,9 +201,7 @@ SimReport simulate(const SimRequest& request) {
     for (int r : side) valid(r, "cut off");
     if (request.stallRank >= 0) valid(request.stallRank, "stall");
     const bool stalledForGood = request.stallRank >= 0 && request.stallMillis < 0;
-    if (stalledForGood) {
-      cluster.waitFor = [&request](int r) { return r != request.stallRank; };
-    }
+    if (stalledForGood) cluster.waitFor = [&request](int r) { return r != request.stallRank; };
     cluster.createGroup();
     SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
@@ -222,6 +233,7 @@ SimReport simulate(const SimRequest& request) {
                            std::chrono::duration<double, std::milli>(request.stallMillis)));
     }
     report.killedAtMicros = std::chrono::duration<double, std::micro>(at).count();
+    if (request.statusAtMicros >= 0) lookAtStatus(cluster, request, report, began);
     SimCluster::Outcome outcome = cluster.run(
         [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
         limit);

@@ -40,6 +40,9 @@ struct SimRequest {
   int slowLinkHost = -1;
   double slowLinkFactor = 1;
   bool faulted() const { return !killRanks.empty() || !partitionRanks.empty() || stallRank >= 0; }
+  // Microseconds after the op's start at which every rank is looked at as
+  // `python -m torch_ddl.status` would (SimReport::status); < 0: never.
+  double statusAtMicros = -1;
   // After the fault, the survivors shrink the group, each excluding the ranks it knows are gone,
   // and run kShrinkOps collectives of mixed kinds on the group they formed.
   bool shrink = false;
@@ -93,6 +96,10 @@ struct SimReport {
   // the error of their next call (a barrier), which the failed group refuses.
   int completed = 0;
   double wallSeconds = 0;
+  // With statusAtMicros: each rank's row (SimCluster::statusRows), taken at statusTakenMicros
+  // after the op's start (the first event from the time asked).
+  std::vector<std::string> status;
+  double statusTakenMicros = 0;
 };
 
 SimReport simulate(const SimRequest& request);
