@@ -2,10 +2,12 @@
 query of every rank every 100 ms, and without, in one run, the two interleaved round by round.
 
     python benchmarks/status_cost.py [--world-size 4] [--sizes 8,64K,1M,16M] [--rounds 30]
+                                     [--control]
 
 Prints, per size, the median time per op without queries and with them, and the median of each
-round's ratio (with / without: 1.00 is free) with its quartiles (the machine's noise). The queries come from this script's own process (the job's store is
-its), as `python -m torch_ddl.status` would send them.
+round's ratio (with / without: 1.00 is free) with its quartiles (the machine's noise). The
+queries come from this script's own process (the job's store is its), as
+`python -m torch_ddl.status` would send them.
 """
 
 import argparse
@@ -81,6 +83,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--budget", type=float, default=0.1, help="seconds per timing")
     parser.add_argument("--every", type=float, default=0.1, help="seconds between queries")
+    parser.add_argument("--control", action="store_true",
+                        help="ask nothing in either half: the ratios then show the machine's "
+                        "noise alone")
     args = parser.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]
 
@@ -94,7 +99,8 @@ def main():
 
     def querier():
         while not stop.is_set():
-            if store.get("bench/query") == b"1" and store.check([status.KEY + "world_size"]):
+            if (store.get("bench/query") == b"1" and not args.control
+                    and store.check([status.KEY + "world_size"])):
                 start = time.perf_counter()
                 results = status.gather(store, timeout=1.0)
                 queries.append(time.perf_counter() - start)
@@ -107,9 +113,10 @@ def main():
                        start_method="spawn")
     stop.set()
     thread.join(timeout=10)
-    print(f"allreduce, float32, {args.world_size} ranks; a status query of every rank every "
-          f"{args.every * 1000:.0f} ms or none, {args.rounds} rounds each, interleaved; "
-          f"median us per op (slowest rank)")
+    asked = "(control: no query in either half)" if args.control else (
+        f"a status query of every rank every {args.every * 1000:.0f} ms or none")
+    print(f"allreduce, float32, {args.world_size} ranks; {asked}, {args.rounds} rounds each, "
+          f"interleaved; median us per op (slowest rank)")
     print(f"{'size':>9} | {'no queries':>10} | {'queries':>10} | {'with/without':>12} | "
           f"{'quartiles':>13}")
     for nbytes in args.sizes:

@@ -13,10 +13,12 @@
 #   tools/gpu_check.sh ranks8      the collective tests at 8 ranks too (DDL_TEST_MORE_RANKS=8)
 #   tools/gpu_check.sh conformance PyTorch's CI subset with the GPU hidden (the suite skips every
 #                                  test when it sees fewer GPUs than ranks)
+#   tools/gpu_check.sh status      what answering python -m torch_ddl.status every 100 ms costs
+#                                  an allreduce sweep at 8 ranks (benchmarks/status_cost.py)
 #   tools/gpu_check.sh all         build, test, bench, conformance in turn
 #   tools/gpu_check.sh session     SESSION_STEPS (default: build smoke bench test-cuda variants
-#                                  cpu ranks8), each bounded, then the rest of the suite until
-#                                  LIMIT_S (default 560) seconds have passed since the start;
+#                                  cpu ranks8 status), each bounded, then the rest of the suite
+#                                  until LIMIT_S (default 560) seconds have passed since the start;
 #                                  smoke is one short CUDA test: where it fails, nothing after it
 #                                  runs
 # It uses the python that holds torch (PYTHON, else python3) and no virtual environment. Where
@@ -129,6 +131,10 @@ cpu() {
   done
 }
 conformance() { CUDA_VISIBLE_DEVICES="" PYTHON=$py tests/conformance/run.sh subset ddl 2; }
+# What answering python -m torch_ddl.status costs, with cores to spare for the asker.
+status_cost() {
+  CUDA_VISIBLE_DEVICES="" bounded "$py" benchmarks/status_cost.py --world-size 8 --rounds 20
+}
 
 what=${1:-all}
 case "$what" in
@@ -140,6 +146,7 @@ case "$what" in
   cpu) step cpu cpu ;;
   ranks8) step ranks8 ranks8 ;;
   conformance) step conformance conformance ;;
+  status) step status status_cost ;;
   all)
     status=0
     step build build || exit 1
@@ -152,7 +159,7 @@ case "$what" in
     # SESSION_STEPS in turn (build first; the others under a bound each), then the rest of the
     # suite until LIMIT_S seconds have passed since the start.
     limit=${LIMIT_S:-560}
-    for name in ${SESSION_STEPS:-build smoke bench test-cuda variants cpu ranks8}; do
+    for name in ${SESSION_STEPS:-build smoke bench test-cuda variants cpu ranks8 status}; do
       case $name in
         build) step build build || exit 1 ;;
         smoke)  # CUDA ops at all, before the long steps
@@ -164,6 +171,7 @@ case "$what" in
         variants) STEP_TIMEOUT=60 step variants variants ;;
         cpu) STEP_TIMEOUT=180 step cpu cpu ;;
         ranks8) STEP_TIMEOUT=100 step ranks8 ranks8 ;;
+        status) STEP_TIMEOUT=90 step status status_cost ;;
       esac
     done
     left=$((limit - SECONDS))
@@ -173,7 +181,7 @@ case "$what" in
     fi
     ;;
   *)
-    echo "usage: $0 build|test|test-cuda|bench|variants|cpu|conformance|all|session" >&2
+    echo "usage: $0 build|test|test-cuda|bench|variants|cpu|conformance|status|all|session" >&2
     exit 2
     ;;
 esac

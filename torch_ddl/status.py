@@ -54,15 +54,18 @@ def _records(store):
 
 
 def ask(address, timeout):
-    """One process's answer: ("ok", state), ("stopped", why) or ("dead", why)."""
+    """One process's answer: ("ok", state), or ("stopped" | "dead" | "unreachable", why)."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout
     try:
         conn = socket.create_connection((host, int(port)), timeout=timeout)
     except ConnectionRefusedError:
         return "dead", "nothing listens at its status port (the process has exited)"
+    except (socket.timeout, TimeoutError):
+        return "unreachable", (f"no connection within {timeout:g} s (its host is down, or cut "
+                               f"off from here)")
     except OSError as e:
-        return "dead", f"its status port cannot be reached ({e.strerror or e})"
+        return "unreachable", f"its status port cannot be reached ({e.strerror or e})"
     with conn:
         try:
             conn.sendall(REQUEST)
@@ -140,8 +143,9 @@ def _failed_last(ranks):
         return ""
     (group, sequence), failed = max(by_group.items(), key=lambda kv: len(kv[1]))
     names = ",".join(str(r) for r, _ in failed)
-    return (f"no op waits; op #{sequence} of {group} failed on rank{'s' if len(failed) > 1 else ''} "
-            f"{names}: {failed[0][1]['last_error']}")
+    plural = "s" if len(failed) > 1 else ""
+    return (f"no op waits; op #{sequence} of {group} failed on rank{plural} {names}: "
+            f"{failed[0][1]['last_error']}")
 
 
 def diagnose(results, slow_s=1.0):
@@ -202,7 +206,7 @@ def diagnose(results, slow_s=1.0):
     words = [f"host {row['host']}" if row else "not in the job's records"]
     if row is None:
         cause = "unknown"
-    elif row["state"] in ("stopped", "dead", "unknown"):
+    elif row["state"] in ("stopped", "dead", "unknown", "unreachable"):
         cause = row["state"]
         words.append(row["why"])
     elif any(k[0] == group and k[1] == sequence and target in v for k, v in ops.items()):
@@ -231,7 +235,7 @@ def diagnose(results, slow_s=1.0):
         else:
             cause = "not in the op"
             words.append("it runs no ddl op: it has not called this one")
-    if row is not None and cause not in ("stopped", "dead", "unknown"):
+    if row is not None and cause not in ("stopped", "dead", "unknown", "unreachable"):
         row["state"] = cause
     if beats:
         words.append(f"no heartbeat for {_seconds(max(beats))}" if max(beats) > 1.0

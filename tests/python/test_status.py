@@ -84,18 +84,27 @@ def job(tmp_path):
         j.close()
 
 
-def until_healthy(store, deadline_s=15):
-    deadline = time.monotonic() + deadline_s
+def until(store, predicate=lambda verdict: verdict.startswith("healthy"), seconds=15):
+    """Asks until the verdict satisfies `predicate` or `seconds` pass; the last answer."""
+    deadline = time.monotonic() + seconds
     while True:
         verdict, ranks = status.diagnose(status.gather(store))
-        if verdict.startswith("healthy") or time.monotonic() > deadline:
+        if predicate(verdict) or time.monotonic() > deadline:
             return verdict, ranks
         time.sleep(0.2)
 
 
+def finish_healthy(j):
+    """The job, healthy again, stops, every rank's every result having been right."""
+    verdict, _ = until(j.store)
+    assert verdict.startswith("healthy"), verdict
+    outs = j.finish()
+    assert all("ran" in out for out in outs), outs
+
+
 def test_a_stopped_rank_is_named_with_its_op_then_healthy_after_it_resumes(job):
     j = job()
-    verdict, ranks = until_healthy(j.store)
+    verdict, ranks = until(j.store)
     assert verdict.startswith("healthy"), verdict
     assert all(row["state"] == "ok" for row in ranks.values())
 
@@ -120,15 +129,12 @@ def test_a_stopped_rank_is_named_with_its_op_then_healthy_after_it_resumes(job):
     assert [row["rank"] for row in answer["ranks"]] == list(range(WORLD))
 
     j.procs[2].send_signal(signal.SIGCONT)
-    verdict, ranks = until_healthy(j.store)
-    assert verdict.startswith("healthy"), verdict
-    outs = j.finish()
-    assert all("ran" in out for out in outs), outs
+    finish_healthy(j)
 
 
 def test_a_killed_rank_is_named_dead(job):
     j = job()
-    until_healthy(j.store)
+    until(j.store)
     j.procs[3].kill()
     j.procs[3].wait(timeout=30)
     verdict, ranks = status.diagnose(status.gather(j.store))
@@ -138,14 +144,9 @@ def test_a_killed_rank_is_named_dead(job):
 
 def test_a_failed_call_is_named_not_taken_for_a_hang(job):
     j = job({"ODD_RANK": "1"})
-    until_healthy(j.store)
+    until(j.store)
     open(j.stop + ".mismatch", "w").close()
-    deadline = time.monotonic() + 60
-    while True:
-        verdict, ranks = status.diagnose(status.gather(j.store))
-        if "failed on ranks" in verdict or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    verdict, _ = until(j.store, lambda v: "failed on ranks" in v, 60)
     assert "no op waits; op #" in verdict and "of group 0 failed on ranks" in verdict, verdict
     assert "5 x float32" in verdict or "7 x float32" in verdict, verdict  # the calls, named
     outs = j.finish()
@@ -166,10 +167,7 @@ def test_the_port_refuses_any_other_request_and_changes_nothing(job):
     with socket.create_connection((host, int(port)), timeout=5) as conn:
         conn.settimeout(5)
         assert conn.recv(100) == b""
-    verdict, _ = until_healthy(j.store)
-    assert verdict.startswith("healthy"), verdict
-    outs = j.finish()
-    assert all("ran" in out for out in outs), outs
+    finish_healthy(j)
 
 
 def test_metrics_parse_and_count_the_ops_run(job):
@@ -177,7 +175,7 @@ def test_metrics_parse_and_count_the_ops_run(job):
 
     base = free_port()
     j = job({"TORCH_DDL_METRICS_PORT": str(base), "HOLD_FOR_SCRAPE": "1"})
-    until_healthy(j.store)
+    until(j.store)
     open(j.stop, "w").close()
     ran = {}
     deadline = time.monotonic() + 60
@@ -239,7 +237,7 @@ def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_pa
             assert tool.returncode == 0, err
             return json.loads(out)
 
-        def until(predicate, seconds=90):
+        def until_said(predicate, seconds=90):
             deadline = time.monotonic() + seconds
             while True:
                 answer = ask()
@@ -248,7 +246,7 @@ def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_pa
                 assert all(p.poll() is None for p in procs), [p.stdout.read() for p in procs]
                 time.sleep(0.5)
 
-        answer = until(lambda v: v.startswith("healthy"))
+        answer = until_said(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
         hosts = {row["rank"]: row["host"] for row in answer["ranks"]}
         assert hosts[0] == cluster.host_names[0] and hosts[5] == cluster.host_names[1], hosts
@@ -258,18 +256,18 @@ def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_pa
             rank5 = int(f.read().split()[0])
         os.kill(rank5, signal.SIGSTOP)
         try:
-            answer = until(lambda v: "rank 5 (stopped" in v)
+            answer = until_said(lambda v: "rank 5 (stopped" in v)
             assert "rank 5 (stopped" in answer["verdict"], answer["verdict"]
             assert f"host {cluster.host_names[1]}" in answer["verdict"], answer["verdict"]
         finally:
             os.kill(rank5, signal.SIGCONT)
-        answer = until(lambda v: v.startswith("healthy"))
+        answer = until_said(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
 
         # Rank 1 calls another collective (a barrier of a group with rank 2, which rank 2 never
         # joins) while the others are in their allreduce.
         open(stop + ".odd", "w").close()
-        answer = until(lambda v: "rank 1 (in another op" in v)
+        answer = until_said(lambda v: "rank 1 (in another op" in v)
         assert "rank 1 (in another op" in answer["verdict"], answer["verdict"]
         assert "barrier #" in answer["verdict"], answer["verdict"]
 
