@@ -359,9 +359,11 @@ TEST(Staged, TimeoutNamesTheMissingRank) {
     const size_t at = messages[r].find("Timed out after 300 ms");
     ASSERT_NE(at, std::string::npos) << messages[r];
     const std::string why = messages[r].substr(at);
+    // Rank 2 alone is named late; rank 0 may be named as the one that saw no call from it.
     EXPECT_NE(why.find("rank 2 has not started this op"), std::string::npos) << why;
-    EXPECT_EQ(why.find("rank 0 "), std::string::npos) << why;
-    EXPECT_EQ(why.find("rank 1 "), std::string::npos) << why;
+    for (const char* late : {"rank 0 has", "rank 1 has", "to rank 0", "to rank 1"}) {
+      EXPECT_EQ(why.find(late), std::string::npos) << why;
+    }
   }
 }
 

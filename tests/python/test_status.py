@@ -4,6 +4,7 @@ ranks on this host in an allreduce loop; one is stopped (SIGSTOP), resumed, kill
 import datetime
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -210,66 +211,101 @@ def test_a_bad_metrics_port_is_refused_at_import():
     assert "TORCH_DDL_METRICS_PORT=70000" in done.stderr, done.stderr
 
 
-def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_path):
+def emulated(hosts, ranks):
+    """A Cluster of emulated hosts (benchmarks/cluster/cluster.py), or a skip saying why not."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks", "cluster"))
     from cluster import Cluster, unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(str(reason))
+    return Cluster(hosts, ranks, rate="1gbit")
+
+
+class EmulatedJob:
+    """status_worker.py as every rank of `cluster`, asked from host 0 as a user would ask."""
+
+    def __init__(self, cluster, stop, env):
+        self.cluster = cluster
+        base = dict(os.environ, OMP_NUM_THREADS="1", **env)
+        self.envs = cluster.rank_env(base, port=29650)
+        self.procs = [cluster.popen(h, [sys.executable, WORKER, str(r), str(len(self.envs)), "env",
+                                        stop], env=e, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+                      for r, (h, e) in enumerate(self.envs)]
+
+    def ask(self):
+        # From host 0, in a shell with the job's MASTER_ADDR and MASTER_PORT.
+        tool = self.cluster.popen(0, [sys.executable, "-m", "torch_ddl.status", "--json"],
+                                  env=self.envs[0][1], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        out, err = tool.communicate(timeout=120)
+        if tool.returncode != 0 and "no ddl process has published" in err:
+            return {"verdict": "(not published yet)"}  # the job is still starting
+        assert tool.returncode == 0, err
+        return json.loads(out)
+
+    def until(self, predicate, seconds=90):
+        deadline = time.monotonic() + seconds
+        while True:
+            answer = self.ask()
+            if predicate(answer["verdict"]) or time.monotonic() > deadline:
+                return answer
+            assert all(p.poll() is None for p in self.procs), [p.stdout.read() for p in self.procs]
+            time.sleep(0.5)
+
+    def pid(self, rank):
+        """The rank's process, as this namespace numbers it (the child nsenter started)."""
+        with open(f"/proc/{self.procs[rank].pid}/task/{self.procs[rank].pid}/children") as f:
+            return int(f.read().split()[0])
+
+
+def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_path):
     stop = str(tmp_path / "stop")
-    base = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DDL_HEARTBEAT_TIMEOUT_MS="60000",
-                ODD_RANK="1")
-    with Cluster(2, 4, rate="1gbit") as cluster:
-        envs = cluster.rank_env(base, port=29650)
-        procs = [cluster.popen(h, [sys.executable, WORKER, str(r), str(len(envs)), "env", stop],
-                               env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r, (h, e) in enumerate(envs)]
-
-        def ask():
-            # From host 0, as a user in a shell with the job's MASTER_ADDR and MASTER_PORT.
-            tool = cluster.popen(0, [sys.executable, "-m", "torch_ddl.status", "--json"],
-                                 env=envs[0][1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, cwd=ROOT)
-            out, err = tool.communicate(timeout=120)
-            if tool.returncode != 0 and "no ddl process has published" in err:
-                return {"verdict": "(not published yet)"}  # the job is still starting
-            assert tool.returncode == 0, err
-            return json.loads(out)
-
-        def until_said(predicate, seconds=90):
-            deadline = time.monotonic() + seconds
-            while True:
-                answer = ask()
-                if predicate(answer["verdict"]) or time.monotonic() > deadline:
-                    return answer
-                assert all(p.poll() is None for p in procs), [p.stdout.read() for p in procs]
-                time.sleep(0.5)
-
-        answer = until_said(lambda v: v.startswith("healthy"))
+    with emulated(2, 4) as cluster:
+        job = EmulatedJob(cluster, stop, {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS": "60000",
+                                          "ODD_RANK": "1"})
+        answer = job.until(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
         hosts = {row["rank"]: row["host"] for row in answer["ranks"]}
         assert hosts[0] == cluster.host_names[0] and hosts[5] == cluster.host_names[1], hosts
 
-        # Rank 5, on host 1, stopped: its process is the child nsenter started.
-        with open(f"/proc/{procs[5].pid}/task/{procs[5].pid}/children") as f:
-            rank5 = int(f.read().split()[0])
+        # Rank 5, on host 1, stopped.
+        rank5 = job.pid(5)
         os.kill(rank5, signal.SIGSTOP)
         try:
-            answer = until_said(lambda v: "rank 5 (stopped" in v)
+            answer = job.until(lambda v: "rank 5 (stopped" in v)
             assert "rank 5 (stopped" in answer["verdict"], answer["verdict"]
             assert f"host {cluster.host_names[1]}" in answer["verdict"], answer["verdict"]
         finally:
             os.kill(rank5, signal.SIGCONT)
-        answer = until_said(lambda v: v.startswith("healthy"))
+        answer = job.until(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
 
         # Rank 1 calls another collective (a barrier of a group with rank 2, which rank 2 never
         # joins) while the others are in their allreduce.
         open(stop + ".odd", "w").close()
-        answer = until_said(lambda v: "rank 1 (in another op" in v)
+        answer = job.until(lambda v: "rank 1 (in another op" in v)
         assert "rank 1 (in another op" in answer["verdict"], answer["verdict"]
         assert "barrier #" in answer["verdict"], answer["verdict"]
+
+
+def test_emulated_hosts_a_host_cut_off_is_named_unreachable(tmp_path):
+    with emulated(2, 2) as cluster:
+        job = EmulatedJob(cluster, str(tmp_path / "stop"),
+                          {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS": "60000"})
+        answer = job.until(lambda v: v.startswith("healthy"))
+        assert answer["verdict"].startswith("healthy"), answer["verdict"]
+        # Host 1's link goes down, its processes live on: from host 0 its ranks cannot be
+        # reached, and host 0's ranks wait on them.
+        subprocess.run(["ip", "-n", cluster.host_names[1], "link", "set", "eth0", "down"],
+                       check=True, timeout=20)
+        answer = job.until(lambda v: "(unreachable" in v)
+        verdict = answer["verdict"]
+        assert re.search(r"waits? on rank [23] \(unreachable", verdict), verdict
+        states = {row["rank"]: row["state"] for row in answer["ranks"]}
+        assert states[2] == states[3] == "unreachable", states
+        assert states[0] in ("waiting", "ok") and states[1] in ("waiting", "ok"), states
 
 
 def test_the_simulator_names_a_stalled_rank_of_1024_at_a_virtual_time():
