@@ -254,9 +254,7 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   {
     const TimePoint now = clock_.now();
     const double ran =
-        op->deadline() == TimePoint{}
-            ? 0.0
-            : std::chrono::duration<double>(now - (op->deadline() - op->timeout())).count();
+        op->deadline() == TimePoint{} ? 0.0 : secondsBetween(op->deadline() - op->timeout(), now);
     const Group& g = op->group();
     stats_.ended(g.id, g.name, g.rank, g.size, op->name(), op->sequence(),
                  op->callCheck().print().bytes(), ran, error.kind, now, error.detail);

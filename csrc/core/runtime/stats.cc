@@ -5,14 +5,6 @@
 
 namespace ddl {
 
-namespace {
-
-double secondsBetween(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-}  // namespace
-
 const char* OpStats::className(int sizeClass) {
   static const char* const kNames[] = {"le1KiB", "le64KiB", "le1MiB", "le16MiB", "gt16MiB"};
   return kNames[sizeClass];
@@ -108,6 +100,10 @@ std::string OpStats::json(TimePoint now) const {
   }
   out << "]}";
   return out.str();
+}
+
+double secondsBetween(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double>(to - from).count();
 }
 
 std::string jsonString(const std::string& s) {

@@ -67,5 +67,7 @@ class OpStats {
 
 // JSON's string literal of `s` (quotes included).
 std::string jsonString(const std::string& s);
+// The seconds from `from` to `to`, as the JSON above gives times.
+double secondsBetween(TimePoint from, TimePoint to);
 
 }  // namespace ddl

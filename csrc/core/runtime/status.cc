@@ -13,10 +13,6 @@ namespace ddl {
 
 namespace {
 
-double secondsBetween(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
 std::string rankList(const std::set<int>& ranks) {
   std::string s = "[";
   for (int r : ranks) s += (s.size() > 1 ? ", " : "") + std::to_string(r);
