@@ -21,9 +21,10 @@ namespace {
 // For each size in bytes of float32: (bytes, [(plan, predicted seconds), ...]), the chosen
 // plan first.
 py::list planRows(const ddl::Topology& topology, const ddl::LinkCosts& links,
-                  const std::vector<int64_t>& sizes) {
+                  const std::vector<int64_t>& sizes,
+                  const ddl::PlanRequest& request = ddl::planRequest()) {
   py::list rows;
-  const ddl::PlanBook book(topology, links, ddl::planRequest(), false);
+  const ddl::PlanBook book(topology, links, request, false);
   for (int64_t bytes : sizes) {
     py::list candidates;
     for (const ddl::AllreducePlan& plan : book.candidates(static_cast<size_t>(bytes) / 4, 4)) {
@@ -199,9 +200,22 @@ void bindBackend(py::module_& m) {
       // One-sided windows on every torch (torch_ddl.new_window); from torch 2.14 on also
       // ProcessGroup.new_window / dist._new_window.
       .def("_new_window", &ddl::ProcessGroupDDL::newWindow, py::arg("tensor") = py::none())
+      // The plan the group's allreduce of `nbytes` of float32 takes.
+      .def("allreduce_plan",
+           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
+             return valueErrors([&] {
+               if (nbytes < 0) throw ddl::Error("allreduce_plan: negative size");
+               return pg.communicator()
+                   ->allreducePlan(static_cast<size_t>(nbytes) / 4, ddl::DataType::kFloat32)
+                   ->describe();
+             });
+           })
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
-          return planRows(pg.communicator()->topology(), pg.communicator()->links(), sizes);
+          // What the group's own planner settings make of each size (its request is the one in
+          // effect when it was created).
+          const auto& comm = pg.communicator();
+          return planRows(comm->topology(), comm->links(), sizes, comm->planBook().request());
         });
       });
 }

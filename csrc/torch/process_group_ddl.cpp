@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "../core/group/creation.h"
 #include "../core/shm/shared_buffers.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/topology/cost_model.h"
@@ -26,7 +27,12 @@ ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, i
     : c10d::Backend(rank, size) {
   StoreAdapter adapter(store);
   try {
-    comm_ = Communicator::create(Engine::process(), adapter, rank, size, timeout);
+    // The planner's settings in effect now (torch_ddl._C.check_config() reloads them): groups of
+    // one process may plan differently, each as configured when it was created.
+    GroupOptions options;
+    options.timeout = timeout;
+    options.plan = planRequest(ddl::config());
+    comm_ = Creation::begin(Engine::process(), adapter, rank, size, options)->await();
   } catch (const ddl::Error& e) {
     torch_errors::raise(e.status());
   }

@@ -101,6 +101,40 @@ def _sequence_and_debug(rank, size):
         dist.all_reduce(bad)
 
 
+def _settings_per_group(rank, size):
+    import torch_ddl
+
+    def backend(group):
+        return group._get_backend(torch.device("cpu"))
+
+    # 64 KiB: recursive doubling by default on one host; each group plans as configured when it
+    # was created, whatever the settings are later.
+    default = dist.new_group(backend="ddl")
+    os.environ["TORCH_DDL_ALLREDUCE_ALGO"] = "ring"
+    try:
+        torch_ddl._C.check_config()
+        ring = dist.new_group(backend="ddl")
+    finally:
+        del os.environ["TORCH_DDL_ALLREDUCE_ALGO"]
+        torch_ddl._C.check_config()
+    later = dist.new_group(backend="ddl")
+    nbytes = 65536
+    plans = {name: backend(g).allreduce_plan(nbytes)
+             for name, g in (("default", default), ("ring", ring), ("later", later))}
+    assert plans["ring"].startswith("ring"), plans
+    assert not plans["default"].startswith("ring"), plans
+    assert plans["later"] == plans["default"], plans
+    assert all(row[1][0][0] == plans["ring"] for row in backend(ring).plan_rows([nbytes])), plans
+    for g in (default, ring, later):
+        x = torch.full((nbytes // 4,), float(rank + 1))
+        dist.all_reduce(x, group=g)
+        assert_same(x, torch.full_like(x, size * (size + 1) / 2), plans)
+
+
+def test_each_group_plans_with_the_settings_of_its_creation():
+    run_ranks(_settings_per_group, 2)
+
+
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_subgroups(size):
     run_ranks(_subsets, size)

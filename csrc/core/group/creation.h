@@ -46,10 +46,6 @@ struct GroupOptions {
 // naming the key and the value otherwise.
 uint32_t parseGroupId(const std::string& value, const std::string& key);
 
-// A group id as rank 0 wrote it to the store (`key`): decimal, below tag::kGroupIds. Throws
-// naming the key and the value otherwise.
-uint32_t parseGroupId(const std::string& value, const std::string& key);
-
 class Creation {
  public:
   static std::unique_ptr<Creation> begin(Engine& engine, KeyValueStore& store, int rank, int size,
