@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "../../csrc/core/runtime/heartbeat.h"
 #include "harness.h"
 
 namespace ddl::test {
@@ -40,6 +41,80 @@ TEST(Busy, ALongDirectReductionLetsHeartbeatsLeave) {
         buffers->release(data);
       },
       std::chrono::seconds(30));
+}
+
+// Two processes that beat each other every 250 ms, counted gone after 2 s of silence, ticked at
+// the times given (as their progress threads would).
+struct TwoBeating {
+  LoopbackFabric fabric;
+  std::unique_ptr<LoopbackTransport> transports[2];
+  std::unique_ptr<Heartbeat> beats[2];
+  std::string addresses[2];
+  TimePoint start;
+
+  TwoBeating() {
+    for (int i = 0; i < 2; ++i) {
+      transports[i] = fabric.join();
+      addresses[i] = transports[i]->localAddress();
+      beats[i] = std::make_unique<Heartbeat>(std::chrono::milliseconds(250),
+                                             std::chrono::milliseconds(2000));
+      beats[i]->setSelf(addresses[i]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const int other = 1 - i;
+      beats[i]->beat(addresses[other], transports[i]->connect(addresses[other]));
+      beats[i]->watch(addresses[other], start);
+    }
+  }
+  ~TwoBeating() {
+    for (int i = 0; i < 2; ++i) beats[i]->stop(*transports[i]);
+  }
+  // Process i's tick at `ms`: the words of the peers it counts gone.
+  std::vector<std::string> tick(int i, int ms) {
+    transports[i]->progress();
+    std::vector<std::string> gone;
+    for (auto& [address, why] :
+         beats[i]->tick(*transports[i], start + std::chrono::milliseconds(ms),
+                        [](const std::string&) { return false; })) {
+      gone.push_back(why);
+    }
+    return gone;
+  }
+};
+
+// A process away for longer than the timeout (stopped, its host paused, its progress thread busy)
+// finds its peers' beats of that stretch not yet taken when it comes back: it does not count them
+// gone for its own absence. Before, both processes of a paused machine counted each other gone on
+// their first tick after it.
+TEST(Heartbeat, AProcessAwayDoesNotCountItsPeersGoneForItsOwnAbsence) {
+  TwoBeating two;
+  for (int ms = 0; ms <= 1000; ms += 250) {
+    for (int i : {1, 0}) EXPECT_TRUE(two.tick(i, ms).empty()) << i << " at " << ms;
+  }
+  // Both away from 1 s to 4 s (a machine paused). Process 0 took every beat of process 1's at
+  // 1 s, and ticks at 4 s before process 1 beats again: nothing from it for 3 s.
+  for (int i : {0, 1}) EXPECT_TRUE(two.tick(i, 4000).empty()) << i;
+  for (int ms = 4250; ms <= 8000; ms += 250) {
+    for (int i = 0; i < 2; ++i) EXPECT_TRUE(two.tick(i, ms).empty()) << i << " at " << ms;
+  }
+}
+
+// ... while a peer that falls silent while this process listens is still counted gone after the
+// timeout, an absence of this process's before it notwithstanding.
+TEST(Heartbeat, APeerSilentWhileThisProcessListensIsCountedGoneInTime) {
+  TwoBeating two;
+  for (int ms = 0; ms <= 1000; ms += 250) {
+    for (int i : {1, 0}) EXPECT_TRUE(two.tick(i, ms).empty());
+  }
+  EXPECT_TRUE(two.tick(0, 4000).empty());  // process 0 away for 3 s; process 1 stopped at 1 s
+  std::vector<std::string> gone;
+  int at = 4000;
+  while (gone.empty() && at < 10000) gone = two.tick(0, at += 250);
+  ASSERT_EQ(gone.size(), 1u);
+  // Process 0 listened from its tick at 1 s to when the next was due (1.25 s), then from 4 s:
+  // 2 s of silence at 5.75 s.
+  EXPECT_EQ(at, 5750);
+  EXPECT_NE(gone[0].find("no heartbeat for 2000 ms"), std::string::npos) << gone[0];
 }
 
 }  // namespace

@@ -85,6 +85,11 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " had become a shared-memory one (TORCH_DDL_SMALL_BYTES 1024): its"
                          " window setup cut short left the ring unusable, and the next op failed"
                          " naming that op, not a fault"},
+    {0x5cf6e118433267e0, "a rank reducing 97 314 times slower, every op also on a second group:"
+                         " the simulator ran its 2 s of reductions in one turn, delivering"
+                         " nothing meanwhile, and the rank counted its peers gone (a rank is now"
+                         " turned again after each slice of work, as a progress thread yields)"},
+    {0xfc802b581cc63fc2, "the same with 112 ranks"},
   };
   // clang-format on
   for (const Found& f : found) {

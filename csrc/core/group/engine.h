@@ -47,7 +47,7 @@ class Engine {
 
   // Drive::kExternal (the runtime's, see there).
   bool turn() { return runtime_.turn(); }
-  int settle() { return runtime_.settle(); }
+  bool settle(TimePoint until = TimePoint::max()) { return runtime_.settle(until); }
   TimePoint nextTimer() const { return runtime_.nextTimer(); }
   void setWakeHook(std::function<void()> hook) { runtime_.setWakeHook(std::move(hook)); }
   const Clock& clock() const { return runtime_.clock(); }

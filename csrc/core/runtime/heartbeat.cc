@@ -33,9 +33,11 @@ void Heartbeat::unbeat(const std::string& address) {
 }
 
 void Heartbeat::watch(const std::string& address, TimePoint now) {
-  auto [it, added] = watched_.emplace(idOf(address), Watched{address, now, 0});
+  auto [it, added] = watched_.emplace(idOf(address), Watched{address, now, 0, false, away_});
   ++it->second.uses;
-  if (!it->second.reported) nextSilence_ = std::min(nextSilence_, it->second.heard + timeout_);
+  if (!it->second.reported) {
+    nextSilence_ = std::min(nextSilence_, now + timeout_ - silence(it->second, now));
+  }
 }
 
 void Heartbeat::unwatch(const std::string& address) {
@@ -49,7 +51,10 @@ void Heartbeat::receive(Transport& transport, TimePoint now) {
       if (!receiving_->done) return;  // still arriving
       if (!receiving_->failed() && receiving_->receivedBytes == sizeof(inbox_)) {
         auto it = watched_.find(inbox_);
-        if (it != watched_.end()) it->second.heard = std::max(it->second.heard, now);
+        if (it != watched_.end() && now >= it->second.heard) {
+          it->second.heard = now;
+          it->second.awayAtHeard = away_;
+        }
       }
       receiving_.reset();
     }
@@ -67,6 +72,9 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
                                                                  const IsLost& lost) {
   std::vector<std::pair<std::string, std::string>> silent;
   if (!on()) return silent;
+  // Away for more than a period past the tick's due time: the beats of that stretch wait in the
+  // transport, and the stretch is no peer's silence.
+  if (now > due_ && now - due_ > period_) away_ += now - due_;
   receive(transport, now);
   std::erase_if(sent_, [](const auto& s) { return s->request.done; });
   if (now >= nextBeat_) {
@@ -81,8 +89,9 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
   nextSilence_ = TimePoint::max();
   for (auto& [id, w] : watched_) {
     if (w.reported) continue;
-    if (now - w.heard < timeout_) {
-      nextSilence_ = std::min(nextSilence_, w.heard + timeout_);
+    const std::chrono::nanoseconds silentFor = silence(w, now);
+    if (silentFor < timeout_) {
+      nextSilence_ = std::min(nextSilence_, now + timeout_ - silentFor);
       continue;
     }
     w.reported = true;
@@ -91,9 +100,10 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
         w.address,
         "it sent no heartbeat for " +
             std::to_string(
-                std::chrono::duration_cast<std::chrono::milliseconds>(now - w.heard).count()) +
+                std::chrono::duration_cast<std::chrono::milliseconds>(silentFor).count()) +
             " ms (the process or its host stopped, or the link to it is cut)");
   }
+  due_ = next();
   return silent;
 }
 

@@ -15,6 +15,12 @@
 // that the group failed from the ranks that were watched. Cost: 2 log2(P) messages of 8 bytes per
 // period per process, the same endpoints the news uses.
 //
+// Silence counts only while this process listened: a tick that comes more than a period after it
+// was due (the process stopped, descheduled, or its progress thread busy in a long reduction)
+// finds the beats of that stretch not yet taken, so the stretch is left out of every peer's
+// silence. A process that was itself away does not count its peers gone for it; they count it
+// gone if it was away for the timeout.
+//
 // A beat carries the sender's id (a digest of its address), which the receiver maps back to the
 // peer it watches. Beats are taken from the transport's unexpected messages (no receive is ever
 // posted for them) once per housekeeping period.
@@ -86,10 +92,17 @@ class Heartbeat {
     TimePoint heard;
     int uses;
     bool reported = false;
+    std::chrono::nanoseconds awayAtHeard{0};  // away_ when it was last heard
   };
+  // How long `w` has been silent while this process listened.
+  std::chrono::nanoseconds silence(const Watched& w, TimePoint now) const {
+    return now - w.heard - (away_ - w.awayAtHeard);
+  }
   std::map<uint64_t, Watched> watched_;  // by id
   TimePoint nextBeat_ = TimePoint::min();
   TimePoint nextSilence_ = TimePoint::max();  // the earliest a watched peer may fall silent
+  TimePoint due_ = TimePoint::max();          // when the last tick asked for the next
+  std::chrono::nanoseconds away_{0};          // time this process was away, in all
   // Beats in flight: the 8 bytes live here until the transport is done with them.
   struct Sent {
     Request request;

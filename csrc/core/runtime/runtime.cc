@@ -362,17 +362,18 @@ bool Runtime::turn() {
   return busy;
 }
 
-int Runtime::settle() {
+bool Runtime::settle(TimePoint until) {
   int turns = 0;
   constexpr int kMaxTurns = 1 << 16;
   while (turns < kMaxTurns && !stopping_.load()) {
     ++turns;
+    if (clock_.now() >= until) return false;
     if (turn()) continue;
     if (supervisor_->idle()) continue;  // no notice is left untaken
     if (hasSubmissions()) continue;     // submitted while the turn ended an op (a Work's hook)
     break;
   }
-  return turns;
+  return true;
 }
 
 void Runtime::requestStop() {

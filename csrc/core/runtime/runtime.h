@@ -106,8 +106,10 @@ class Runtime {
   // One turn (transport progress, submissions, ops resumed, and every housekeeping period of the
   // clock deadlines and liveness); true when something happened (turn again).
   bool turn();
-  // Turns until nothing more happens at this time (bounded); the number of turns.
-  int settle();
+  // Turns until nothing more happens at this time (bounded), or until the clock passed `until`
+  // (work that charges the clock, in the simulator: the caller turns it again once what arrived
+  // meanwhile was delivered, as a running loop would see it). Whether nothing more happens.
+  bool settle(TimePoint until = TimePoint::max());
   // Nothing happened in a turn: the supervisor's look before a driver sleeps (notices that
   // arrived and wait in the transport); true when something happened after all.
   bool idle() { return supervisor_->idle(); }

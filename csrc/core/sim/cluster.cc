@@ -99,7 +99,11 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
   }
   network_->setTurn([this](int r) {
     Engine& engine = *engines_[r];
-    engine.settle();
+    // A rank whose work charges its clock (a slow reduction) is turned again after a slice of
+    // it, once what arrived meanwhile was delivered: its beats and messages are taken in the
+    // meantime, as a progress thread that yields every slice takes them.
+    const TimePoint now = engine.runtime().clock().now();
+    if (!engine.settle(now + Op::kTurnSlice)) return engine.runtime().clock().now();
     return engine.nextTimer();
   });
 }
