@@ -9,6 +9,7 @@
 #include "../core/runtime/status_server.h"
 #include "../core/runtime/trace.h"
 #include "../core/topology/allreduce_plan.h"
+#include "../core/topology/cost_model.h"
 #include "../core/transport/ucx/ucx_transport.h"
 #include "process_group_ddl.hpp"
 #include "sim_bindings.hpp"
@@ -208,6 +209,15 @@ void bindBackend(py::module_& m) {
                return pg.communicator()
                    ->allreducePlan(static_cast<size_t>(nbytes) / 4, ddl::DataType::kFloat32)
                    ->describe();
+             });
+           })
+      // How the group's allgather of `nbytes` per rank runs: ring, grid or bruck.
+      .def("allgather_schedule",
+           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
+             return valueErrors([&] {
+               if (nbytes < 0) throw ddl::Error("allgather_schedule: negative size");
+               return std::string(ddl::allgatherScheduleName(
+                   pg.communicator()->planBook().allgatherSchedule(static_cast<size_t>(nbytes))));
              });
            })
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/sim/network.h"
 #include "../../csrc/core/sim/simulate.h"
+#include "../../csrc/core/topology/plan_book.h"
 #include "harness.h"
 
 namespace ddl::test {
@@ -27,6 +29,19 @@ SimRequest request(int ranks, int perHost, int hostsPerRack, size_t bytes,
   q.cluster.plan->algorithm = algorithm;
   q.bytes = bytes;
   return q;
+}
+
+// The machine of request(ranks, perHost, hostsPerRack): ranks on hosts in rank order, hosts in
+// racks.
+Topology gridTopology(int ranks, int perHost, int hostsPerRack) {
+  std::vector<Locality> where;
+  RackMap racks;
+  for (int r = 0; r < ranks; ++r) {
+    const int host = r / perHost;
+    where.push_back(Locality{"h" + std::to_string(host), "m" + std::to_string(host)});
+    racks["h" + std::to_string(host)] = "r" + std::to_string(host / hostsPerRack);
+  }
+  return buildTopology(where, racks);
 }
 
 void expectRight(const SimReport& r) {
@@ -180,6 +195,45 @@ TEST(Sim, EveryCollectiveIsRightAt64And130Ranks) {
       EXPECT_EQ(r.mismatch, "");
     }
   }
+}
+
+// Allgathers of small blocks take Bruck's logarithmic rounds where the cost model finds them
+// cheaper than the rings, and the simulation agrees with the model's choice both ways: on 256
+// hosts of one rank, Bruck (ceil(log2 P) latencies where the rings pay P - 1, and at most
+// 2 P log2 P messages besides the call prints, where the rings move P (P - 1)); on hosts of 8
+// ranks, the grid's rings (Bruck's later rounds take all 8 ranks of a host across its link at
+// once, where the grid crosses it once per block).
+TEST(Sim, SmallAllgathersTakeBrucksRoundsWhereTheModelFindsThemFaster) {
+  const int ranks = 256;
+  auto run = [&](int perHost, size_t bytes, std::optional<AllgatherSchedule> schedule) {
+    SimRequest q = request(ranks, perHost, 4, bytes);
+    q.collective = "allgather";
+    q.cluster.plan->allgather = schedule;
+    SimReport r = simulate(q);
+    expectRight(r);
+    return r;
+  };
+  auto opMessages = [](const SimReport& r) {
+    return static_cast<double>(r.messages - r.creationMessages);
+  };
+  const double bound = 2.0 * ranks * std::log2(ranks) + 2.0 * ranks;
+  PlanBook flat(gridTopology(ranks, 1, 4), parseLinks(kLinks), planRequest(), true);
+  EXPECT_EQ(flat.allgatherSchedule(1024), AllgatherSchedule::kBruck);
+  const SimReport bruck = run(1, 1024, std::nullopt), grid = run(1, 1024, AllgatherSchedule::kGrid);
+  EXPECT_LT(bruck.simMicros, grid.simMicros);
+  EXPECT_LE(opMessages(bruck), bound);
+  EXPECT_GT(opMessages(grid), bound);
+  std::printf(
+      "allgather of 1 KiB, %d hosts of 1 rank: bruck %.0f us, %.0f messages; grid %.0f us, "
+      "%.0f messages\n",
+      ranks, bruck.simMicros, opMessages(bruck), grid.simMicros, opMessages(grid));
+  PlanBook hosts(gridTopology(ranks, 8, 4), parseLinks(kLinks), planRequest(), true);
+  EXPECT_EQ(hosts.allgatherSchedule(1024), AllgatherSchedule::kGrid);
+  const SimReport grid8 = run(8, 1024, std::nullopt),
+                  bruck8 = run(8, 1024, AllgatherSchedule::kBruck);
+  EXPECT_LT(grid8.simMicros, bruck8.simMicros);
+  std::printf("allgather of 1 KiB, hosts of 8 ranks: grid %.0f us; bruck %.0f us\n",
+              grid8.simMicros, bruck8.simMicros);
 }
 
 TEST(Sim, OneInputGivesOneRunBitForBit) {

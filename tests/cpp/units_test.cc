@@ -129,6 +129,17 @@ TEST(Config, MalformedValuesNameTheVariable) {
     EXPECT_NE(std::string(e.what()).find("TORCH_DDL_PIPELINE_DEPTH=lots"), std::string::npos);
   }
   unsetenv("TORCH_DDL_PIPELINE_DEPTH");
+  setenv("TORCH_DDL_ALLGATHER_ALGO", "tree", 1);
+  try {
+    reloadConfig();
+    FAIL() << "accepted an allgather algorithm it does not have";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCH_DDL_ALLGATHER_ALGO=tree is not one of auto, ring, "
+                                         "bruck"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("TORCH_DDL_ALLGATHER_ALGO");
   reloadConfig();
   for (const ConfigEntry& e : configTable()) {
     EXPECT_EQ(std::string(e.name).rfind("TORCH_DDL_", 0), 0u);

@@ -260,6 +260,41 @@ def test_broadcast_and_all_gather_match_gloo(size):
     run_ranks(_broadcast_and_gather, size)
 
 
+def _all_gather_schedules(rank, size):
+    import os
+
+    import torch_ddl
+
+    groups = {}
+    for algo in ("ring", "bruck", "auto"):
+        os.environ["TORCH_DDL_ALLGATHER_ALGO"] = algo
+        torch_ddl._C.check_config()
+        groups[algo] = dist.new_group(backend="ddl")
+    del os.environ["TORCH_DDL_ALLGATHER_ALGO"]
+    torch_ddl._C.check_config()
+    gloo = dist.new_group(backend="gloo")
+    schedule = {a: g._get_backend(torch.device("cpu")).allgather_schedule for a, g in groups.items()}
+    # auto: Bruck's rounds for blocks up to 64 KiB from 4 ranks on one host (at 3 its 2 rounds
+    # cost what the ring's 2 steps do), else the ring.
+    assert schedule["auto"](4096) == ("bruck" if size >= 4 else "ring"), schedule["auto"](4096)
+    assert schedule["auto"](65537) == "ring"
+    assert schedule["ring"](4096) == "ring" and schedule["bruck"](1 << 20) == "bruck"
+    for dtype in (torch.float32, torch.int64, torch.uint8):
+        for n in (0, 1, 7, 1031, 16411):
+            x = (torch.arange(n) * (rank + 3) % 251).to(dtype)
+            want = torch.empty(n * size, dtype=dtype)
+            dist.all_gather_into_tensor(want, x, group=gloo)
+            for algo, group in groups.items():
+                got = torch.full((n * size,), 7, dtype=dtype)
+                dist.all_gather_into_tensor(got, x, group=group)
+                assert_same(got, want, f"all_gather {algo} {dtype} n={n}")
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_all_gather_rings_and_bruck_match_gloo(size):
+    run_ranks(_all_gather_schedules, size)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_non_contiguous_and_async(size):
     run_ranks(_non_contiguous_and_async, size)

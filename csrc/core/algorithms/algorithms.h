@@ -90,6 +90,10 @@ Task broadcastTree(Op& op, void* data, size_t bytes, TreePlace place, PipelineSe
 // (unless `in` already points at it), the others arrive around the ring.
 Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings);
 
+// allgather_bruck.cc: the arguments of allgatherRing; ceil(log2 P) rounds (bruckRounds).
+Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes);
+int bruckRounds(int n);
+
 // allgather_grid.cc, reduce_scatter_grid.cc: level by level over a regular grid (block_plan.h):
 // the arguments of allgatherRing and reduceScatterRing, and the stages.
 Task allgatherGrid(Op& op, const void* in, void* out, size_t bytes,

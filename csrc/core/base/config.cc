@@ -106,6 +106,10 @@ const std::vector<ConfigEntry> kTable = {
      "metrics on P + i (needs prometheus_client); empty: none"},
     {"TORCH_DDL_METRICS_ADDR", "127.0.0.1",
      "the address the metrics port binds to (0.0.0.0: every interface)"},
+    {"TORCH_DDL_ALLGATHER_ALGO", "auto",
+     "allgather algorithm: auto, ring or bruck (auto: per block size, the cheaper by the cost "
+     "model of the rings (level by level across hosts) and, for blocks up to 64 KiB, Bruck's "
+     "ceil(log2 P) rounds; ring: the rings)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -203,6 +207,12 @@ Config read() {
     }
   }
   c.metricsAddress = configValue(kTable[27]);
+  c.allgatherAlgorithm = configValue(kTable[28]);
+  if (c.allgatherAlgorithm != "auto" && c.allgatherAlgorithm != "ring" &&
+      c.allgatherAlgorithm != "bruck") {
+    throw Error("ddl: TORCH_DDL_ALLGATHER_ALGO=" + c.allgatherAlgorithm +
+                " is not one of auto, ring, bruck");
+  }
   if (c.heartbeatMillis > 0 && c.heartbeatTimeoutMillis < 2 * c.heartbeatMillis) {
     throw Error("ddl: TORCH_DDL_HEARTBEAT_TIMEOUT_MS=" + configValue(kTable[22]) +
                 " must be at least twice TORCH_DDL_HEARTBEAT_MS=" + configValue(kTable[21]));

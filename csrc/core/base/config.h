@@ -40,6 +40,7 @@ struct Config {
   std::string statusAddress;        // where its port binds ("": towards the job's store)
   size_t metricsPort = 0;           // Prometheus metrics on this port + local rank (0: none)
   std::string metricsAddress;       // where the metrics port binds
+  std::string allgatherAlgorithm = "auto";  // auto, ring or bruck
 };
 
 struct ConfigEntry {

@@ -249,13 +249,22 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
                                               DataType type, CallOptions options) {
   const char* name = collectiveName(Collective::kAllgather);
   size_t bytes = checkedBytes(name, count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kAllgather, count, type), options,
-               [=, stages = book_->blockStages(false)](Op& op) {
-                 if (!stages->empty()) {
-                   return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
-                 }
-                 return allgatherRing(op, in, out, bytes, pipelineSettings(op));
-               });
+  return start(
+      callPrint(Collective::kAllgather, count, type), options,
+      [=, schedule = book_->allgatherSchedule(bytes), stages = book_->blockStages(false)](Op& op) {
+        switch (schedule) {
+          case AllgatherSchedule::kBruck:
+            return allgatherBruck(op, in, out, bytes);
+          case AllgatherSchedule::kGrid:
+            if (!stages->empty()) {
+              return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));
+            }
+            break;
+          case AllgatherSchedule::kRing:
+            break;
+        }
+        return allgatherRing(op, in, out, bytes, pipelineSettings(op));
+      });
 }
 
 std::shared_ptr<Work> Communicator::allgatherVarying(const void* in, size_t bytes,

@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,10 @@ struct AllreducePlan {
 
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
+// How an allgather runs (algorithms/allgather_*.cc, priced in cost_model.h): the flat ring, the
+// level-by-level rings of the grid, or Bruck's logarithmic rounds.
+enum class AllgatherSchedule { kRing, kGrid, kBruck };
+
 struct PlanRequest {
   // kAuto: the cheapest; else that algorithm's plan.
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
@@ -112,6 +117,9 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
+  // Allgathers: the schedule forced (TORCH_DDL_ALLGATHER_ALGO; kRing: the rings, level by level
+  // where there are block stages), else the cheapest (PlanBook::allgatherSchedule).
+  std::optional<AllgatherSchedule> allgather;
 };
 // What the configuration asks of the planner (the process's configuration by default): the one
 // place that reads the settings that choose an allreduce.

@@ -330,4 +330,101 @@ double estimateSeconds(CollectiveShape shape, const Topology& topology, const Li
   return 0;
 }
 
+const char* allgatherScheduleName(AllgatherSchedule schedule) {
+  switch (schedule) {
+    case AllgatherSchedule::kRing:
+      return "ring";
+    case AllgatherSchedule::kGrid:
+      return "grid";
+    case AllgatherSchedule::kBruck:
+      return "bruck";
+  }
+  return "?";
+}
+
+namespace {
+
+// The dimension of the links between ranks a and b: 0 on one host, else the first level above
+// the hosts whose block holds both (the number of levels where none does).
+int dimensionBetween(const Topology& topology, int a, int b) {
+  for (size_t level = 0; level < topology.levels.size(); ++level) {
+    if (topology.levels[level].blockOf[a] == topology.levels[level].blockOf[b]) {
+      return static_cast<int>(level);
+    }
+  }
+  return static_cast<int>(topology.levels.size());
+}
+
+// A round in which rank r sends to rank to(r): its slowest exchange, a host's ranks that leave
+// it sharing its link.
+template <typename To>
+AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, To to) {
+  const int p = topology.size;
+  const std::vector<int>& hostOf = topology.levels[0].blockOf;
+  std::vector<int> leaving(topology.hosts(), 0);
+  std::vector<int> dimension(p);
+  for (int r = 0; r < p; ++r) {
+    dimension[r] = dimensionBetween(topology, r, to(r));
+    if (dimension[r] > 0) ++leaving[hostOf[r]];
+  }
+  AllgatherCosts::Round round;
+  for (int r = 0; r < p; ++r) {
+    const LinkCost& link = links.at(dimension[r]);
+    const double sharers = dimension[r] > 0 ? leaving[hostOf[r]] : 1;
+    round.latency = std::max(round.latency, link.latency);
+    round.secondsPerByte = std::max(round.secondsPerByte, sharers / link.bandwidth);
+  }
+  return round;
+}
+
+}  // namespace
+
+AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) {
+  AllgatherCosts costs;
+  const int p = topology.size;
+  costs.size = p;
+  if (p <= 1) return costs;
+  for (int d = 1; d < p; d *= 2) {
+    costs.bruck.push_back(roundOf(topology, links, [d, p](int r) { return (r - d + p) % p; }));
+  }
+  costs.ringStep = roundOf(topology, links, [p](int r) { return (r + 1) % p; });
+  // The grid: per dimension, outermost first, its extent's steps carrying the blocks gathered by
+  // the dimensions outside it; every rank of a host in a ring of each dimension at once.
+  const Grid grid = gridOf(topology);
+  int outside = 1;
+  for (size_t k = grid.dims.size(); k-- > 0;) {
+    const LinkCost& link = links.at(static_cast<int>(k));
+    const double sharers = k > 0 ? grid.dims[0] : 1;
+    costs.grid.push_back({link.latency, outside * sharers / link.bandwidth});
+    costs.gridSteps.push_back(grid.dims[k] - 1);
+    outside *= grid.dims[k];
+  }
+  return costs;
+}
+
+double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes) {
+  if (costs.size <= 1) return 0;
+  double seconds = 0;
+  switch (schedule) {
+    case AllgatherSchedule::kRing:
+      return (costs.size - 1) * (costs.ringStep.latency + bytes * costs.ringStep.secondsPerByte);
+    case AllgatherSchedule::kGrid:
+      for (size_t k = 0; k < costs.grid.size(); ++k) {
+        seconds +=
+            costs.gridSteps[k] * (costs.grid[k].latency + bytes * costs.grid[k].secondsPerByte);
+      }
+      return seconds;
+    case AllgatherSchedule::kBruck: {
+      int held = 1;
+      for (const AllgatherCosts::Round& round : costs.bruck) {
+        const int count = std::min(held, costs.size - held);
+        seconds += round.latency + count * bytes * round.secondsPerByte;
+        held += count;
+      }
+      return seconds;
+    }
+  }
+  return seconds;
+}
+
 }  // namespace ddl

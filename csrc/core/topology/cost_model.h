@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "allreduce_plan.h"
 
@@ -31,5 +32,27 @@ double predictSeconds(const AllreducePlan& plan, const Topology& topology, const
 enum class CollectiveShape { kBarrier, kTree, kPointToPoint, kReduceScatter, kExchange };
 double estimateSeconds(CollectiveShape shape, const Topology& topology, const LinkCosts& links,
                        double bytes);
+
+// Allgather schedules (algorithms/allgather_*.cc) and their prices, alpha-beta per link: the flat
+// ring in rank order ((P - 1) steps of the slowest edge's latency and one block), the
+// level-by-level rings of the grid (per dimension k, outermost first, (extent - 1) steps of its
+// latency and of the blocks gathered outside it, a host's ranks sharing its link), and Bruck's
+// ceil(log2 P) rounds (each round's slowest exchange; where a round takes a host's ranks off it,
+// they share its link). The figures that do not depend on the block's size are computed once
+// (AllgatherCosts), so pricing a size costs O(log P).
+const char* allgatherScheduleName(AllgatherSchedule schedule);
+struct AllgatherCosts {
+  struct Round {
+    double latency = 0;         // seconds
+    double secondsPerByte = 0;  // of the round's message, its busiest link shared
+  };
+  std::vector<Round> bruck;  // by round
+  Round ringStep;            // one step of the flat ring
+  std::vector<Round> grid;   // by dimension, outermost first; secondsPerByte per byte of a block
+  std::vector<int> gridSteps;
+  int size = 1;
+};
+AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links);
+double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes);
 
 }  // namespace ddl

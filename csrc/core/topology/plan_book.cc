@@ -3,6 +3,7 @@
 namespace ddl {
 namespace {
 
+// Every field of the request is part of the key: books that differ in any plan differently.
 std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& r,
                   bool hierarchical) {
   std::string key = std::to_string(t.size) + "|";
@@ -18,7 +19,8 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
          "," + std::to_string(r.smallBytes) + "," + std::to_string(r.ringRings) + "," +
          (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + "," +
          std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + "," +
-         std::to_string(r.stagedBytes) + ":";
+         std::to_string(r.stagedBytes) + "," +
+         (r.allgather ? std::to_string(static_cast<int>(*r.allgather)) : "auto") + ":";
   for (int d : r.order) key += std::to_string(d) + ",";
   return key;
 }
@@ -72,6 +74,27 @@ std::shared_ptr<const BlockPlan> PlanBook::blockStages(bool reduceScatter) {
         hierarchical_ ? planBlockStages(topology_, reduceScatter) : BlockPlan{});
   }
   return stages;
+}
+
+AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes) {
+  const AllgatherSchedule rings =
+      blockStages(false)->empty() ? AllgatherSchedule::kRing : AllgatherSchedule::kGrid;
+  if (request_.allgather == AllgatherSchedule::kRing) return rings;  // the rings, whichever
+  if (request_.allgather) return *request_.allgather;
+  if (bytes > kBruckMaxBytes || topology_.size <= 2) return rings;
+  std::shared_ptr<const AllgatherCosts> costs;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!allgatherCosts_) {
+      allgatherCosts_ = std::make_shared<const AllgatherCosts>(allgatherCosts(topology_, links_));
+    }
+    costs = allgatherCosts_;
+  }
+  const double b = static_cast<double>(bytes);
+  return allgatherSeconds(AllgatherSchedule::kBruck, *costs, b) <
+                 allgatherSeconds(rings, *costs, b) * 0.999
+             ? AllgatherSchedule::kBruck
+             : rings;
 }
 
 }  // namespace ddl

@@ -12,6 +12,7 @@
 
 #include "allreduce_plan.h"
 #include "block_plan.h"
+#include "cost_model.h"
 #include "topology.h"
 
 namespace ddl {
@@ -34,6 +35,11 @@ class PlanBook {
   std::vector<AllreducePlan> candidates(size_t count, size_t elementSize) const;
   // The level-by-level stages of reduce-scatter or allgather (empty: the flat ring).
   std::shared_ptr<const BlockPlan> blockStages(bool reduceScatter);
+  // How an allgather of `bytes` per rank runs: what the request forces, else the cheapest by the
+  // cost model of the rings (grid where there are block stages) and, for blocks up to
+  // kBruckMaxBytes, Bruck's rounds.
+  static constexpr size_t kBruckMaxBytes = 65536;
+  AllgatherSchedule allgatherSchedule(size_t bytes);
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 
@@ -46,6 +52,7 @@ class PlanBook {
   std::mutex mutex_;
   std::map<std::pair<size_t, size_t>, std::shared_ptr<const AllreducePlan>> plans_;
   std::shared_ptr<const BlockPlan> stages_[2];
+  std::shared_ptr<const AllgatherCosts> allgatherCosts_;
 };
 
 }  // namespace ddl
