@@ -103,6 +103,25 @@ def simulate_rows(hosts, ranks, racks, links, rows, min_bytes=1 << 20):
     return worst
 
 
+def table_of(path):
+    """The variants' names and, per size, each one's time per op and the ideals (MB/s) of a table
+    bench.py printed: what plot() draws."""
+    text = Path(path).read_text().splitlines()
+    header = next(line.split() for line in text if line.split()[:2] == ["size", "gloo"])
+    names = header[1:header.index("ideal:ring")]
+    rows = []
+    for line in text:
+        cells = line.split()
+        if len(cells) > 14 and cells[1] in ("KiB", "MiB") and cells[0].isdigit():
+            size = int(cells[0]) << (20 if cells[1] == "MiB" else 10)
+            row = {"bytes": size, "ideal_ring": float(cells[2 + len(names)]),
+                   "ideal_dim": float(cells[3 + len(names)])}
+            for k, name in enumerate(names):
+                row[name] = size / (float(cells[2 + k]) * 1e6)  # plot() takes busbw = bytes / this
+            rows.append(row)
+    return names, rows
+
+
 def rows_from_results(path):
     """The shape, links and rows of a table bench.py printed."""
     text = Path(path).read_text().splitlines()
@@ -244,6 +263,12 @@ def main():
     if args.from_results:
         shape, links, rows = rows_from_results(args.from_results)
         hosts, ranks, racks = shape_of(shape)
+        if args.png:  # the plot of the table alone
+            first = Path(args.from_results).read_text().splitlines()[0]
+            args.shape, args.rate = shape, first.split("host link ")[1].split(":")[0]
+            names, rows = table_of(args.from_results)
+            plot(rows, names, 1.0, args)  # the table's busbw, its factor in already
+            return
         simulate_rows(hosts, ranks, racks, links, rows)
         return
     from cluster import Cluster
