@@ -140,6 +140,39 @@ void bindCompletionRecords(Backend& backend) {
 }
 #endif
 
+// What the planner makes of a group's ops: its allreduce plan and allgather schedule per size,
+// and every plan it weighs.
+void bindPlans(Backend& backend) {
+  backend
+      // The plan the group's allreduce of `nbytes` of float32 takes.
+      .def("allreduce_plan",
+           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
+             return valueErrors([&] {
+               if (nbytes < 0) throw ddl::Error("allreduce_plan: negative size");
+               return pg.communicator()
+                   ->allreducePlan(static_cast<size_t>(nbytes) / 4, ddl::DataType::kFloat32)
+                   ->describe();
+             });
+           })
+      // How the group's allgather of `nbytes` per rank runs: ring, grid, bruck or grid_bruck.
+      .def("allgather_schedule",
+           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
+             return valueErrors([&] {
+               if (nbytes < 0) throw ddl::Error("allgather_schedule: negative size");
+               return std::string(ddl::allgatherScheduleName(
+                   pg.communicator()->planBook().allgatherSchedule(static_cast<size_t>(nbytes))));
+             });
+           })
+      .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
+        return valueErrors([&] {
+          // What the group's own planner settings make of each size (its request is the one in
+          // effect when it was created).
+          const auto& comm = pg.communicator();
+          return planRows(comm->topology(), comm->links(), sizes, comm->planBook().request());
+        });
+      });
+}
+
 // The backend class: ProcessGroupDDL and what ddl adds to it.
 void bindBackend(py::module_& m) {
   Backend backend(m, "ProcessGroupDDL");
@@ -200,34 +233,8 @@ void bindBackend(py::module_& m) {
   backend
       // One-sided windows on every torch (torch_ddl.new_window); from torch 2.14 on also
       // ProcessGroup.new_window / dist._new_window.
-      .def("_new_window", &ddl::ProcessGroupDDL::newWindow, py::arg("tensor") = py::none())
-      // The plan the group's allreduce of `nbytes` of float32 takes.
-      .def("allreduce_plan",
-           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
-             return valueErrors([&] {
-               if (nbytes < 0) throw ddl::Error("allreduce_plan: negative size");
-               return pg.communicator()
-                   ->allreducePlan(static_cast<size_t>(nbytes) / 4, ddl::DataType::kFloat32)
-                   ->describe();
-             });
-           })
-      // How the group's allgather of `nbytes` per rank runs: ring, grid or bruck.
-      .def("allgather_schedule",
-           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
-             return valueErrors([&] {
-               if (nbytes < 0) throw ddl::Error("allgather_schedule: negative size");
-               return std::string(ddl::allgatherScheduleName(
-                   pg.communicator()->planBook().allgatherSchedule(static_cast<size_t>(nbytes))));
-             });
-           })
-      .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
-        return valueErrors([&] {
-          // What the group's own planner settings make of each size (its request is the one in
-          // effect when it was created).
-          const auto& comm = pg.communicator();
-          return planRows(comm->topology(), comm->links(), sizes, comm->planBook().request());
-        });
-      });
+      .def("_new_window", &ddl::ProcessGroupDDL::newWindow, py::arg("tensor") = py::none());
+  bindPlans(backend);
 }
 
 // The process's status port (torch_ddl/_status.py), started with its first group.

@@ -198,42 +198,45 @@ TEST(Sim, EveryCollectiveIsRightAt64And130Ranks) {
 }
 
 // Allgathers of small blocks take Bruck's logarithmic rounds where the cost model finds them
-// cheaper than the rings, and the simulation agrees with the model's choice both ways: on 256
-// hosts of one rank, Bruck (ceil(log2 P) latencies where the rings pay P - 1, and at most
-// 2 P log2 P messages besides the call prints, where the rings move P (P - 1)); on hosts of 8
-// ranks, the grid's rings (Bruck's later rounds take all 8 ranks of a host across its link at
-// once, where the grid crosses it once per block).
+// cheaper than the rings, and the simulation agrees with the model's choice: for 1 KiB blocks
+// on 256 ranks (racks of 4 hosts) the schedule the model picks takes at most 5% longer in the
+// simulation than the fastest of the others, forced. On hosts of one rank that is Bruck level by
+// level, with at most 2 P log2 P messages besides the call prints where the grid's rings move
+// P (P - 1); on hosts of 8 the grid's rings, and flat Bruck (which takes all 8 ranks of a host
+// across its link at once) is the slowest.
 TEST(Sim, SmallAllgathersTakeBrucksRoundsWhereTheModelFindsThemFaster) {
   const int ranks = 256;
-  auto run = [&](int perHost, size_t bytes, std::optional<AllgatherSchedule> schedule) {
-    SimRequest q = request(ranks, perHost, 4, bytes);
-    q.collective = "allgather";
-    q.cluster.plan->allgather = schedule;
-    SimReport r = simulate(q);
-    expectRight(r);
-    return r;
-  };
-  auto opMessages = [](const SimReport& r) {
-    return static_cast<double>(r.messages - r.creationMessages);
-  };
   const double bound = 2.0 * ranks * std::log2(ranks) + 2.0 * ranks;
-  PlanBook flat(gridTopology(ranks, 1, 4), parseLinks(kLinks), planRequest(), true);
-  EXPECT_EQ(flat.allgatherSchedule(1024), AllgatherSchedule::kBruck);
-  const SimReport bruck = run(1, 1024, std::nullopt), grid = run(1, 1024, AllgatherSchedule::kGrid);
-  EXPECT_LT(bruck.simMicros, grid.simMicros);
-  EXPECT_LE(opMessages(bruck), bound);
-  EXPECT_GT(opMessages(grid), bound);
-  std::printf(
-      "allgather of 1 KiB, %d hosts of 1 rank: bruck %.0f us, %.0f messages; grid %.0f us, "
-      "%.0f messages\n",
-      ranks, bruck.simMicros, opMessages(bruck), grid.simMicros, opMessages(grid));
-  PlanBook hosts(gridTopology(ranks, 8, 4), parseLinks(kLinks), planRequest(), true);
-  EXPECT_EQ(hosts.allgatherSchedule(1024), AllgatherSchedule::kGrid);
-  const SimReport grid8 = run(8, 1024, std::nullopt),
-                  bruck8 = run(8, 1024, AllgatherSchedule::kBruck);
-  EXPECT_LT(grid8.simMicros, bruck8.simMicros);
-  std::printf("allgather of 1 KiB, hosts of 8 ranks: grid %.0f us; bruck %.0f us\n",
-              grid8.simMicros, bruck8.simMicros);
+  using S = AllgatherSchedule;
+  for (int perHost : {1, 8}) {
+    SCOPED_TRACE(perHost);
+    PlanBook book(gridTopology(ranks, perHost, 4), parseLinks(kLinks), planRequest(), true);
+    const S chosen = book.allgatherSchedule(1024);
+    EXPECT_EQ(chosen, perHost == 1 ? S::kGridBruck : S::kGrid) << allgatherScheduleName(chosen);
+    std::map<S, SimReport> runs;
+    for (S schedule : {S::kGrid, S::kBruck, S::kGridBruck}) {
+      SimRequest q = request(ranks, perHost, 4, 1024);
+      q.collective = "allgather";
+      q.cluster.plan->allgather = schedule;
+      runs[schedule] = simulate(q);
+      expectRight(runs[schedule]);
+      const SimReport& r = runs[schedule];
+      std::printf("allgather of 1 KiB, %d ranks on hosts of %d: %s %.0f us, %llu messages%s\n",
+                  ranks, perHost, allgatherScheduleName(schedule), r.simMicros,
+                  static_cast<unsigned long long>(r.messages - r.creationMessages),
+                  schedule == chosen ? " (the model's choice)" : "");
+    }
+    double fastest = runs[S::kGrid].simMicros;
+    for (const auto& [schedule, r] : runs) fastest = std::min(fastest, r.simMicros);
+    EXPECT_LE(runs[chosen].simMicros, fastest * 1.05);
+    auto messages = [&](S schedule) {
+      return static_cast<double>(runs[schedule].messages - runs[schedule].creationMessages);
+    };
+    EXPECT_LE(messages(S::kGridBruck), bound);
+    EXPECT_LE(messages(S::kBruck), 2 * bound);  // a wrapping run goes as two messages
+    EXPECT_GT(messages(S::kGrid), bound);
+    if (perHost == 8) EXPECT_GT(runs[S::kBruck].simMicros, runs[S::kGrid].simMicros * 2);
+  }
 }
 
 TEST(Sim, OneInputGivesOneRunBitForBit) {

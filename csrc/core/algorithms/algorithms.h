@@ -90,9 +90,12 @@ Task broadcastTree(Op& op, void* data, size_t bytes, TreePlace place, PipelineSe
 // (unless `in` already points at it), the others arrive around the ring.
 Task allgatherRing(Op& op, const void* in, void* out, size_t bytes, PipelineSettings settings);
 
-// allgather_bruck.cc: the arguments of allgatherRing; ceil(log2 P) rounds (bruckRounds).
+// allgather_bruck.cc: the arguments of allgatherRing; ceil(log2 P) rounds.
 Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes);
-int bruckRounds(int n);
+// The same rounds per stage of the grid's allgather (block_plan.h), a position's blocks of every
+// combination in one message.
+Task allgatherGridBruck(Op& op, const void* in, void* out, size_t bytes,
+                        std::shared_ptr<const BlockPlan> plan);
 
 // allgather_grid.cc, reduce_scatter_grid.cc: level by level over a regular grid (block_plan.h):
 // the arguments of allgatherRing and reduceScatterRing, and the stages.

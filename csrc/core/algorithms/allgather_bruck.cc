@@ -8,10 +8,18 @@
 // P - 1 goes as two messages, the run up to the end (step 2k) and the rest from block 0 (step
 // 2k+1), split the same way by sender and receiver. At most 2 ceil(log2 P) messages each way per
 // rank; every rank receives the P - 1 other blocks once, as in the ring.
+//
+// Level by level (allgatherGridBruck): the stages of the grid's allgather (block_plan.h),
+// outermost dimension first, each run as Bruck's rounds over its dimension ring instead of one
+// ring per combination of the coordinates above it: a position's blocks of every combination go
+// together, packed into one message a round. The grid's bytes (each block crosses each host's
+// link once) in sum over the dimensions of ceil(log2 extent) rounds: at most ceil(log2 P) + the
+// number of dimensions messages each way per rank.
 #include <algorithm>
 #include <vector>
 
 #include "../base/tag.h"
+#include "../topology/block_plan.h"
 #include "algorithms.h"
 
 namespace ddl {
@@ -28,12 +36,6 @@ std::vector<std::pair<int, int>> pieces(int first, int count, int n) {
 }
 
 }  // namespace
-
-int bruckRounds(int n) {
-  int rounds = 0;
-  for (int d = 1; d < n; d *= 2) ++rounds;
-  return rounds;
-}
 
 Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes) {
   const int n = op.size(), rank = op.rank();
@@ -55,6 +57,57 @@ Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes) {
       requests.push_back(op.recv(from, tag::slot(0, step++), base + first * bytes, blocks * bytes));
     }
     co_await op.all(std::move(requests));
+  }
+}
+
+Task allgatherGridBruck(Op& op, const void* in, void* out, size_t bytes,
+                        std::shared_ptr<const BlockPlan> plan) {
+  char* base = static_cast<char*>(out);
+  char* mine = base + static_cast<size_t>(op.rank()) * bytes;
+  if (bytes > 0 && in != mine) co_await copyInTurns(op, mine, in, bytes);
+  if (op.size() == 1 || bytes == 0) co_return;
+  Memory& memory = op.memory();
+  for (size_t stage = 0; stage < plan->stages.size(); ++stage) {
+    const BlockStage& s = plan->stages[stage];
+    const int index = s.ringOf[op.rank()];
+    if (index < 0) continue;
+    const std::vector<int>& order = s.rings[index];
+    const int n = static_cast<int>(order.size());
+    const int me =
+        static_cast<int>(std::find(order.begin(), order.end(), op.rank()) - order.begin());
+    // held[p]: the blocks position p holds as the stage starts, one per combination.
+    std::vector<std::vector<int>> held(n);
+    for (size_t q = 0; q < s.combinations; ++q) {
+      const BlockRing ring = plan->ring(stage, index, q);
+      for (int p = 0; p < n; ++p) held[p].push_back(ring.blocks[p]);
+    }
+    const size_t perPosition = s.combinations * bytes;
+    const size_t most = static_cast<size_t>(n / 2) * perPosition;
+    std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);
+    uint32_t round = 0;
+    for (int d = 1; d < n; d *= 2, ++round) {
+      const int count = std::min(d, n - d);
+      char* at = outgoing.get();
+      for (int i = 0; i < count; ++i) {
+        if (op.turnDue()) co_await op.yieldTurn();
+        for (int b : held[(me + i) % n]) {
+          memory.copy(at, base + static_cast<size_t>(b) * bytes, bytes);
+          at += bytes;
+        }
+      }
+      const uint64_t slot = tag::slot(0, s.firstStep + round);
+      Request* sent = op.send(order[(me - d + n) % n], slot, outgoing.get(), count * perPosition);
+      Request* got = op.recv(order[(me + d) % n], slot, incoming.get(), count * perPosition);
+      co_await op.all(sent, got);
+      const char* from = incoming.get();
+      for (int i = 0; i < count; ++i) {
+        if (op.turnDue()) co_await op.yieldTurn();
+        for (int b : held[(me + d + i) % n]) {
+          memory.copy(base + static_cast<size_t>(b) * bytes, from, bytes);
+          from += bytes;
+        }
+      }
+    }
   }
 }
 

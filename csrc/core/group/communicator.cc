@@ -255,6 +255,9 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
         switch (schedule) {
           case AllgatherSchedule::kBruck:
             return allgatherBruck(op, in, out, bytes);
+          case AllgatherSchedule::kGridBruck:
+            if (!stages->empty()) return allgatherGridBruck(op, in, out, bytes, stages);
+            return allgatherBruck(op, in, out, bytes);
           case AllgatherSchedule::kGrid:
             if (!stages->empty()) {
               return allgatherGrid(op, in, out, bytes, stages, pipelineSettings(op));

@@ -100,8 +100,9 @@ struct AllreducePlan {
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
 // How an allgather runs (algorithms/allgather_*.cc, priced in cost_model.h): the flat ring, the
-// level-by-level rings of the grid, or Bruck's logarithmic rounds.
-enum class AllgatherSchedule { kRing, kGrid, kBruck };
+// level-by-level rings of the grid, Bruck's logarithmic rounds over all ranks, or Bruck's rounds
+// level by level over the grid.
+enum class AllgatherSchedule { kRing, kGrid, kBruck, kGridBruck };
 
 struct PlanRequest {
   // kAuto: the cheapest; else that algorithm's plan.
@@ -117,8 +118,9 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
-  // Allgathers: the schedule forced (TORCH_DDL_ALLGATHER_ALGO; kRing: the rings, level by level
-  // where there are block stages), else the cheapest (PlanBook::allgatherSchedule).
+  // Allgathers: the schedule forced, else the cheapest (PlanBook::allgatherSchedule). kGrid and
+  // kGridBruck (TORCH_DDL_ALLGATHER_ALGO ring and bruck) run flat where there are no block
+  // stages; kRing and kBruck run flat whatever the machine.
   std::optional<AllgatherSchedule> allgather;
 };
 // What the configuration asks of the planner (the process's configuration by default): the one

@@ -338,6 +338,8 @@ const char* allgatherScheduleName(AllgatherSchedule schedule) {
       return "grid";
     case AllgatherSchedule::kBruck:
       return "bruck";
+    case AllgatherSchedule::kGridBruck:
+      return "grid_bruck";
   }
   return "?";
 }
@@ -355,24 +357,33 @@ int dimensionBetween(const Topology& topology, int a, int b) {
   return static_cast<int>(topology.levels.size());
 }
 
-// A round in which rank r sends to rank to(r): its slowest exchange, a host's ranks that leave
-// it sharing its link.
+// A round in which rank r sends to rank to(r): its slowest exchange. A message across dimension k
+// loads the links of dimensions 1..k of the blocks it leaves, each shared by every rank of that
+// block whose message leaves it in the round (a host's ranks its link, a rack's its uplink).
 template <typename To>
 AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, To to) {
   const int p = topology.size;
-  const std::vector<int>& hostOf = topology.levels[0].blockOf;
-  std::vector<int> leaving(topology.hosts(), 0);
+  const size_t levels = topology.levels.size();
   std::vector<int> dimension(p);
+  std::vector<std::vector<int>> leaving(levels);  // by level, by block: ranks leaving it
+  for (size_t level = 0; level < levels; ++level) {
+    leaving[level].assign(topology.levels[level].blocks(), 0);
+  }
   for (int r = 0; r < p; ++r) {
     dimension[r] = dimensionBetween(topology, r, to(r));
-    if (dimension[r] > 0) ++leaving[hostOf[r]];
+    for (int k = 1; k <= dimension[r]; ++k) {
+      ++leaving[k - 1][topology.levels[k - 1].blockOf[r]];
+    }
   }
   AllgatherCosts::Round round;
   for (int r = 0; r < p; ++r) {
-    const LinkCost& link = links.at(dimension[r]);
-    const double sharers = dimension[r] > 0 ? leaving[hostOf[r]] : 1;
-    round.latency = std::max(round.latency, link.latency);
-    round.secondsPerByte = std::max(round.secondsPerByte, sharers / link.bandwidth);
+    round.latency = std::max(round.latency, links.at(dimension[r]).latency);
+    double perByte = 1 / links.at(0).bandwidth;
+    for (int k = 1; k <= dimension[r]; ++k) {
+      const double sharers = leaving[k - 1][topology.levels[k - 1].blockOf[r]];
+      perByte = std::max(perByte, sharers / links.at(k).bandwidth);
+    }
+    round.secondsPerByte = std::max(round.secondsPerByte, perByte);
   }
   return round;
 }
@@ -390,15 +401,20 @@ AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) 
   costs.ringStep = roundOf(topology, links, [p](int r) { return (r + 1) % p; });
   // The grid: per dimension, outermost first, its extent's steps carrying the blocks gathered by
   // the dimensions outside it; every rank of a host in a ring of each dimension at once.
+  // Every rank of a block of dimension k - 1 (a host, a rack) is in a ring of dimension k at
+  // once, so they share the block's link.
   const Grid grid = gridOf(topology);
   int outside = 1;
   for (size_t k = grid.dims.size(); k-- > 0;) {
     const LinkCost& link = links.at(static_cast<int>(k));
-    const double sharers = k > 0 ? grid.dims[0] : 1;
+    double sharers = 1;
+    for (size_t j = 0; j < k; ++j) sharers *= grid.dims[j];
     costs.grid.push_back({link.latency, outside * sharers / link.bandwidth});
     costs.gridSteps.push_back(grid.dims[k] - 1);
+    costs.gridBlocks.push_back(outside);
     outside *= grid.dims[k];
   }
+  costs.copySecondsPerByte = 1 / links.at(0).bandwidth;
   return costs;
 }
 
@@ -423,6 +439,18 @@ double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs,
       }
       return seconds;
     }
+    case AllgatherSchedule::kGridBruck:  // the grid's bytes, Bruck's rounds per dimension,
+                                         // each round's blocks packed and unpacked
+      for (size_t k = 0; k < costs.grid.size(); ++k) {
+        const int extent = costs.gridSteps[k] + 1;
+        for (int held = 1; held < extent;) {
+          const int count = std::min(held, extent - held);
+          seconds += costs.grid[k].latency + count * bytes * costs.grid[k].secondsPerByte +
+                     2 * count * costs.gridBlocks[k] * bytes * costs.copySecondsPerByte;
+          held += count;
+        }
+      }
+      return seconds;
   }
   return seconds;
 }

@@ -38,8 +38,9 @@ double estimateSeconds(CollectiveShape shape, const Topology& topology, const Li
 // level-by-level rings of the grid (per dimension k, outermost first, (extent - 1) steps of its
 // latency and of the blocks gathered outside it, a host's ranks sharing its link), and Bruck's
 // ceil(log2 P) rounds (each round's slowest exchange; where a round takes a host's ranks off it,
-// they share its link). The figures that do not depend on the block's size are computed once
-// (AllgatherCosts), so pricing a size costs O(log P).
+// they share its link), and Bruck's rounds per dimension of the grid (the grid's bytes, ceil(log2
+// extent) latencies per dimension). The figures that do not depend on the block's size are computed
+// once (AllgatherCosts), so pricing a size costs O(log P).
 const char* allgatherScheduleName(AllgatherSchedule schedule);
 struct AllgatherCosts {
   struct Round {
@@ -50,6 +51,8 @@ struct AllgatherCosts {
   Round ringStep;            // one step of the flat ring
   std::vector<Round> grid;   // by dimension, outermost first; secondsPerByte per byte of a block
   std::vector<int> gridSteps;
+  std::vector<int> gridBlocks;    // by dimension: the blocks a position holds as its stage starts
+  double copySecondsPerByte = 0;  // packing (level 0's rate)
   int size = 1;
 };
 AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links);

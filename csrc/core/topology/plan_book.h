@@ -36,8 +36,8 @@ class PlanBook {
   // The level-by-level stages of reduce-scatter or allgather (empty: the flat ring).
   std::shared_ptr<const BlockPlan> blockStages(bool reduceScatter);
   // How an allgather of `bytes` per rank runs: what the request forces, else the cheapest by the
-  // cost model of the rings (grid where there are block stages) and, for blocks up to
-  // kBruckMaxBytes, Bruck's rounds.
+  // cost model of the rings (the grid's where there are block stages) and, for blocks up to
+  // kBruckMaxBytes, Bruck's rounds over all ranks and level by level over the grid.
   static constexpr size_t kBruckMaxBytes = 65536;
   AllgatherSchedule allgatherSchedule(size_t bytes);
 

@@ -147,8 +147,8 @@ PlanRequest planRequest(const Config& c) {
   request.order = c.levelOrder;
   request.waves = static_cast<int>(c.waves);
   request.smallBytes = c.smallBytes;
-  if (c.allgatherAlgorithm == "bruck") request.allgather = AllgatherSchedule::kBruck;
-  if (c.allgatherAlgorithm == "ring") request.allgather = AllgatherSchedule::kRing;
+  if (c.allgatherAlgorithm == "bruck") request.allgather = AllgatherSchedule::kGridBruck;
+  if (c.allgatherAlgorithm == "ring") request.allgather = AllgatherSchedule::kGrid;
   request.hostSlots = c.hostSlots;
   request.directMinBytes = c.directMinBytes;
   request.shareTensors = c.shareTensors;
