@@ -100,8 +100,10 @@ def _mismatch_cases(rank, size, group):
     odd = rank == size - 1
     n = 200 if odd else 100
     big = (2 if odd else 1) << 20
+    mid = (2 if odd else 1) << 15
     return [
         ("all_reduce 100 vs 200", lambda: dist.all_reduce(torch.ones(n), group=group)),
+        ("all_reduce 128 KiB vs 256 KiB", lambda: dist.all_reduce(torch.ones(mid), group=group)),
         ("all_reduce float32 vs float64", lambda: dist.all_reduce(
             torch.ones(100, dtype=torch.float64 if odd else torch.float32), group=group)),
         ("all_reduce SUM vs MAX", lambda: dist.all_reduce(
@@ -122,7 +124,8 @@ def _mismatch_cases(rank, size, group):
 
 def _mismatched(rank, size):
     # Ranks that call different things all raise, at once (not at the 60 s timeout), naming
-    # the calls; none returns a partial or garbled result, and the group goes on working.
+    # the calls; none returns a partial or garbled result, and the group goes on working, on
+    # every path (one host: recursive doubling, staged, the shared-memory ring).
     group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
     for what, call in _mismatch_cases(rank, size, group):
         start = time.monotonic()
@@ -133,9 +136,10 @@ def _mismatched(rank, size):
         if size == 2:  # both ranks see the other's call
             assert "rank 0 called" in str(info.value) and "rank 1 called" in str(info.value), \
                 (what, str(info.value))
-        t = torch.ones(5)
-        dist.all_reduce(t, group=group)
-        assert torch.equal(t, torch.full((5,), float(size))), what
+        for count in (5, 1 << 15, 1 << 19):
+            t = torch.ones(count)
+            dist.all_reduce(t, group=group)
+            assert torch.equal(t, torch.full((count,), float(size))), (what, count)
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -12,10 +12,11 @@
 // No kernel copy and no staging on the receiving side: for two ranks this is the copy-based
 // design of benchmarks/reference/shm_ring.cc.
 //
-// Paths, in order: the group's windows are set up by the first allreduce that wants them (all
-// ranks or none); an adoptable tensor is moved into shared memory here, holding the turn; the
-// direct allreduce when every rank's tensor is shared; else the ring over the windows; else
-// (some rank cannot map its neighbour's window) the message ring.
+// Paths, in order: after a mismatch, the ranks agree again on the windows (resyncAfterMismatch);
+// the group's windows are set up by the first allreduce that wants them (all ranks or none); an
+// adoptable tensor is moved into shared memory here, holding the turn; the direct allreduce when
+// every rank's tensor is shared; else the ring over the windows; else (some rank cannot map its
+// neighbour's window) the message ring.
 #include <algorithm>
 #include <memory>
 
@@ -33,8 +34,10 @@ namespace ddl {
 namespace {
 
 constexpr uint32_t kSlotNoticeStep = 3;  // and 4 for freed slots; 0-2 set up, 5-7 the direct path
-// The staged allreduce's windows are set up in the phase's last three steps.
+// The staged allreduce's windows are set up in the phase's last three steps, and the resync after
+// a mismatch takes the two before them.
 constexpr uint32_t kStageSetUpStep = tag::kMaxSteps - 3;
+constexpr uint32_t kResyncStep = tag::kMaxSteps - 5;
 
 std::string unavailable(AllreduceAlgorithm mode) {
   return std::string("TORCH_DDL_ALLREDUCE_ALGO=") + algorithmName(mode) +
@@ -94,14 +97,16 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
   const size_t es = elementSize(type);
-  if (ring.state == SharedRing::State::kUnavailable) {
+  if (ring.state == SharedRing::State::kUnavailable && !resyncDue(op, ring)) {
     if (required) throw Error(unavailable(mode));
     co_await allreduceRing(op, data, count, type, reduce, settings);
     co_return;
   }
   SharedRingTurn turn(ring, op);
+  turn.mendsAfterMismatch();
   co_await op.until([&turn] { return turn.ready(); });
   if (ring.state == SharedRing::State::kBroken) throw Error(ring.broken);
+  if (resyncDue(op, ring)) co_await resyncAfterMismatch(op, ring, kResyncStep);
   if (ring.state == SharedRing::State::kUnknown) {
     std::vector<int> everyone = naturalRing(n, false).order;
     turn.setClean(false);  // a setup cut short leaves the ranks disagreeing on the windows

@@ -46,10 +46,10 @@ std::string SlotLink::describeTimeout() const {
          " written slots given back)";
 }
 
-void SlotLink::giveUp(const std::string& why) {
+void SlotLink::giveUp(const std::string& why, StatusKind kind) {
   noticesOut_.push_back(SlotNotice{elements_, 0, kAbandoned, 0});
   op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice));
-  throw Error(why);
+  throw Error(why, kind);
 }
 
 void SlotLink::poll() {
@@ -75,16 +75,18 @@ void SlotLink::poll() {
     noticeRecvs_.pop_front();
     if (m.elements != elements_) {
       giveUp("rank " + std::to_string(prev_) + " allreduces " + std::to_string(m.elements) +
-             " elements, this rank " + std::to_string(elements_) +
-             " (every rank must pass the same shape)");
+                 " elements, this rank " + std::to_string(elements_) +
+                 " (every rank must pass the same shape)",
+             StatusKind::kMismatch);
     }
     if (m.step == kAbandoned) {
       giveUp("rank " + std::to_string(prev_) +
-             " abandoned it (the ranks do not all pass the same number of elements)");
+                 " abandoned it (the ranks do not all pass the same number of elements)",
+             StatusKind::kMismatch);
     }
     if (m.step >= static_cast<uint32_t>(geometry_.steps) || m.segment >= geometry_.segments ||
         m.slot >= slots) {
-      giveUp("malformed notice from rank " + std::to_string(prev_));
+      giveUp("malformed notice from rank " + std::to_string(prev_), StatusKind::kOther);
     }
     arrived_.push_back(m);
   }

@@ -53,7 +53,7 @@ class SlotLink : public Link {
     uint32_t step;
     uint32_t slot;
   };
-  [[noreturn]] void giveUp(const std::string& why);
+  [[noreturn]] void giveUp(const std::string& why, StatusKind kind);
 
   Op& op_;
   SlotWindows& windows_;

@@ -10,6 +10,16 @@ void GroupState::recordFailure(const Status& status, bool remote) {
   first_ = Failure{status, remote};
 }
 
+void GroupState::countMismatch() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++mismatches_;
+}
+
+uint64_t GroupState::mismatches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mismatches_;
+}
+
 GroupState::Failure GroupState::firstFailure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return first_;

@@ -41,12 +41,18 @@ class GroupState {
   void noteGone(int rank, TimePoint when);
   std::vector<int> gone() const;
   std::optional<TimePoint> goneSince(int rank) const;
+  // Collectives of the group that ended here because the ranks called different things. A
+  // mismatch fails its op on every rank (found, or told by the rank that found it), so the count
+  // is the same on every rank once that op has ended everywhere.
+  void countMismatch();
+  uint64_t mismatches() const;
 
  private:
   mutable std::mutex mutex_;
   Failure first_;
   Status refusal_;
   std::map<int, TimePoint> gone_;
+  uint64_t mismatches_ = 0;
 };
 
 // A communicator's membership as the runtime needs it: shared by the communicator and its ops, so

@@ -146,6 +146,8 @@ class Op {
   const CallCheck& callCheck() const { return callCheck_; }
   // Set as the op ends, when no rank can have finished it (another rank refused to start it).
   bool endsCleanly() const { return endsCleanly_; }
+  // Set as the op ends: how (kOk when it succeeded).
+  StatusKind endedWith() const { return endedWith_; }
 
  private:
   friend class Runtime;
@@ -183,6 +185,7 @@ class Op {
   std::coroutine_handle<> resumePoint_;
   Status failure_;
   bool endsCleanly_ = false;
+  StatusKind endedWith_ = StatusKind::kOk;
   CallCheck callCheck_{*this};
 };
 

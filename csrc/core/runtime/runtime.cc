@@ -250,6 +250,11 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   // An op that another rank refused to start cannot have finished anywhere: what it shares may
   // be given up without doubt (shm/shared_ring.h).
   op->endsCleanly_ = ending == Ending::kRemoteRefusal;
+  op->endedWith_ = error.kind;
+  // Counted before anything the op holds is let go (a shared-memory turn: shm/shared_ring.h).
+  if (error.kind == StatusKind::kMismatch && op->callCheck().on() && op->group().state) {
+    op->group().state->countMismatch();
+  }
   recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : pendingPeers(*op));
   {
     const TimePoint now = clock_.now();

@@ -28,6 +28,17 @@ void releaseWindows(Transport& transport, SlotWindows& windows) {
   windows.inbox = windows.outbox = nullptr;
 }
 
+// Lets go of what this rank allocated and mapped of the staging buffers (the staging count
+// stays).
+void releaseStage(Transport& transport, StageWindows& stage) {
+  for (uint64_t w : stage.windows) {
+    if (w != 0) transport.releaseWindow(w);
+  }
+  const uint64_t sequence = stage.sequence;
+  stage = StageWindows{};
+  stage.sequence = sequence;
+}
+
 void collect(const SlotWindows& windows, std::vector<uint64_t>* ids) {
   if (windows.outboxWindow != 0) ids->push_back(windows.outboxWindow);
   if (windows.inboxWindow != 0) ids->push_back(windows.inboxWindow);
@@ -70,7 +81,8 @@ SharedRingTurn::~SharedRingTurn() {
   if (released_) return;
   if (ring_.state == SharedRing::State::kUnknown && ring_.windows.refused) {
     ring_.state = SharedRing::State::kUnavailable;  // its setup cut short after the verdict
-  } else if (ring_.state != SharedRing::State::kBroken && !clean_ && !op_.endsCleanly()) {
+  } else if (ring_.state != SharedRing::State::kBroken && !clean_ && !op_.endsCleanly() &&
+             !(mends_ && op_.endedWith() == StatusKind::kMismatch)) {
     ring_.state = SharedRing::State::kBroken;
     ring_.broken = "the shared-memory ring of this group is unusable: " + what_ +
                    " failed while using it (destroy and re-create the process group)";
@@ -231,11 +243,9 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
   stage.setUp = true;
   stage.ready = verdict != 0;
   if (!stage.ready) {
-    for (uint64_t& w : stage.windows) {
-      if (w != 0) transport.releaseWindow(w);
-      w = 0;
-    }
-    stage.bases.assign(n, nullptr);
+    releaseStage(transport, stage);
+    stage.setUp = true;
+    stage.halfBytes = halfBytes;
     if (logs(LogLevel::kWarn)) {
       logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(rank) +
                                    ": allreduces of one host are not staged (" +
@@ -245,6 +255,76 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
                                    "ring");
     }
   }
+}
+
+bool resyncDue(const Op& op, const SharedRing& ring) {
+  return op.group().state && op.group().state->mismatches() != ring.mismatchesSynced;
+}
+
+namespace {
+
+// What one rank holds of the group's one-host windows, as resyncAfterMismatch compares it.
+struct Holding {
+  static constexpr uint8_t kNone = 0, kReady = 1, kRefused = 2, kUnlike = 3;
+  uint64_t stagings = 0;  // StageWindows::sequence
+  uint8_t ring = kNone;
+  uint8_t stage = kNone;
+  uint8_t reserved[6] = {};
+};
+
+Holding holdingOf(const SharedRing& ring) {
+  Holding h;
+  h.stagings = ring.stage.sequence;
+  if (ring.state == SharedRing::State::kReady) h.ring = Holding::kReady;
+  if (ring.state == SharedRing::State::kUnavailable) h.ring = Holding::kRefused;
+  if (ring.stage.setUp) h.stage = ring.stage.ready ? Holding::kReady : Holding::kRefused;
+  return h;
+}
+
+}  // namespace
+
+Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep) {
+  const uint64_t mismatches = op.group().state->mismatches();
+  Transport& transport = op.group().runtime->transport();
+  // Setups the mismatch cut short: nobody heard their verdict.
+  if (ring.state == SharedRing::State::kUnknown) {
+    releaseWindows(transport, ring.windows);
+    ring.windows = SlotWindows{};
+  }
+  if (!ring.stage.setUp) releaseStage(transport, ring.stage);
+  const uint64_t voteSlot = tag::slot(kPhase, firstStep);
+  const uint64_t answerSlot = tag::slot(kPhase, firstStep + 1);
+  const int n = op.size();
+  Holding agreed = holdingOf(ring);
+  std::vector<Request*> requests;
+  if (op.rank() != 0) {
+    const Holding mine = agreed;
+    requests.push_back(op.send(0, voteSlot, &mine, sizeof(mine)));
+    requests.push_back(op.recv(0, answerSlot, &agreed, sizeof(agreed)));
+    co_await op.all(requests);
+  } else {
+    std::vector<Holding> held(n, agreed);
+    for (int j = 1; j < n; ++j) requests.push_back(op.recv(j, voteSlot, &held[j], sizeof(Holding)));
+    co_await op.all(requests);
+    for (const Holding& h : held) {
+      agreed.stagings = std::max(agreed.stagings, h.stagings);
+      if (h.ring != agreed.ring) agreed.ring = Holding::kUnlike;
+      if (h.stage != agreed.stage) agreed.stage = Holding::kUnlike;
+    }
+    requests.clear();
+    for (int j = 1; j < n; ++j) requests.push_back(op.send(j, answerSlot, &agreed, sizeof(agreed)));
+    co_await op.all(requests);
+  }
+  if (agreed.ring == Holding::kUnlike) {
+    releaseWindows(transport, ring.windows);
+    ring.windows = SlotWindows{};
+    ring.state = SharedRing::State::kUnknown;
+  }
+  if (agreed.stage == Holding::kUnlike) releaseStage(transport, ring.stage);
+  ring.stage.sequence = agreed.stagings;
+  ring.lastAllShared = true;
+  ring.offered.clear();
+  ring.mismatchesSynced = mismatches;
 }
 
 }  // namespace ddl

@@ -10,9 +10,13 @@
 // (ready, or unavailable when some member cannot map its neighbour, e.g. on another host). One
 // op uses the windows at a time: ops take tickets in the order they start, which is the same on
 // every rank, and wait for their turn. An op that fails while holding or awaiting a turn leaves
-// the group's rings kBroken: later allreduces that want them fail at once with the reason. The
-// windows are released on the progress thread when the group is gone, and so are the peers'
-// shared buffers that the direct allreduce mapped.
+// the group's rings kBroken: later allreduces that want them fail at once with the reason. But
+// where the ranks called different things (a mismatch, which fails its op on every rank), the
+// one-host allreduce's windows are mended instead: the next allreduce that wants them first holds
+// a round over every rank (resyncAfterMismatch) once each has ended the failed op, in which the
+// ranks agree again on what is set up and on the staging count, before anything shared is
+// touched. The windows are released on the progress thread when the group is gone, and so are
+// the peers' shared buffers that the direct allreduce mapped.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +95,8 @@ struct SharedRing {
   // Whether the last round of offers found every tensor in a shared buffer (the same on every
   // rank: all see all offers, and rounds happen in turn order).
   bool lastAllShared = true;
+  // The group's count of mismatched ops (GroupState::mismatches) as of the last resync.
+  uint64_t mismatchesSynced = 0;
 };
 
 // The op's turn at the windows: taken when the op starts, given up when it ends, however it
@@ -98,7 +104,8 @@ struct SharedRing {
 // the op was in a clean stretch (setClean: before it touched anything shared, e.g. while it
 // waited for its turn, or where every rank waits for all the others before any of them touches
 // shared memory, as in the direct path's round of offers) or ended cleanly (Op::endsCleanly:
-// another rank refused to start it, so none can have finished it).
+// another rank refused to start it, so none can have finished it), or ended by a mismatch where
+// the op's path mends the windows after one (mendsAfterMismatch).
 class SharedRingTurn {
  public:
   SharedRingTurn(SharedRing& ring, const Op& op);
@@ -110,11 +117,15 @@ class SharedRingTurn {
   }
   void release();
   void setClean(bool clean) { clean_ = clean; }
+  // The op resyncs the group's windows after a mismatch before it touches them
+  // (resyncAfterMismatch): one that ends by a mismatch leaves them to the next such op.
+  void mendsAfterMismatch() { mends_ = true; }
 
  private:
   SharedRing& ring_;
   const Op& op_;
   bool clean_ = true;  // nothing shared touched yet
+  bool mends_ = false;
   uint64_t ticket_;
   std::string what_;
   bool released_ = false;
@@ -133,5 +144,21 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
 // everyone could and tells everyone. All or nothing (stage.ready). Messages in tag steps
 // [firstStep, firstStep + 3) of the shared phase. Holding the turn.
 Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t firstStep);
+
+// Whether an op that wants the group's one-host windows must first resync them: a mismatched op
+// ended here since the last resync.
+bool resyncDue(const Op& op, const SharedRing& ring);
+
+// The round after a mismatch, holding the turn, before anything shared is touched; every rank's
+// failed op has ended once it is over, so nothing of it writes any more. Each rank first lets go
+// of windows whose setup the mismatch cut short (allocated or mapped, no verdict heard: the
+// first member sends a verdict only once every rank's call print agreed with its own, so a
+// mismatch cuts every rank's setup short before it). Then the first member collects what each
+// holds (the ring and the staging buffers: set up, refused or not; the staging count) and tells
+// everyone: the count becomes the highest (flags only rise, so every one is below the next
+// staging), windows the ranks do not all hold alike are let go everywhere (the next op sets them
+// up again), and the direct path asks its offers again. Messages in tag steps [firstStep,
+// firstStep + 2) of the shared phase.
+Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep);
 
 }  // namespace ddl
