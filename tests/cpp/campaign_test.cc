@@ -84,7 +84,8 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x09b09fa35dccd4d7, "7 ranks on one host, a size disagreement in a 16 KiB allreduce that"
                          " had become a shared-memory one (TORCH_DDL_SMALL_BYTES 1024): its"
                          " window setup cut short left the ring unusable, and the next op failed"
-                         " naming that op, not a fault"},
+                         " naming that op, not a fault (staged again since 804ab35 mends the"
+                         " windows after a mismatch)"},
     {0x5cf6e118433267e0, "a rank reducing 97 314 times slower, every op also on a second group:"
                          " the simulator ran its 2 s of reductions in one turn, delivering"
                          " nothing meanwhile, and the rank counted its peers gone (a rank is now"

@@ -87,6 +87,16 @@ void adopt(Op& op, Adoptable adoptable) {
   }
 }
 
+// Where the ranks cannot map each other's memory: messages.
+Task unshared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+              PipelineSettings settings, const AllreducePlan& plan) {
+  if (plan.doublesUnshared) {
+    co_await allreduceRecursiveDoubling(op, data, count, type, reduce);
+  } else {
+    co_await allreduceRing(op, data, count, type, reduce, settings);
+  }
+}
+
 }  // namespace
 
 Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
@@ -99,7 +109,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   const size_t es = elementSize(type);
   if (ring.state == SharedRing::State::kUnavailable && !resyncDue(op, ring)) {
     if (required) throw Error(unavailable(mode));
-    co_await allreduceRing(op, data, count, type, reduce, settings);
+    co_await unshared(op, data, count, type, reduce, settings, plan);
     co_return;
   }
   SharedRingTurn turn(ring, op);
@@ -117,7 +127,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (ring.state == SharedRing::State::kUnavailable) {
     turn.release();
     if (required) throw Error(unavailable(mode));
-    co_await allreduceRing(op, data, count, type, reduce, settings);
+    co_await unshared(op, data, count, type, reduce, settings, plan);
     co_return;
   }
   if (adoptable.base != nullptr) adopt(op, adoptable);

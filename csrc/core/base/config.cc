@@ -20,8 +20,10 @@ const std::vector<ConfigEntry> kTable = {
      "shm_ring; else ring. auto, several hosts: the plan the cost model finds cheapest, see "
      "python -m torch_ddl.info --plan. direct, staged and shm_ring alone fail where they cannot "
      "be used)"},
-    {"TORCH_DDL_SMALL_BYTES", "65536",
-     "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger a ring"},
+    {"TORCH_DDL_SMALL_BYTES", "4096",
+     "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger ones "
+     "the shared-memory paths (where the ranks cannot map each other's memory: recursive "
+     "doubling up to 64 KiB, a ring above)"},
     {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
      "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
      "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes"},

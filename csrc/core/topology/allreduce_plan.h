@@ -60,6 +60,11 @@ struct Lane {
   int after = -1;             // the lane (previous wave) that must finish each stage first
 };
 
+// kShared where the ranks cannot map each other's memory: recursive doubling up to this many
+// bytes, the message ring above (as auto did on one host up to 64 KiB before the staged
+// allreduce took 4 - 64 KiB).
+inline constexpr size_t kUnsharedDoublingBytes = 64 << 10;
+
 struct AllreducePlan {
   // kTrivial, kRecursiveDoubling, kLeaders, kRing, kShared, or kMultiDim (the stages above).
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kTrivial;
@@ -84,8 +89,12 @@ struct AllreducePlan {
   //   directMinBytes on, unless the request forced kShared.
   // - staged: kShared where the direct path is not taken: the staged allreduce
   //   (algorithms/allreduce_staged.cc) up to request.stagedBytes, the shared-memory ring above.
+  // - doublesUnshared: where the ranks cannot map each other's memory (another host, a container
+  //   of its own, UCX without shared memory), recursive doubling instead of the message ring
+  //   (kShared up to kUnsharedDoublingBytes).
   bool asksDirect = false;
   bool staged = false;
+  bool doublesUnshared = false;
   bool adopts = false;
   bool offersAdoption = false;
   double predicted = 0;  // seconds, by the cost model
@@ -97,13 +106,13 @@ struct AllreducePlan {
   std::string describe() const;
 };
 
-// What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
-// chooses.
 // How an allgather runs (algorithms/allgather_*.cc, priced in cost_model.h): the flat ring, the
 // level-by-level rings of the grid, Bruck's logarithmic rounds over all ranks, or Bruck's rounds
 // level by level over the grid.
 enum class AllgatherSchedule { kRing, kGrid, kBruck, kGridBruck };
 
+// What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
+// chooses.
 struct PlanRequest {
   // kAuto: the cheapest; else that algorithm's plan.
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
@@ -111,9 +120,9 @@ struct PlanRequest {
   int rings = 0;
   std::vector<int> order;  // dimensions of colour 0 (empty: innermost first)
   int waves = 0;
-  size_t smallBytes = 65536;  // one host, auto: recursive doubling up to this size
-  int ringRings = 1;          // rings of the flat ring (TORCH_DDL_RINGS)
-  bool hostSlots = true;      // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
+  size_t smallBytes = 4096;  // one host, auto: recursive doubling up to this size
+  int ringRings = 1;         // rings of the flat ring (TORCH_DDL_RINGS)
+  bool hostSlots = true;     // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
   size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
