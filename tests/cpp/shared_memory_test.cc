@@ -113,6 +113,35 @@ TEST(MultiDimSlots, TheHostLevelMovesThroughSharedSlots) {
   }
 }
 
+TEST(MultiDimSlots, AMismatchLeavesTheHostRingsUsable) {
+  // Rank 3 allreduces another count: every rank fails that op, whichever host ring's setup or
+  // slots it had reached, and each host's ranks agree again before the next op touches them.
+  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
+  const Topology t = twoHostsOfTwo();
+  for (bool setUpFirst : {true, false}) {
+    SharedRingWorld world(4);
+    std::vector<std::string> errors(4);
+    world.run(
+        [&](Communicator& comm) {
+          if (setUpFirst) multiDimSums(comm, t, true);
+          const size_t count = comm.rank() == 3 ? 100003 : 100004;
+          CallOptions options;
+          options.plan = std::make_shared<const AllreducePlan>(planMultiDim(t, count, 4, 2, 1));
+          std::vector<float> buf(count, 1.0f);
+          auto w = comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum, options);
+          w->wait();
+          errors[comm.rank()] = w->error();
+          multiDimSums(comm, t, true);
+          EXPECT_EQ(world.windowsInUse(comm.rank()), 8u) << "rank " << comm.rank();
+        },
+        std::chrono::seconds(60), &t);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_NE(errors[r].find("100003"), std::string::npos) << "rank " << r << ": " << errors[r];
+      EXPECT_EQ(world.windowsInUse(r), 0u) << "rank " << r;
+    }
+  }
+}
+
 TEST(MultiDimSlots, AHostWhoseRanksCannotMapEachOtherUsesMessages) {
   ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
   const Topology t = twoHostsOfTwo();

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -39,7 +40,7 @@ namespace ddl {
 namespace {
 
 // Tag steps of the shared phase that set up host rings: 0-7 belong to the one-host ring and the
-// direct path (allreduce_shared.cc); each host ring takes three.
+// direct path (allreduce_shared.cc); each host ring takes three, below kResyncStep.
 constexpr uint32_t kFirstSetUpStep = 8;
 
 // A host-level ring this rank runs, where its windows are kept, and the tag steps of its set-up
@@ -70,6 +71,9 @@ std::vector<HostRing> hostRings(const AllreducePlan& plan, int rank) {
         const std::vector<int>& order = stage.rings[r].order;
         for (bool gathering : {false, true}) {
           const uint32_t step = kFirstSetUpStep + 3 * index++;
+          if (step + 3 > kResyncStep) {
+            throw Error("a plan of more host rings than the shared phase's tag steps hold");
+          }
           if (order.size() < 2 || RingPlan{order}.positionOf(rank) < 0) continue;
           std::string key = std::to_string(firstWave(plan, l)) + (gathering ? "g" : "r") +
                             std::to_string(r) + ":";
@@ -80,6 +84,16 @@ std::vector<HostRing> hostRings(const AllreducePlan& plan, int rank) {
     }
   }
   return out;
+}
+
+// The ranks of this rank's host (its host rings' members), in rank order.
+std::vector<int> hostMembers(const AllreducePlan& plan, const std::vector<HostRing>& host) {
+  std::set<int> members;
+  for (const HostRing& h : host) {
+    const std::vector<int>& order = plan.lanes[h.lane].stages[h.stage].rings[h.ring].order;
+    members.insert(order.begin(), order.end());
+  }
+  return std::vector<int>(members.begin(), members.end());
 }
 
 class LaneRun {
@@ -211,8 +225,10 @@ Task allreduceMultiDim(Op& op, void* data, DataType type, ReduceOp reduce,
   if (!host.empty()) {
     SharedRing& shared = *op.group().sharedRing;
     turn.emplace(shared, op);
+    turn->mendsAfterMismatch();
     co_await op.until([&turn] { return turn->ready(); });
     if (shared.state == SharedRing::State::kBroken) throw Error(shared.broken);
+    if (resyncDue(op, shared)) co_await resyncAfterMismatch(op, shared, hostMembers(*plan, host));
     turn->setClean(false);  // setting up windows, then writing into them
     for (const HostRing& h : host) {
       auto it = shared.levelRings.find(h.key);

@@ -34,10 +34,10 @@ namespace ddl {
 namespace {
 
 constexpr uint32_t kSlotNoticeStep = 3;  // and 4 for freed slots; 0-2 set up, 5-7 the direct path
-// The staged allreduce's windows are set up in the phase's last three steps, and the resync after
-// a mismatch takes the two before them.
+// The staged allreduce's windows are set up in the phase's last three steps (the resync after a
+// mismatch takes the two before them: shm/shared_ring.h).
 constexpr uint32_t kStageSetUpStep = tag::kMaxSteps - 3;
-constexpr uint32_t kResyncStep = tag::kMaxSteps - 5;
+static_assert(kResyncStep + 2 <= kStageSetUpStep);
 
 std::string unavailable(AllreduceAlgorithm mode) {
   return std::string("TORCH_DDL_ALLREDUCE_ALGO=") + algorithmName(mode) +
@@ -116,7 +116,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   turn.mendsAfterMismatch();
   co_await op.until([&turn] { return turn.ready(); });
   if (ring.state == SharedRing::State::kBroken) throw Error(ring.broken);
-  if (resyncDue(op, ring)) co_await resyncAfterMismatch(op, ring, kResyncStep);
+  if (resyncDue(op, ring)) co_await resyncAfterMismatch(op, ring, naturalRing(n, false).order);
   if (ring.state == SharedRing::State::kUnknown) {
     std::vector<int> everyone = naturalRing(n, false).order;
     turn.setClean(false);  // a setup cut short leaves the ranks disagreeing on the windows

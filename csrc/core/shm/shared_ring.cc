@@ -283,7 +283,7 @@ Holding holdingOf(const SharedRing& ring) {
 
 }  // namespace
 
-Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep) {
+Task resyncAfterMismatch(Op& op, SharedRing& ring, const std::vector<int>& members) {
   const uint64_t mismatches = op.group().state->mismatches();
   Transport& transport = op.group().runtime->transport();
   // Setups the mismatch cut short: nobody heard their verdict.
@@ -292,19 +292,25 @@ Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep) {
     ring.windows = SlotWindows{};
   }
   if (!ring.stage.setUp) releaseStage(transport, ring.stage);
-  const uint64_t voteSlot = tag::slot(kPhase, firstStep);
-  const uint64_t answerSlot = tag::slot(kPhase, firstStep + 1);
-  const int n = op.size();
+  // Host rings: a mismatch on another host may have cut a setup short after some of its members
+  // heard the verdict, so every member lets all of them go (set up again when next wanted).
+  for (auto& [key, windows] : ring.levelRings) releaseWindows(transport, windows);
+  ring.levelRings.clear();
+  const uint64_t voteSlot = tag::slot(kPhase, kResyncStep);
+  const uint64_t answerSlot = tag::slot(kPhase, kResyncStep + 1);
+  const int first = members.front();
   Holding agreed = holdingOf(ring);
   std::vector<Request*> requests;
-  if (op.rank() != 0) {
+  if (op.rank() != first) {
     const Holding mine = agreed;
-    requests.push_back(op.send(0, voteSlot, &mine, sizeof(mine)));
-    requests.push_back(op.recv(0, answerSlot, &agreed, sizeof(agreed)));
+    requests.push_back(op.send(first, voteSlot, &mine, sizeof(mine)));
+    requests.push_back(op.recv(first, answerSlot, &agreed, sizeof(agreed)));
     co_await op.all(requests);
   } else {
-    std::vector<Holding> held(n, agreed);
-    for (int j = 1; j < n; ++j) requests.push_back(op.recv(j, voteSlot, &held[j], sizeof(Holding)));
+    std::vector<Holding> held(members.size(), agreed);
+    for (size_t i = 1; i < members.size(); ++i) {
+      requests.push_back(op.recv(members[i], voteSlot, &held[i], sizeof(Holding)));
+    }
     co_await op.all(requests);
     for (const Holding& h : held) {
       agreed.stagings = std::max(agreed.stagings, h.stagings);
@@ -312,7 +318,9 @@ Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep) {
       if (h.stage != agreed.stage) agreed.stage = Holding::kUnlike;
     }
     requests.clear();
-    for (int j = 1; j < n; ++j) requests.push_back(op.send(j, answerSlot, &agreed, sizeof(agreed)));
+    for (size_t i = 1; i < members.size(); ++i) {
+      requests.push_back(op.send(members[i], answerSlot, &agreed, sizeof(agreed)));
+    }
     co_await op.all(requests);
   }
   if (agreed.ring == Holding::kUnlike) {

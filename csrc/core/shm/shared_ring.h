@@ -12,11 +12,11 @@
 // every rank, and wait for their turn. An op that fails while holding or awaiting a turn leaves
 // the group's rings kBroken: later allreduces that want them fail at once with the reason. But
 // where the ranks called different things (a mismatch, which fails its op on every rank), the
-// one-host allreduce's windows are mended instead: the next allreduce that wants them first holds
-// a round over every rank (resyncAfterMismatch) once each has ended the failed op, in which the
-// ranks agree again on what is set up and on the staging count, before anything shared is
-// touched. The windows are released on the progress thread when the group is gone, and so are
-// the peers' shared buffers that the direct allreduce mapped.
+// windows are mended instead: the next allreduce that wants them first holds a round over the
+// ranks that share them (resyncAfterMismatch) once each has ended the failed op, in which they
+// agree again on what is set up and on the staging count, before anything shared is touched. The
+// windows are released on the progress thread when the group is gone, and so are the peers' shared
+// buffers that the direct allreduce mapped.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "../base/tag.h"
 #include "../base/task.h"
 #include "../runtime/op.h"
 
@@ -149,16 +150,20 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
 // ended here since the last resync.
 bool resyncDue(const Op& op, const SharedRing& ring);
 
-// The round after a mismatch, holding the turn, before anything shared is touched; every rank's
-// failed op has ended once it is over, so nothing of it writes any more. Each rank first lets go
-// of windows whose setup the mismatch cut short (allocated or mapped, no verdict heard: the
-// first member sends a verdict only once every rank's call print agreed with its own, so a
-// mismatch cuts every rank's setup short before it). Then the first member collects what each
-// holds (the ring and the staging buffers: set up, refused or not; the staging count) and tells
-// everyone: the count becomes the highest (flags only rise, so every one is below the next
-// staging), windows the ranks do not all hold alike are let go everywhere (the next op sets them
-// up again), and the direct path asks its offers again. Messages in tag steps [firstStep,
-// firstStep + 2) of the shared phase.
-Task resyncAfterMismatch(Op& op, SharedRing& ring, uint32_t firstStep);
+// The round after a mismatch among `members` (the ranks that share memory with this one: every
+// rank of a one-host group, this rank's host in a multi-dimensional plan, the first of them
+// collecting), holding the turn, before anything shared is touched; every member's failed op
+// has ended once it is over, so nothing of it writes any more. Each member first lets go of
+// windows whose setup the mismatch cut short (allocated or mapped, no verdict heard: the first
+// member of a group-wide setup sends its verdict only once every rank's call print agreed with
+// its own, so a mismatch cuts every rank's setup short before it) and of its host rings (whose
+// verdicts cover only their members). Then the first member collects what each holds (the ring
+// and the staging buffers: set up, refused or not; the staging count) and tells everyone: the
+// count becomes the highest (flags only rise, so every one is below the next staging), windows
+// the members do not all hold alike are let go everywhere (the next op sets them up again), and
+// the direct path asks its offers again. Messages in tag steps kResyncStep and kResyncStep + 1
+// of the shared phase.
+inline constexpr uint32_t kResyncStep = tag::kMaxSteps - 5;
+Task resyncAfterMismatch(Op& op, SharedRing& ring, const std::vector<int>& members);
 
 }  // namespace ddl
