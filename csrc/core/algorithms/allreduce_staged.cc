@@ -116,15 +116,15 @@ std::string timeoutWords(const Op& op, const StageWindows& stage, uint64_t stagi
 }
 
 // Every rank staged the same call as this one, once all raised `staged`.
-void checkCalls(const StageWindows& stage, const StagedCall& call) {
+void checkCalls(Op& op, const StageWindows& stage, const StagedCall& call) {
   for (size_t j = 0; j < stage.bases.size(); ++j) {
     StagedCall theirs;
     std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
     if (!(theirs == call)) {
-      throw Error("rank " + std::to_string(j) + " staged " + describe(theirs) + ", this rank " +
-                      describe(call) +
-                      " (every rank must make the same calls, with the same shapes)",
-                  StatusKind::kMismatch);
+      op.raise(Error("rank " + std::to_string(j) + " staged " + describe(theirs) + ", this rank " +
+                         describe(call) +
+                         " (every rank must make the same calls, with the same shapes)",
+                     StatusKind::kMismatch));
     }
   }
 }
@@ -175,7 +175,7 @@ Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp r
     flag(own, kStagedAt).store(staging, std::memory_order_release);
     waitedFor = staging;
     co_await flagsReached(op, stage, kStagedAt, staging, length * es);
-    checkCalls(stage, call);
+    checkCalls(op, stage, call);
     // 2. This rank's chunk, reduced out of the tensor and every peer's half into its own half,
     // and back into the tensor.
     char* mine = own + half + before;

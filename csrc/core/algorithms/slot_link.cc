@@ -49,7 +49,7 @@ std::string SlotLink::describeTimeout() const {
 void SlotLink::giveUp(const std::string& why, StatusKind kind) {
   noticesOut_.push_back(SlotNotice{elements_, 0, kAbandoned, 0});
   op_.send(next_, noticeSlot_, &noticesOut_.back(), sizeof(SlotNotice));
-  throw Error(why, kind);
+  op_.raise(Error(why, kind));
 }
 
 void SlotLink::poll() {

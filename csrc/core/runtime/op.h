@@ -146,8 +146,15 @@ class Op {
   const CallCheck& callCheck() const { return callCheck_; }
   // Set as the op ends, when no rank can have finished it (another rank refused to start it).
   bool endsCleanly() const { return endsCleanly_; }
-  // Set as the op ends: how (kOk when it succeeded).
+  // Set as the op ends: how (kOk when it succeeded); or as its coroutine raises an error
+  // (raise), before what the coroutine holds is let go on the way out.
   StatusKind endedWith() const { return endedWith_; }
+  // Throws `error` out of the op's coroutine, noting its kind first (a shared-memory turn the
+  // coroutine holds reads it as it unwinds: shm/shared_ring.h).
+  [[noreturn]] void raise(const Error& error) {
+    endedWith_ = error.kind();
+    throw error;
+  }
 
  private:
   friend class Runtime;
