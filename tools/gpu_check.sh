@@ -8,16 +8,21 @@
 #   tools/gpu_check.sh variants    the same at the sizes where settings matter, under other
 #                                  settings (a progress thread that polls, recursive doubling),
 #                                  and UCX alone (ucx_perftest, device memory both sides)
-#   tools/gpu_check.sh cpu         CPU allreduce at 8, 16 and 4 ranks (CPU_RANKS) against gloo,
+#   tools/gpu_check.sh staged      CUDA allreduce through pinned host memory
+#                                  (TORCH_DDL_DEVICE_STAGE_BYTES=4 MiB), 8 B - 8 MiB against gloo,
+#                                  then its test (test_cuda.py -k staged)
+#   tools/gpu_check.sh cpu         CPU allreduce at 8 and 4 ranks (CPU_RANKS) against gloo,
 #                                  Open MPI and ddl's core alone
+#   tools/gpu_check.sh cpu8        8 CPU ranks, 256 KiB - 16 MiB, under the settings that may
+#                                  lift 1 - 4 MiB (direct path from 1 MiB, staged to 4 MiB)
 #   tools/gpu_check.sh ranks8      the collective tests at 8 ranks too (DDL_TEST_MORE_RANKS=8)
 #   tools/gpu_check.sh conformance PyTorch's CI subset with the GPU hidden (the suite skips every
 #                                  test when it sees fewer GPUs than ranks)
 #   tools/gpu_check.sh status      what answering python -m torch_ddl.status every 100 ms costs
 #                                  an allreduce sweep at 8 ranks (benchmarks/status_cost.py)
 #   tools/gpu_check.sh all         build, test, bench, conformance in turn
-#   tools/gpu_check.sh session     SESSION_STEPS (default: build smoke bench test-cuda variants
-#                                  cpu ranks8 status), each bounded, then the rest of the suite
+#   tools/gpu_check.sh session     SESSION_STEPS (default: build smoke staged bench test-cuda
+#                                  cpu8 variants cpu ranks8), each bounded, then the rest of the suite
 #                                  until LIMIT_S (default 560) seconds have passed since the start;
 #                                  smoke is one short CUDA test: where it fails, nothing after it
 #                                  runs
@@ -117,6 +122,22 @@ variants() {
     wait
   done
 }
+staged() {
+  echo "== CUDA allreduce staged through pinned host memory up to 4 MiB"
+  TORCH_DDL_DEVICE_STAGE_BYTES=4194304 bounded "$py" benchmarks/allreduce_bench.py --device cuda \
+    --world-size 2 --min-bytes 8 --max-bytes 8M --budget 0.1 --rounds 3 --phases
+  bounded "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py -k staged
+}
+cpu8() {
+  local b=(benchmarks/allreduce_bench.py --world-size 8 --no-shared --min-bytes 256K
+    --max-bytes 16M --budget 0.1 --rounds 3)
+  echo "== 8 ranks, defaults"
+  CUDA_VISIBLE_DEVICES="" bounded "$py" "${b[@]}"
+  echo "== 8 ranks, the direct path from 1 MiB (TORCH_DDL_DIRECT_MIN_BYTES=1048576)"
+  CUDA_VISIBLE_DEVICES="" TORCH_DDL_DIRECT_MIN_BYTES=1048576 bounded "$py" "${b[@]}"
+  echo "== 8 ranks, staged up to 4 MiB (TORCH_DDL_STAGED_BYTES=4194304)"
+  CUDA_VISIBLE_DEVICES="" TORCH_DDL_STAGED_BYTES=4194304 bounded "$py" "${b[@]}"
+}
 ranks8() {
   CUDA_VISIBLE_DEVICES="" DDL_TEST_MORE_RANKS=8 bounded "$py" -m pytest -q -rs -p no:cacheprovider \
     tests/python/test_collectives.py tests/python/test_collectives_more.py -k "8"
@@ -125,7 +146,7 @@ cpu() {
   # ddl's core alone beside them (benchmarks/core_bench.cc), built with this python's UCX.
   make -s -j"$(nproc)" link-core-bench UCX_INC="$("$py" tools/find_ucx.py --include)" \
     UCX_LIB="$("$py" tools/find_ucx.py --lib)" || return 1
-  for p in ${CPU_RANKS:-8 16 4}; do
+  for p in ${CPU_RANKS:-8 4}; do
     CUDA_VISIBLE_DEVICES="" bounded "$py" benchmarks/allreduce_bench.py --world-size $p --reference \
       --no-shared --min-bytes 8 --max-bytes 64M --budget 0.15 --rounds 3
   done
@@ -144,6 +165,8 @@ case "$what" in
   bench) step bench bench ;;
   variants) step variants variants ;;
   cpu) step cpu cpu ;;
+  cpu8) step cpu8 cpu8 ;;
+  staged) step staged staged ;;
   ranks8) step ranks8 ranks8 ;;
   conformance) step conformance conformance ;;
   status) step status status_cost ;;
@@ -159,13 +182,15 @@ case "$what" in
     # SESSION_STEPS in turn (build first; the others under a bound each), then the rest of the
     # suite until LIMIT_S seconds have passed since the start.
     limit=${LIMIT_S:-560}
-    for name in ${SESSION_STEPS:-build smoke bench test-cuda variants cpu ranks8 status}; do
+    for name in ${SESSION_STEPS:-build smoke staged bench test-cuda cpu8 variants cpu ranks8}; do
       case $name in
         build) step build build || exit 1 ;;
         smoke)  # CUDA ops at all, before the long steps
           STEP_TIMEOUT=90 step smoke "$py" -m pytest -q -x -p no:cacheprovider \
             tests/python/test_cuda.py -k "stream_semantics and 2" || exit 1
           ;;
+        staged) STEP_TIMEOUT=120 step staged staged ;;
+        cpu8) STEP_TIMEOUT=120 step cpu8 cpu8 ;;
         bench) STEP_TIMEOUT=120 step bench bench ;;
         test-cuda) STEP_TIMEOUT=200 step test-cuda test_cuda ;;
         variants) STEP_TIMEOUT=60 step variants variants ;;
@@ -181,7 +206,7 @@ case "$what" in
     fi
     ;;
   *)
-    echo "usage: $0 build|test|test-cuda|bench|variants|cpu|conformance|status|all|session" >&2
+    echo "usage: $0 build|test|test-cuda|bench|staged|variants|cpu|cpu8|conformance|status|all|session" >&2
     exit 2
     ;;
 esac

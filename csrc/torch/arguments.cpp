@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "../core/base/config.h"
 #include "compat.hpp"
 #include "errors.hpp"
 
@@ -128,6 +129,18 @@ at::Tensor contiguousFor(const at::Tensor& t, WorkDDL& work, bool writeBack) {
   if (writeBack) work.copyAfter(t, copy);
   work.keepAlive(copy);
   return copy;
+}
+
+void stageOnHost(at::Tensor& buffer, WorkDDL& work) {
+  const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
+  if (!buffer.is_cuda() || bytes == 0 || bytes > config().deviceStageBytes) return;
+  at::Tensor host =
+      at::empty(buffer.sizes(), buffer.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(buffer, /*non_blocking=*/true);
+  work.copyFirst(buffer, host);
+  work.keepAlive(host);
+  work.markStagedOnHost();
+  buffer = host;
 }
 
 void checkRank(const char* where, const char* what, int64_t rank, int size) {

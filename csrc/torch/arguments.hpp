@@ -82,6 +82,11 @@ std::vector<int64_t> splitsOf(const char* where, const char* what, const at::Ten
 // `t` itself when contiguous; otherwise a contiguous copy that the work writes back to `t`.
 // Either way the work keeps it alive.
 at::Tensor contiguousFor(const at::Tensor& t, WorkDDL& work, bool writeBack);
+// A contiguous CUDA `buffer` of 1 to TORCH_DDL_DEVICE_STAGE_BYTES bytes is replaced by a pinned
+// host copy, taken on the caller's current stream (the op starts behind it) and written back to
+// the old buffer on the device before the work completes, ahead of the work's other copies: the
+// op then runs the host algorithms (docs/gpus.md). Anything else is left as it is.
+void stageOnHost(at::Tensor& buffer, WorkDDL& work);
 inline size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
 // One contiguous 1-D tensor holding the tensors of `list` back to back.
 at::Tensor concatenate(const std::vector<at::Tensor>& list, const at::Tensor& like);

@@ -25,6 +25,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce(std::vector<at::Tensor
   auto work = c10::make_intrusive<WorkDDL>(where, rank_, c10d::OpType::ALLREDUCE, tensors);
   at::Tensor buffer = contiguousFor(tensor, *work, true);
   premultiply(opts.reduceOp, buffer, where);
+  stageOnHost(buffer, *work);
   CallOptions options = callOptions(*work, opts);
   options.plan = comm_->allreducePlan(count(buffer), type);
   if (size_ > 1 && buffer.data_ptr() == tensor.data_ptr() && options.plan->offersAdoption) {
@@ -374,6 +375,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::allreduce_coalesced(
     work->copyAfter(t, flat.narrow(0, offset, t.numel()).view_as(t));
     offset += t.numel();
   }
+  stageOnHost(flat, *work);
   return launch(work, opts, [&](CallOptions& o) {
     comm_->allreduce(flat.data_ptr(), count(flat), type, op, o);
   });

@@ -251,8 +251,10 @@ void ProcessGroupDDL::placeOnDevice(WorkDDL& work, const std::vector<at::Tensor>
                           " (the device of its first CUDA collective)");
     }
   }
-  options.memory = MemoryKind::kCuda;
-  options.device = device->index();
+  if (!work.stagedOnHost()) {
+    options.memory = MemoryKind::kCuda;
+    options.device = device->index();
+  }
   work.onDevice(streams->order(*device, where, &options.deferStart), streams->future(*device));
 }
 
@@ -274,7 +276,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDDL::launch(
     return work;
   }
   try {
-    placeOnDevice(*work, *tensors, options);
+    // A buffer staged on the host: the device is the caller's tensors'.
+    placeOnDevice(*work, work->stagedOnHost() ? work->result() : *tensors, options);
   } catch (...) {
     options.work->finish(Status(StatusKind::kInvalidArgument, "ddl: the op was refused"));
     throw;

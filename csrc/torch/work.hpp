@@ -95,7 +95,15 @@ class WorkDDL : public c10d::Work {
   void copyAfter(at::Tensor destination, at::Tensor source) {
     copies_.emplace_back(std::move(destination), std::move(source));
   }
+  // A copy that runs before those given so far (the first of a chain: see stageOnHost).
+  void copyFirst(at::Tensor destination, at::Tensor source) {
+    copies_.emplace(copies_.begin(), std::move(destination), std::move(source));
+  }
   void keepAlive(at::Tensor tensor) { keep_.push_back(std::move(tensor)); }
+  // The op's buffer is a host copy of device tensors (stageOnHost): it is ordered on the
+  // device's streams and completes there, but runs on host memory.
+  void markStagedOnHost() { stagedOnHost_ = true; }
+  bool stagedOnHost() const { return stagedOnHost_; }
   // Runs at finalization after the copies, on success only; what it throws fails the work.
   void thenRun(std::function<void()> fn) { after_.push_back(std::move(fn)); }
   // The core Work this one finishes with; its completion hook is installed here.
@@ -121,6 +129,7 @@ class WorkDDL : public c10d::Work {
   uint64_t completionKey_;
   std::chrono::milliseconds timeout_{0};
   bool hookCounted_ = false;
+  bool stagedOnHost_ = false;
   const char* name_;
   std::shared_ptr<DeviceCompletion> device_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -140,7 +140,21 @@ TEST(Config, MalformedValuesNameTheVariable) {
         << e.what();
   }
   unsetenv("TORCH_DDL_ALLGATHER_ALGO");
+  setenv("TORCH_DDL_DEVICE_STAGE_BYTES", "1M", 1);
+  try {
+    reloadConfig();
+    FAIL() << "accepted a size with a unit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCH_DDL_DEVICE_STAGE_BYTES=1M is not an integer"),
+              std::string::npos)
+        << e.what();
+  }
+  setenv("TORCH_DDL_DEVICE_STAGE_BYTES", "65536", 1);
   reloadConfig();
+  EXPECT_EQ(config().deviceStageBytes, 65536u);
+  unsetenv("TORCH_DDL_DEVICE_STAGE_BYTES");
+  reloadConfig();
+  EXPECT_EQ(config().deviceStageBytes, 0u);  // off until measured on a GPU
   for (const ConfigEntry& e : configTable()) {
     EXPECT_EQ(std::string(e.name).rfind("TORCH_DDL_", 0), 0u);
     EXPECT_GT(std::strlen(e.description), 10u);

@@ -161,6 +161,64 @@ def test_cuda_stream_semantics(size):
     run_ranks(_streams, size)
 
 
+STAGE_BYTES = 1 << 20  # TORCH_DDL_DEVICE_STAGE_BYTES in the staged tests
+
+
+def _staged(rank, size):
+    """Allreduces of CUDA tensors up to STAGE_BYTES run through pinned host memory: every op and
+    dtype against gloo, at the limit and past it, non-contiguous, PREMUL_SUM, coalesced, and
+    ordered on the caller's stream like the device path."""
+    dev = _device(rank)
+    torch.cuda.set_device(dev)
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+    for op_name, op in OPS.items():
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8):
+            for n in (1, 7, 1021, 70001, STAGE_BYTES // 4, STAGE_BYTES // 4 + 1):
+                if not valid(dtype, op_name):
+                    continue
+                x = make_input(dtype, op_name, rank, size, n)
+                got, want = x.to(dev), x.clone()
+                dist.all_reduce(got, op=op)
+                try:
+                    dist.all_reduce(want, op=op, group=gloo)
+                except (RuntimeError, ValueError):
+                    continue
+                assert_same(got.cpu(), want, f"staged all_reduce {op_name} {dtype} n={n} P={size}")
+                checked += 1
+    assert checked > 50, checked
+    base = torch.arange(600, dtype=torch.float32).reshape(20, 30) + rank
+    got = base.clone().to(dev).t()  # not contiguous
+    dist.all_reduce(got)
+    want = base.clone()
+    dist.all_reduce(want, group=gloo)
+    assert_same(got.cpu(), want.t(), "staged, not contiguous")
+    got = torch.full((333,), float(rank + 1), device=dev)
+    dist.all_reduce(got, op=dist._make_nccl_premul_sum(0.5))
+    assert_same(got.cpu(), torch.full((333,), 0.5 * size * (size + 1) / 2), "staged PREMUL_SUM")
+    parts = [torch.full((n,), float(rank), device=dev) for n in (3, 1000, 5)]
+    dist.all_reduce_coalesced(parts)
+    for t in parts:
+        assert_same(t.cpu(), torch.full(t.shape, float(size * (size - 1) / 2)), "coalesced")
+    total = size * (size + 1) / 2
+    for trial in range(3):  # the input written behind a long kernel; the output read after wait
+        x = torch.zeros(4096, device=dev)
+        torch.cuda._sleep(50_000_000)
+        x.fill_(float(rank + 1))
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        assert_same((x * 2).cpu(), torch.full((4096,), 2 * total), f"staged order {trial}")
+    x = torch.full((1000,), float(rank), device=dev)
+    fut = dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0] * 10)
+    assert_same(fut.wait().cpu(), torch.full((1000,), 10.0 * (size - 1) * size / 2), "future")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_cuda_small_allreduces_staged_through_host_memory(size, monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_DEVICE_STAGE_BYTES", str(STAGE_BYTES))
+    run_ranks(_staged, size, timeout=400)
+
+
 def _ddp(rank, size, backend):
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -112,6 +112,11 @@ const std::vector<ConfigEntry> kTable = {
      "allgather algorithm: auto, ring or bruck (auto: per block size, the cheaper by the cost "
      "model of the rings (level by level across hosts) and, for blocks up to 64 KiB, Bruck's "
      "ceil(log2 P) rounds; ring: the rings)"},
+    {"TORCH_DDL_DEVICE_STAGE_BYTES", "0",
+     "an allreduce of a CUDA tensor of at most this many bytes is reduced in pinned host memory: "
+     "copied there behind the caller's stream's earlier work, reduced by the host algorithms, "
+     "copied back before its Work completes (UCX's device-memory messages cost about 150 us "
+     "each whatever their size); 0: never (every CUDA allreduce moves device memory)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -210,6 +215,7 @@ Config read() {
   }
   c.metricsAddress = configValue(kTable[27]);
   c.allgatherAlgorithm = configValue(kTable[28]);
+  c.deviceStageBytes = parseSize(kTable[29], 0);
   if (c.allgatherAlgorithm != "auto" && c.allgatherAlgorithm != "ring" &&
       c.allgatherAlgorithm != "bruck") {
     throw Error("ddl: TORCH_DDL_ALLGATHER_ALGO=" + c.allgatherAlgorithm +
