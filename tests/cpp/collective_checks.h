@@ -10,7 +10,7 @@
 
 namespace ddl::test {
 
-inline std::string describe(const char* what, int size, int rank, DataType t, ReduceOp op,
+inline std::string describe(const std::string& what, int size, int rank, DataType t, ReduceOp op,
                             size_t count, size_t i, double got, double want) {
   std::ostringstream s;
   s << what << " size=" << size << " rank=" << rank << " dtype=" << dataTypeName(t)

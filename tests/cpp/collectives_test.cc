@@ -101,34 +101,41 @@ TEST_P(WorldSize, BarrierAndManyOpsInFlight) {
   });
 }
 
+// The ring and Bruck's rounds (TORCH_DDL_ALLGATHER_ALGO: reduce_scatter takes Bruck where the
+// allgather of its block size would) against the expected values, at every world size.
 TEST_P(WorldSize, ReduceScatter) {
-  ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "24"}, {"TORCH_DDL_PIPELINE_DEPTH", "2"}});
-  const int size = GetParam();
-  runRanks(size, [&](Communicator& comm) {
-    for (DataType t : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-        for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{1021}}) {
-          std::vector<char> buf(size * count * elementSize(t) + 1);
-          for (int b = 0; b < size; ++b) {
-            for (size_t i = 0; i < count; ++i) {
-              storeValue(t, buf.data(), b * count + i,
-                         inputValue(t, op, comm.rank(), b * count + i));
+  for (const char* schedule : {"ring", "bruck"}) {
+    SCOPED_TRACE(schedule);
+    ScopedEnv env({{"TORCH_DDL_SEGMENT_BYTES", "24"},
+                   {"TORCH_DDL_PIPELINE_DEPTH", "2"},
+                   {"TORCH_DDL_ALLGATHER_ALGO", schedule}});
+    const int size = GetParam();
+    runRanks(size, [&](Communicator& comm) {
+      for (DataType t : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{1021}}) {
+            std::vector<char> buf(size * count * elementSize(t) + 1);
+            for (int b = 0; b < size; ++b) {
+              for (size_t i = 0; i < count; ++i) {
+                storeValue(t, buf.data(), b * count + i,
+                           inputValue(t, op, comm.rank(), b * count + i));
+              }
             }
-          }
-          check(comm.reduceScatter(buf.data(), count, t, op));
-          for (size_t i = 0; i < count; ++i) {
-            size_t at = comm.rank() * count + i;
-            double want = expectedValue(t, op, size, at);
-            double got = loadValue(t, buf.data(), at);
-            if (std::fabs(got - want) > tolerance(t, op, want)) {
-              throw Error(
-                  describe("reduce_scatter", size, comm.rank(), t, op, count, i, got, want));
+            check(comm.reduceScatter(buf.data(), count, t, op));
+            for (size_t i = 0; i < count; ++i) {
+              size_t at = comm.rank() * count + i;
+              double want = expectedValue(t, op, size, at);
+              double got = loadValue(t, buf.data(), at);
+              if (std::fabs(got - want) > tolerance(t, op, want)) {
+                throw Error(describe(std::string("reduce_scatter ") + schedule, size, comm.rank(),
+                                     t, op, count, i, got, want));
+              }
             }
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 
 TEST_P(WorldSize, ReduceGatherScatter) {

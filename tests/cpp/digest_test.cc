@@ -37,7 +37,7 @@ const Scenario kScenarios[] = {
   {"recursive doubling, 40 ranks", {}, 40, 4, 0, "allreduce", A::kRecursiveDoubling, 4 * 131, -1, false, 0x0717fc3568e49307ull},
   {"broadcast", {}, 40, 4, 4, "broadcast", A::kAuto, 4 * 4099, -1, false, 0xfd663e0a9391a492ull},
   {"allgather", {}, 40, 4, 4, "allgather", A::kAuto, 4 * 131, -1, false, 0xa6c812dfe65311d4ull},
-  {"reduce_scatter", {}, 40, 4, 4, "reduce_scatter", A::kAuto, 4 * 131, -1, false, 0x0ea96f8cc799de5bull},
+  {"reduce_scatter", {}, 40, 4, 4, "reduce_scatter", A::kAuto, 4 * 131, -1, false, 0xbbbc9fdfaf4a919eull},
   {"reduce", {}, 40, 4, 4, "reduce", A::kAuto, 4 * 131, -1, false, 0x98719e04576e9b5full},
   {"gather", {}, 40, 4, 4, "gather", A::kAuto, 4 * 131, -1, false, 0x3b9f9a9e454d1b5aull},
   {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, false, 0x55106cf75a705c28ull},
@@ -45,7 +45,7 @@ const Scenario kScenarios[] = {
   {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, false, 0x8f5f641fd6b63301ull},
   {"rank 17 killed halfway", {}, 64, 4, 4, "allreduce", A::kAuto, 1 << 20, 17, false, 0x7e80f5096f964247ull},
   {"rank 5 killed in an allgather", {}, 48, 4, 0, "allgather", A::kAuto, 4 * 1031, 5, false, 0x0fc40f9766ea2fb5ull},
-  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x366a0ae337a73321ull},
+  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x32312329433de155ull},
 };
 // clang-format on
 

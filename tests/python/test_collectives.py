@@ -288,10 +288,22 @@ def _all_gather_schedules(rank, size):
                 got = torch.full((n * size,), 7, dtype=dtype)
                 dist.all_gather_into_tensor(got, x, group=group)
                 assert_same(got, want, f"all_gather {algo} {dtype} n={n}")
+    # reduce_scatter takes Bruck's rounds (run backwards) where the allgather of its block size
+    # would: the same groups, against gloo.
+    for dtype in (torch.float32, torch.int64):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            for n in (0, 1, 7, 1031, 16411):
+                x = ((torch.arange(n * size) * (rank + 3) + rank) % 251).to(dtype)
+                want = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(want, x.clone(), op=op, group=gloo)
+                for algo, group in groups.items():
+                    got = torch.full((n,), 7, dtype=dtype)
+                    dist.reduce_scatter_tensor(got, x.clone(), op=op, group=group)
+                    assert_same(got, want, f"reduce_scatter {algo} {op} {dtype} n={n}")
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_all_gather_rings_and_bruck_match_gloo(size):
+def test_all_gather_and_reduce_scatter_rings_and_bruck_match_gloo(size):
     run_ranks(_all_gather_schedules, size)
 
 

@@ -120,6 +120,10 @@ Task barrierDissemination(Op& op);
 // names the lowest missing rank, or every missing rank when `waitAll`.
 Task barrierMonitored(Op& op, bool waitAll);
 
+// reduce_scatter_bruck.cc: Bruck's allgather run backwards, ceil(log2 P) rounds of at most two
+// messages each way, for small blocks (the buffer's P blocks; block r is rank r's).
+Task reduceScatterBruck(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
+
 // reduce_scatter_ring.cc: `data` holds size() blocks of `count` elements; afterwards block
 // rank() holds the reduction of every rank's block rank() (the other blocks are scratch).
 Task reduceScatterRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,

@@ -88,8 +88,10 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
 }
 
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const BlockPlan> stages) {
-  if (!stages->empty()) {
+                       std::shared_ptr<const BlockPlan> stages, bool bruck) {
+  if (bruck) {
+    co_await reduceScatterBruck(op, data, count, type, reduce);
+  } else if (!stages->empty()) {
     co_await reduceScatterGrid(op, data, count, type, reduce, stages, pipelineSettings(op));
   } else {
     co_await reduceScatterRing(op, data, count, type, reduce, pipelineSettings(op));
