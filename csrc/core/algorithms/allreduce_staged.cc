@@ -121,9 +121,10 @@ void checkCalls(Op& op, const StageWindows& stage, const StagedCall& call) {
     StagedCall theirs;
     std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
     if (!(theirs == call)) {
-      op.raise(Error("rank " + std::to_string(j) + " staged " + describe(theirs) + ", this rank " +
-                         describe(call) +
-                         " (every rank must make the same calls, with the same shapes)",
+      // Worded as the call check words it (CallCheck::verdict), whichever finds it first.
+      op.raise(Error("the ranks' calls differ: rank " + std::to_string(j) + " called " +
+                         describe(theirs) + ", rank " + std::to_string(op.rank()) + " called " +
+                         describe(call) + " (staged over shared memory)",
                      StatusKind::kMismatch));
     }
   }
