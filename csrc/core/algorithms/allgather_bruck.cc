@@ -21,22 +21,9 @@
 #include "../base/tag.h"
 #include "../topology/block_plan.h"
 #include "algorithms.h"
+#include "bruck_pieces.h"
 
 namespace ddl {
-namespace {
-
-// The run of `count` blocks from block `first` (mod n), as at most two contiguous pieces of the
-// buffer: {first block, blocks} each.
-std::vector<std::pair<int, int>> pieces(int first, int count, int n) {
-  std::vector<std::pair<int, int>> out;
-  const int before = std::min(count, n - first);
-  out.emplace_back(first, before);
-  if (count > before) out.emplace_back(0, count - before);
-  return out;
-}
-
-}  // namespace
-
 Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes) {
   const int n = op.size(), rank = op.rank();
   char* base = static_cast<char*>(out);
@@ -49,11 +36,11 @@ Task allgatherBruck(Op& op, const void* in, void* out, size_t bytes) {
     const int to = (rank - d + n) % n, from = (rank + d) % n;
     std::vector<Request*> requests;
     uint32_t step = 2 * round;
-    for (auto [first, blocks] : pieces(rank, count, n)) {
+    for (auto [first, blocks] : bruckPieces(rank, count, n)) {
       requests.push_back(op.send(to, tag::slot(0, step++), base + first * bytes, blocks * bytes));
     }
     step = 2 * round;
-    for (auto [first, blocks] : pieces(from, count, n)) {
+    for (auto [first, blocks] : bruckPieces(from, count, n)) {
       requests.push_back(op.recv(from, tag::slot(0, step++), base + first * bytes, blocks * bytes));
     }
     co_await op.all(std::move(requests));

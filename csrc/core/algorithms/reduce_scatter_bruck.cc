@@ -15,6 +15,7 @@
 
 #include "../base/tag.h"
 #include "algorithms.h"
+#include "bruck_pieces.h"
 
 namespace ddl {
 
@@ -29,28 +30,22 @@ Task reduceScatterBruck(Op& op, void* data, size_t count, DataType type, ReduceO
   std::shared_ptr<char> incoming = op.memory().allocate(static_cast<size_t>(n / 2) * bytes);
   for (int d = top; d >= 1; d /= 2, --round) {
     const int blocks = std::min(d, n - d);
-    // The run of `blocks` blocks from `first` (mod n), as at most two pieces {first, blocks}.
-    auto pieces = [&](int first) {
-      std::vector<std::pair<int, int>> out{{first, std::min(blocks, n - first)}};
-      if (blocks > out[0].second) out.emplace_back(0, blocks - out[0].second);
-      return out;
-    };
     std::vector<Request*> requests;
     uint32_t step = 2 * round;
-    for (auto [first, run] : pieces((rank + d) % n)) {
+    for (auto [first, run] : bruckPieces((rank + d) % n, blocks, n)) {
       requests.push_back(op.send((rank + d) % n, tag::slot(0, step++), base + first * bytes,
                                  static_cast<size_t>(run) * bytes));
     }
     step = 2 * round;
     size_t at = 0;
-    for (auto [first, run] : pieces(rank)) {
+    for (auto [first, run] : bruckPieces(rank, blocks, n)) {
       requests.push_back(op.recv((rank - d + n) % n, tag::slot(0, step++), incoming.get() + at,
                                  static_cast<size_t>(run) * bytes));
       at += static_cast<size_t>(run) * bytes;
     }
     co_await op.all(std::move(requests));
     at = 0;
-    for (auto [first, run] : pieces(rank)) {
+    for (auto [first, run] : bruckPieces(rank, blocks, n)) {
       co_await reduceInTurns(op, type, reduce, base + first * bytes, incoming.get() + at,
                              static_cast<size_t>(run) * count);
       at += static_cast<size_t>(run) * bytes;
