@@ -11,7 +11,13 @@ CORE_HDRS := $(shell find csrc/core -name '*.h')
 TORCH_SRCS := $(wildcard csrc/torch/*.cpp csrc/torch/*.hpp csrc/torch/cuda/*.cpp csrc/cuda/*.cu csrc/cuda/*.h)
 TEST_SRCS := $(wildcard tests/cpp/*.cc) $(wildcard tests/fuzz/*_fuzz.cc)
 CXXFLAGS := -std=c++20 -O2 -g -Wall -Wextra -MMD -MP -pthread
-OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS) $(TEST_SRCS))
+# The core is compiled once, position-independent and at the extension's -O3, into build/core:
+# the extension (setup.py, TORCH_DDL_CORE_OBJECTS), the C++ tests and the core bench link the same
+# objects, so that a cold `make test` compiles each core file once and the tests run the code
+# the extension runs.
+CORE_OBJS := $(patsubst %.cc,build/core/%.o,$(CORE_SRCS))
+CORE_FLAGS := -std=c++20 -O3 -g1 -fPIC -Wall -Wextra -MMD -MP -pthread
+OBJS := $(CORE_OBJS) $(patsubst %.cc,build/cpp/%.o,$(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
@@ -28,7 +34,10 @@ $(ENV_STAMP):
 
 build: $(EXT_STAMP)
 $(EXT_STAMP): $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) $(TORCH_SRCS) setup.py pyproject.toml tools/find_ucx.py
-	MAX_JOBS=$(NPROC) $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(MAKE) --no-print-directory -j$(NPROC) core-objects \
+	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)
+	TORCH_DDL_CORE_OBJECTS=$(CURDIR)/build/core MAX_JOBS=$(NPROC) \
+	  $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	@mkdir -p build && touch $@
 
 /usr/include/gtest/gtest.h:
@@ -48,10 +57,12 @@ build/cpp/%.o: %.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I$(UCX_INC) -c $< -o $@
 
-# The reduction and copy kernels at the extension's -O3 (setup.py), in the tests and in the core
-# bench alike: -O2 leaves their loops unvectorised, and the core bench would time slower kernels
-# than the extension runs.
-build/cpp/csrc/core/reduce/%.o build/cpp/csrc/core/memory/%.o: CXXFLAGS += -O3
+.PHONY: core-objects
+core-objects: $(CORE_OBJS)
+
+build/core/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CORE_FLAGS) -I$(UCX_INC) -c $< -o $@
 
 -include $(OBJS:.o=.d)
 
@@ -317,8 +328,7 @@ bench-reference: build peers build/bench/core_bench
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference
 
 # ddl's core alone, with no torch on the path (benchmarks/core_bench.cc): the Communicator's
-# allreduce over UCX, timed as the references time theirs.
-CORE_OBJS := $(patsubst %.cc,build/cpp/%.o,$(CORE_SRCS))
+# allreduce over UCX, timed as the references time theirs, on the objects the extension links.
 build/bench/core_bench: $(ENV_STAMP) $(CORE_SRCS) $(CORE_HDRS) benchmarks/core_bench.cc
 	$(MAKE) --no-print-directory -j$(NPROC) link-core-bench \
 	  UCX_INC=$$($(PY) tools/find_ucx.py --include) UCX_LIB=$$($(PY) tools/find_ucx.py --lib)

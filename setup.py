@@ -24,8 +24,8 @@ except UcxNotFound as error:
     sys.exit(f"torch_ddl: {error}")
 print(f"torch_ddl: using UCX from {UCX_SOURCE} ({UCX_INCLUDE}, {UCX_LIB})")
 
-sources = sorted(glob.glob("csrc/core/**/*.cc", recursive=True)) + sorted(
-    glob.glob("csrc/torch/*.cpp"))
+core_sources = sorted(glob.glob("csrc/core/**/*.cc", recursive=True))
+torch_sources = sorted(glob.glob("csrc/torch/*.cpp"))
 
 
 def cuda_toolkit():
@@ -63,12 +63,42 @@ if SANITIZE not in ("", "address", "thread"):
 sanitize = [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"] if SANITIZE else []
 optimize = ["-O1", "-g"] if SANITIZE else ["-O3"]
 
+
+
+def core_objects():
+    """The core's objects that `make` compiled into TORCH_DDL_CORE_OBJECTS (the Makefile's
+    build/core, position-independent, -O3): linked as they are instead of compiled again. Empty
+    when the variable is unset: then the core is compiled here with the rest."""
+    where = os.environ.get("TORCH_DDL_CORE_OBJECTS", "")
+    if not where:
+        return []
+    import torch
+
+    if SANITIZE:
+        sys.exit("torch_ddl: TORCH_DDL_CORE_OBJECTS and TORCH_DDL_SANITIZE together: the "
+                 "objects were not built with the sanitizer")
+    if not torch._C._GLIBCXX_USE_CXX11_ABI:
+        sys.exit(f"torch_ddl: torch {torch.__version__} uses the old C++ string ABI, which the "
+                 f"objects in {where} were not built for: unset TORCH_DDL_CORE_OBJECTS")
+    objects = [os.path.join(where, source[:-len(".cc")] + ".o") for source in core_sources]
+    missing = [o for o in objects if not os.path.exists(o)]
+    if missing:
+        sys.exit(f"torch_ddl: TORCH_DDL_CORE_OBJECTS={where} lacks {len(missing)} of the core's "
+                 f"{len(objects)} objects, e.g. {missing[0]} (run `make core-objects`)")
+    return objects
+
+
+objects = core_objects()
+sources = torch_sources if objects else core_sources + torch_sources
 why_not = "" if not SANITIZE else "a sanitizer build"
 why_not = why_not or cuda_toolkit()
 common = dict(
     include_dirs=[UCX_INCLUDE],
     library_dirs=[UCX_LIB],
     libraries=["ucp", "uct", "ucs"],
+    extra_objects=objects,
+    # A changed object relinks the extension: the build compares its sources and depends only.
+    depends=objects,
     extra_link_args=[f"-Wl,-rpath,{UCX_LIB}"] + shared_libstdcxx() + sanitize,
 )
 if why_not:
