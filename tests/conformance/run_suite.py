@@ -34,6 +34,7 @@ if BACKEND == "ddl":
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add("ddl")
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed import distributed_test  # noqa: E402
@@ -156,10 +157,21 @@ if BACKEND == "ddl":
     _lift_skips()
 
 
+# How each test starts its ranks: "spawn", as PyTorch's CI runs the suite (a fresh interpreter
+# per rank, which imports torch and the suite again: about 4 s of each test here), or "fork" (a
+# copy of this process, where torch and torch_ddl are imported and no group exists yet).
+START = os.environ.get("CONFORMANCE_START", "spawn")
+if START not in ("spawn", "fork"):
+    raise RuntimeError(f"CONFORMANCE_START={START}: give spawn or fork")
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if START == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 if __name__ == "__main__":
