@@ -1,6 +1,7 @@
 """python -m torch_ddl.sim: the simulated cluster's command line (the C++ suite tests the
 simulator itself at 64 - 512 ranks)."""
 
+import functools
 import os
 import re
 import subprocess
@@ -72,7 +73,20 @@ def test_the_survivors_shrink_into_one_group_whose_next_collectives_are_right():
     assert lines.index(shrink[0]) == len(lines) - 2  # just before the SIM line
 
 
-def test_bad_input_says_what_is_wrong():
+def refused(capsys, *args):
+    """python -m torch_ddl.sim's exit code and error for arguments it refuses, run in this process
+    (each refusal comes before a simulated rank exists; a subprocess would import torch again)."""
+    from torch_ddl import sim as command
+
+    try:
+        code = command.main(list(args))
+    except SystemExit as exit:
+        code = exit.code
+    return code, None, capsys.readouterr().err
+
+
+def test_bad_input_says_what_is_wrong(capsys):
+    sim = functools.partial(refused, capsys)
     code, _, err = sim("--ranks", "8", "--kill", "9@0.5")
     assert code != 0 and "there are 8 ranks" in err
     code, _, err = sim("--ranks", "8", "--kill", "3-1@0.5")

@@ -262,23 +262,23 @@ class EmulatedJob:
 
 def test_emulated_hosts_a_stopped_rank_and_a_rank_in_another_op_are_named(tmp_path):
     stop = str(tmp_path / "stop")
-    with emulated(2, 4) as cluster:
+    with emulated(2, 2) as cluster:
         job = EmulatedJob(cluster, stop, {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS": "60000",
                                           "ODD_RANK": "1"})
         answer = job.until(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
         hosts = {row["rank"]: row["host"] for row in answer["ranks"]}
-        assert hosts[0] == cluster.host_names[0] and hosts[5] == cluster.host_names[1], hosts
+        assert hosts[0] == cluster.host_names[0] and hosts[3] == cluster.host_names[1], hosts
 
-        # Rank 5, on host 1, stopped.
-        rank5 = job.pid(5)
-        os.kill(rank5, signal.SIGSTOP)
+        # Rank 3, on host 1, stopped.
+        rank3 = job.pid(3)
+        os.kill(rank3, signal.SIGSTOP)
         try:
-            answer = job.until(lambda v: "rank 5 (stopped" in v)
-            assert "rank 5 (stopped" in answer["verdict"], answer["verdict"]
+            answer = job.until(lambda v: "rank 3 (stopped" in v)
+            assert "rank 3 (stopped" in answer["verdict"], answer["verdict"]
             assert f"host {cluster.host_names[1]}" in answer["verdict"], answer["verdict"]
         finally:
-            os.kill(rank5, signal.SIGCONT)
+            os.kill(rank3, signal.SIGCONT)
         answer = job.until(lambda v: v.startswith("healthy"))
         assert answer["verdict"].startswith("healthy"), answer["verdict"]
 
