@@ -123,6 +123,10 @@ Task barrierMonitored(Op& op, bool waitAll);
 // reduce_scatter_bruck.cc: Bruck's allgather run backwards, ceil(log2 P) rounds of at most two
 // messages each way, for small blocks (the buffer's P blocks; block r is rank r's).
 Task reduceScatterBruck(Op& op, void* data, size_t count, DataType type, ReduceOp reduce);
+// The same rounds per stage of the grid's reduce-scatter (block_plan.h), a position's blocks of
+// every combination in one message.
+Task reduceScatterGridBruck(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                            std::shared_ptr<const BlockPlan> plan);
 
 // reduce_scatter_ring.cc: `data` holds size() blocks of `count` elements; afterwards block
 // rank() holds the reduction of every rank's block rank() (the other blocks are scratch).

@@ -88,8 +88,12 @@ Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp red
 }
 
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const BlockPlan> stages, bool bruck) {
-  if (bruck) {
+                       std::shared_ptr<const BlockPlan> stages, AllgatherSchedule schedule) {
+  const bool bruck =
+      schedule == AllgatherSchedule::kBruck || schedule == AllgatherSchedule::kGridBruck;
+  if (bruck && !stages->empty() && schedule == AllgatherSchedule::kGridBruck) {
+    co_await reduceScatterGridBruck(op, data, count, type, reduce, stages);
+  } else if (bruck) {
     co_await reduceScatterBruck(op, data, count, type, reduce);
   } else if (!stages->empty()) {
     co_await reduceScatterGrid(op, data, count, type, reduce, stages, pipelineSettings(op));

@@ -39,11 +39,11 @@ std::span<const AllreduceEntry> allreduceTable();
 // allreduce by the plan's algorithm, from the table (AVG divides at the end).
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan);
-// reduce_scatter: Bruck's rounds where `bruck` (the allgather of that block size would take flat
-// Bruck: the two move the same messages, reversed), else over a grid of stages when there are
-// any, else the flat ring.
+// reduce_scatter by the schedule the allgather of its block size takes (the two move the same
+// messages, reversed): Bruck's rounds flat (kBruck) or per stage of the grid (kGridBruck, flat
+// where there are no stages), else the grid's rings when there are stages, else the flat ring.
 Task reduceScatterTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
-                       std::shared_ptr<const BlockPlan> stages, bool bruck);
+                       std::shared_ptr<const BlockPlan> stages, AllgatherSchedule schedule);
 Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, ReduceOp reduce,
                 int root);
 

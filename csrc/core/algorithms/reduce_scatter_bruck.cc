@@ -10,10 +10,19 @@
 // contribution to block b reaches rank b once. A run of blocks that wraps past block P - 1 goes
 // as two messages, split the same way by sender and receiver: at most 2 ceil(log2 P) messages
 // each way per rank, and every rank sends P - 1 blocks in all, as in the ring.
+//
+// Level by level (reduceScatterGridBruck): the stages of the grid's reduce-scatter
+// (block_plan.h), innermost dimension first, each run as these rounds over its dimension ring
+// instead of one ring per combination of the coordinates above it: a position's blocks of every
+// combination go together, packed into one message a round, and position p ends holding its
+// blocks of every combination summed over the ring, as the grid's rings leave them. The grid's
+// bytes in sum over the dimensions of ceil(log2 extent) rounds: at most ceil(log2 P) + the number
+// of dimensions messages each way per rank (allgatherGridBruck's, reversed).
 #include <algorithm>
 #include <vector>
 
 #include "../base/tag.h"
+#include "../topology/block_plan.h"
 #include "algorithms.h"
 #include "bruck_pieces.h"
 
@@ -49,6 +58,60 @@ Task reduceScatterBruck(Op& op, void* data, size_t count, DataType type, ReduceO
       co_await reduceInTurns(op, type, reduce, base + first * bytes, incoming.get() + at,
                              static_cast<size_t>(run) * count);
       at += static_cast<size_t>(run) * bytes;
+    }
+  }
+}
+
+Task reduceScatterGridBruck(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                            std::shared_ptr<const BlockPlan> plan) {
+  const size_t bytes = count * elementSize(type);
+  if (op.size() == 1 || bytes == 0) co_return;
+  char* base = static_cast<char*>(data);
+  Memory& memory = op.memory();
+  for (size_t stage = 0; stage < plan->stages.size(); ++stage) {
+    const BlockStage& s = plan->stages[stage];
+    const int index = s.ringOf[op.rank()];
+    if (index < 0) continue;
+    const std::vector<int>& order = s.rings[index];
+    const int n = static_cast<int>(order.size());
+    const int me =
+        static_cast<int>(std::find(order.begin(), order.end(), op.rank()) - order.begin());
+    // kept[p]: the blocks position p holds summed over the ring as the stage ends, one per
+    // combination.
+    std::vector<std::vector<int>> kept(n);
+    for (size_t q = 0; q < s.combinations; ++q) {
+      const BlockRing ring = plan->ring(stage, index, q);
+      for (int p = 0; p < n; ++p) kept[p].push_back(ring.blocks[p]);
+    }
+    const size_t perPosition = s.combinations * bytes;
+    const size_t most = static_cast<size_t>(n / 2) * perPosition;
+    std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);
+    int top = 1;
+    uint32_t round = 0;
+    while (2 * top < n) top *= 2, ++round;
+    for (int d = top; d >= 1; d /= 2, --round) {
+      const int positions = std::min(d, n - d);
+      char* at = outgoing.get();
+      for (int i = 0; i < positions; ++i) {
+        if (op.turnDue()) co_await op.yieldTurn();
+        for (int b : kept[(me + d + i) % n]) {
+          memory.copy(at, base + static_cast<size_t>(b) * bytes, bytes);
+          at += bytes;
+        }
+      }
+      const uint64_t slot = tag::slot(0, s.firstStep + round);
+      const size_t length = static_cast<size_t>(positions) * perPosition;
+      Request* sent = op.send(order[(me + d) % n], slot, outgoing.get(), length);
+      Request* got = op.recv(order[(me - d + n) % n], slot, incoming.get(), length);
+      co_await op.all(sent, got);
+      const char* from = incoming.get();
+      for (int i = 0; i < positions; ++i) {
+        for (int b : kept[(me + i) % n]) {
+          co_await reduceInTurns(op, type, reduce, base + static_cast<size_t>(b) * bytes, from,
+                                 count);
+          from += bytes;
+        }
+      }
     }
   }
 }

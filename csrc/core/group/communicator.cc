@@ -297,11 +297,10 @@ std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, Data
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) refuse(name, bad);
   checkedBytes(name, count, type, static_cast<size_t>(size()));
-  const bool bruck =
-      book_->allgatherSchedule(count * elementSize(type)) == AllgatherSchedule::kBruck;
+  const AllgatherSchedule schedule = book_->allgatherSchedule(count * elementSize(type));
   return start(callPrint(Collective::kReduceScatter, count, type, reduce), options,
                [=, stages = book_->blockStages(true)](Op& op) {
-                 return reduceScatterTask(op, data, count, type, reduce, stages, bruck);
+                 return reduceScatterTask(op, data, count, type, reduce, stages, schedule);
                });
 }
 
