@@ -45,37 +45,69 @@ struct SimNetwork::Message {
 };
 
 int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
-  while (first_ < busy_.size() && busy_[first_].second <= now) ++first_;
-  if (first_ > 64 && first_ * 2 > busy_.size()) {
-    busy_.erase(busy_.begin(), busy_.begin() + static_cast<std::ptrdiff_t>(first_));
-    first_ = 0;
+  // Forget what ended by `now` (ends rise with starts: the spans are disjoint and in order).
+  while (!chunks_.empty() && chunks_.front().back().second <= now) chunks_.erase(chunks_.begin());
+  if (!chunks_.empty()) {
+    std::vector<Span>& front = chunks_.front();
+    auto ended =
+        std::find_if(front.begin(), front.end(), [&](const Span& b) { return b.second > now; });
+    front.erase(front.begin(), ended);
   }
-  const auto begin = busy_.begin() + static_cast<std::ptrdiff_t>(first_);
-  int64_t t = at;
   // The first booking that starts after `at`; the one before may still run then.
-  auto next = std::upper_bound(begin, busy_.end(), at,
-                               [](int64_t value, const auto& b) { return value < b.first; });
-  if (next != begin) t = std::max(t, std::prev(next)->second);
-  while (next != busy_.end() && next->first < t + length) {
-    t = std::max(t, next->second);
-    ++next;
+  Place next = end();
+  auto chunk =
+      std::upper_bound(chunks_.begin(), chunks_.end(), at,
+                       [](int64_t value, const auto& c) { return value < c.back().first; });
+  if (chunk != chunks_.end()) {
+    auto in = std::upper_bound(chunk->begin(), chunk->end(), at,
+                               [](int64_t value, const Span& b) { return value < b.first; });
+    next = Place{static_cast<size_t>(chunk - chunks_.begin()),
+                 static_cast<size_t>(in - chunk->begin())};
+  }
+  const Place first{0, 0};
+  int64_t t = at;
+  if (!(next == first)) t = std::max(t, span(previous(next)).second);
+  while (!(next == end()) && span(next).first < t + length) {
+    t = std::max(t, span(next).second);
+    next = after(next);
   }
   if (length <= 0) return t;
   booked_ += length;
-  const int64_t end = t + length;
-  const bool joinsBefore = next != begin && std::prev(next)->second == t;
-  const bool joinsAfter = next != busy_.end() && next->first == end;
+  const int64_t finish = t + length;
+  const bool joinsBefore = !(next == first) && span(previous(next)).second == t;
+  const bool joinsAfter = !(next == end()) && span(next).first == finish;
   if (joinsBefore && joinsAfter) {
-    std::prev(next)->second = next->second;
-    busy_.erase(next);
+    span(previous(next)).second = span(next).second;
+    erase(next);
   } else if (joinsBefore) {
-    std::prev(next)->second = end;
+    span(previous(next)).second = finish;
   } else if (joinsAfter) {
-    next->first = t;
+    span(next).first = t;
   } else {
-    busy_.insert(next, {t, end});
+    insert(next, {t, finish});
   }
   return t;
+}
+
+void SimLink::insert(Place p, Span span) {
+  if (p == end()) {
+    if (chunks_.empty() || chunks_.back().size() >= kChunk) chunks_.emplace_back();
+    chunks_.back().push_back(span);
+    return;
+  }
+  std::vector<Span>& chunk = chunks_[p.c];
+  chunk.insert(chunk.begin() + static_cast<std::ptrdiff_t>(p.i), span);
+  if (chunk.size() > 2 * kChunk) {
+    std::vector<Span> upper(chunk.begin() + kChunk, chunk.end());
+    chunk.resize(kChunk);
+    chunks_.insert(chunks_.begin() + static_cast<std::ptrdiff_t>(p.c) + 1, std::move(upper));
+  }
+}
+
+void SimLink::erase(Place p) {
+  std::vector<Span>& chunk = chunks_[p.c];
+  chunk.erase(chunk.begin() + static_cast<std::ptrdiff_t>(p.i));
+  if (chunk.empty()) chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(p.c));
 }
 
 SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {

@@ -62,13 +62,31 @@ class SimLink {
   // later than any `at` to come) is forgotten first.
   int64_t book(int64_t now, int64_t at, int64_t length);
   // Nothing is booked from `at` on.
-  bool freeFrom(int64_t at) const { return first_ == busy_.size() || busy_.back().second <= at; }
+  bool freeFrom(int64_t at) const { return chunks_.empty() || chunks_.back().back().second <= at; }
   int64_t bookedNs() const { return booked_; }  // every booking's length so far
 
  private:
+  using Span = std::pair<int64_t, int64_t>;  // (start, end) in ns
+  // A place among the spans: chunk c, span i of it ({chunks_.size(), 0}: past the last).
+  struct Place {
+    size_t c = 0, i = 0;
+    bool operator==(const Place&) const = default;
+  };
+  Span& span(Place p) { return chunks_[p.c][p.i]; }
+  Place after(Place p) const { return ++p.i < chunks_[p.c].size() ? p : Place{p.c + 1, 0}; }
+  Place previous(Place p) const {
+    return p.i > 0 ? Place{p.c, p.i - 1} : Place{p.c - 1, chunks_[p.c - 1].size() - 1};
+  }
+  Place end() const { return Place{chunks_.size(), 0}; }
+  void insert(Place p, Span span);
+  void erase(Place p);
+
+  // The spans in order, in chunks of at most 2 kChunk (none empty): a booking in the middle of
+  // a link booked far ahead moves the rest of its chunk, not every later span (at 4 096 ranks an
+  // uplink holds about a thousand spans, and most bookings land among them).
+  static constexpr size_t kChunk = 64;
+  std::vector<std::vector<Span>> chunks_;
   int64_t booked_ = 0;
-  std::vector<std::pair<int64_t, int64_t>> busy_;  // (start, end) in ns, from busy_[first_]
-  size_t first_ = 0;
 };
 
 // Events in order of (time, then order made), as a calendar: a bucket per microsecond for the
