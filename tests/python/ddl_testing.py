@@ -1,11 +1,13 @@
 """Helpers for the multi-process tests: launch ranks with a deadline, make inputs, compare."""
 
 import atexit
+import contextlib
 import ctypes
 import multiprocessing
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -370,3 +372,49 @@ def shrunk_collectives(size, rank, gloo, steps=20, ddl=None):
             results.append(_expected(kind, size, rank, step))
         assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from " + (
             "gloo" if gloo is not None else "the expected result")
+
+
+def _sim_here(rank, args, where):
+    """python -m torch_ddl.sim's main in this process, its output and exit code into files."""
+    from torch_ddl import sim as command
+
+    with open(where + ".out", "w") as out, open(where + ".err", "w") as err, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = command.main(list(args))
+        except SystemExit as exit:
+            code = exit.code
+        if isinstance(code, str):  # sys.exit(message)
+            print(code, file=sys.stderr)
+            code = 1
+    with open(where + ".code", "w") as f:
+        f.write(str(code or 0))
+
+
+def sim_command(*args, timeout=300, trace=False):
+    """python -m torch_ddl.sim's exit code, output lines and error output: main run in a process
+    forked from the test server that imported torch (a new interpreter imports it again, 2 - 3 s
+    of each run), killed after `timeout` seconds. Without `trace` the simulated ranks keep no
+    flight recorder (TORCH_DDL_TRACE_ENTRIES=0)."""
+    saved = os.environ.get("TORCH_DDL_TRACE_ENTRIES")
+    if not trace:
+        os.environ["TORCH_DDL_TRACE_ENTRIES"] = "0"  # the forked process takes this environment
+    try:
+        return _sim_in_a_process(args, timeout)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_DDL_TRACE_ENTRIES", None)
+        else:
+            os.environ["TORCH_DDL_TRACE_ENTRIES"] = saved
+
+
+def _sim_in_a_process(args, timeout):
+    with tempfile.TemporaryDirectory() as tmp:
+        where = os.path.join(tmp, "sim")
+        run_spawned(_sim_here, 1, (args, where), want=[0], timeout=timeout)
+        with open(where + ".code") as f:
+            code = int(f.read())
+        with open(where + ".out") as f:
+            lines = f.read().strip().splitlines()
+        with open(where + ".err") as f:
+            return code, lines, f.read()

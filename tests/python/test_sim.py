@@ -1,23 +1,13 @@
 """python -m torch_ddl.sim: the simulated cluster's command line (the C++ suite tests the
 simulator itself at 64 - 512 ranks)."""
 
-import functools
-import os
 import re
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ddl_testing import sim_command as sim
+
 SIM_LINE = re.compile(
     r"SIM ranks=(\d+) algo=(\S+) bytes=(\d+) sim_us=([\d.]+) model_us=([\d.]+) "
     r"store_requests=(\d+) max_endpoints=(\d+) messages=(\d+) wall_s=([\d.]+)$")
-
-
-def sim(*args):
-    env = dict(os.environ, TORCH_DDL_TRACE_ENTRIES="0")
-    done = subprocess.run([sys.executable, "-m", "torch_ddl.sim", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    return done.returncode, done.stdout.strip().splitlines(), done.stderr
 
 
 def test_a_run_prints_its_figures_last_and_checks_every_result():
@@ -73,20 +63,7 @@ def test_the_survivors_shrink_into_one_group_whose_next_collectives_are_right():
     assert lines.index(shrink[0]) == len(lines) - 2  # just before the SIM line
 
 
-def refused(capsys, *args):
-    """python -m torch_ddl.sim's exit code and error for arguments it refuses, run in this process
-    (each refusal comes before a simulated rank exists; a subprocess would import torch again)."""
-    from torch_ddl import sim as command
-
-    try:
-        code = command.main(list(args))
-    except SystemExit as exit:
-        code = exit.code
-    return code, None, capsys.readouterr().err
-
-
-def test_bad_input_says_what_is_wrong(capsys):
-    sim = functools.partial(refused, capsys)
+def test_bad_input_says_what_is_wrong():
     code, _, err = sim("--ranks", "8", "--kill", "9@0.5")
     assert code != 0 and "there are 8 ranks" in err
     code, _, err = sim("--ranks", "8", "--kill", "3-1@0.5")

@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 import torch.distributed as dist
 
+from ddl_testing import sim_command
 from torch_ddl import status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -309,15 +310,14 @@ def test_emulated_hosts_a_host_cut_off_is_named_unreachable(tmp_path):
 
 
 def test_the_simulator_names_a_stalled_rank_of_1024_at_a_virtual_time():
-    done = subprocess.run([sys.executable, "-m", "torch_ddl.sim", "--ranks", "1024",
-                           "--ranks-per-host", "8", "--bytes", "1M", "--stall", "517@0.3",
-                           "--status-at", "1s"], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.startswith("STATUS"))
+    code, lines, err = sim_command("--ranks", "1024", "--ranks-per-host", "8", "--bytes", "1M",
+                                   "--stall", "517@0.3", "--status-at", "1s", timeout=600,
+                                   trace=True)
+    assert code == 0, err
+    line = next(x for x in lines if x.startswith("STATUS"))
     # Every other rank waits on it, directly or through the ranks it holds up.
     assert "1023 ranks wait on rank 517 (stopped; host host64;" in line, line
     assert "no heartbeat for 1.0 s" in line, line
-    rows = [x for x in done.stdout.splitlines() if x.startswith("rank ")]
+    rows = [x for x in lines if x.startswith("rank ")]
     assert len(rows) == 1024
     assert "stopped" in rows[517]
