@@ -55,19 +55,13 @@ Task allgatherGridBruck(Op& op, const void* in, void* out, size_t bytes,
   if (op.size() == 1 || bytes == 0) co_return;
   Memory& memory = op.memory();
   for (size_t stage = 0; stage < plan->stages.size(); ++stage) {
+    const BruckStage ring = bruckStage(*plan, stage, op.rank());
+    if (ring.order.empty()) continue;
     const BlockStage& s = plan->stages[stage];
-    const int index = s.ringOf[op.rank()];
-    if (index < 0) continue;
-    const std::vector<int>& order = s.rings[index];
-    const int n = static_cast<int>(order.size());
-    const int me =
-        static_cast<int>(std::find(order.begin(), order.end(), op.rank()) - order.begin());
-    // held[p]: the blocks position p holds as the stage starts, one per combination.
-    std::vector<std::vector<int>> held(n);
-    for (size_t q = 0; q < s.combinations; ++q) {
-      const BlockRing ring = plan->ring(stage, index, q);
-      for (int p = 0; p < n; ++p) held[p].push_back(ring.blocks[p]);
-    }
+    const std::vector<int>& order = ring.order;
+    const int n = static_cast<int>(order.size()), me = ring.me;
+    // held[p]: the blocks position p holds as the stage starts.
+    const std::vector<std::vector<int>>& held = ring.blocks;
     const size_t perPosition = s.combinations * bytes;
     const size_t most = static_cast<size_t>(n / 2) * perPosition;
     std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);

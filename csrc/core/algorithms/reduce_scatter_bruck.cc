@@ -69,20 +69,13 @@ Task reduceScatterGridBruck(Op& op, void* data, size_t count, DataType type, Red
   char* base = static_cast<char*>(data);
   Memory& memory = op.memory();
   for (size_t stage = 0; stage < plan->stages.size(); ++stage) {
+    const BruckStage ring = bruckStage(*plan, stage, op.rank());
+    if (ring.order.empty()) continue;
     const BlockStage& s = plan->stages[stage];
-    const int index = s.ringOf[op.rank()];
-    if (index < 0) continue;
-    const std::vector<int>& order = s.rings[index];
-    const int n = static_cast<int>(order.size());
-    const int me =
-        static_cast<int>(std::find(order.begin(), order.end(), op.rank()) - order.begin());
-    // kept[p]: the blocks position p holds summed over the ring as the stage ends, one per
-    // combination.
-    std::vector<std::vector<int>> kept(n);
-    for (size_t q = 0; q < s.combinations; ++q) {
-      const BlockRing ring = plan->ring(stage, index, q);
-      for (int p = 0; p < n; ++p) kept[p].push_back(ring.blocks[p]);
-    }
+    const std::vector<int>& order = ring.order;
+    const int n = static_cast<int>(order.size()), me = ring.me;
+    // kept[p]: the blocks position p holds summed over the ring as the stage ends.
+    const std::vector<std::vector<int>>& kept = ring.blocks;
     const size_t perPosition = s.combinations * bytes;
     const size_t most = static_cast<size_t>(n / 2) * perPosition;
     std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);
