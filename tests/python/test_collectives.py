@@ -191,7 +191,7 @@ def _allreduce_reused(rank, size, share):
     import torch_ddl
 
     gloo = dist.new_group(backend="gloo")
-    n = (1 << 21) + 5  # float32: just above TORCH_DDL_DIRECT_MIN_BYTES (8 MiB)
+    n = (1 << 18) + 5  # float32: just above TORCH_DDL_DIRECT_MIN_BYTES (1 MiB)
     # Whole tensors are adopted; a view into a larger storage never is (the rest of the
     # storage is not the op's, and a write to it while the block moved would be lost).
     tensors = [glibc_block(n), glibc_block(n, torch.int64), glibc_block(n + 64)[64:],

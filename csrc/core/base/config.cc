@@ -24,7 +24,7 @@ const std::vector<ConfigEntry> kTable = {
      "auto, one host: allreduce of at most this many bytes uses recursive doubling, larger ones "
      "the shared-memory paths (where the ranks cannot map each other's memory: recursive "
      "doubling up to 64 KiB, a ring above)"},
-    {"TORCH_DDL_DIRECT_MIN_BYTES", "8388608",
+    {"TORCH_DDL_DIRECT_MIN_BYTES", "1048576",
      "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
      "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes"},
     {"TORCH_DDL_SEGMENT_BYTES", "262144",

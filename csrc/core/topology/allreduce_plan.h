@@ -123,7 +123,7 @@ struct PlanRequest {
   size_t smallBytes = 4096;  // one host, auto: recursive doubling up to this size
   int ringRings = 1;         // rings of the flat ring (TORCH_DDL_RINGS)
   bool hostSlots = true;     // multidim: the host level over shared memory (TORCH_DDL_HOST_SLOTS)
-  size_t directMinBytes = 8 << 20;  // kShared: asks for the direct path from here (the default
+  size_t directMinBytes = 1 << 20;  // kShared: asks for the direct path from here (the default
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
