@@ -12,6 +12,21 @@ Each rank steps its own model with its own gradients (no gradient allreduce). Ev
 one allreduce: each rank computes delta = alpha (x - c) for its parameters x and the centre c
 (kept on every rank, identical everywhere), moves x <- x - delta, and the centre moves by the sum
 of every rank's delta.
+
+DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
+arXiv:2311.08105) and Streaming DiLoCo (Douillard et al., "Streaming DiLoCo with overlapping
+communication", arXiv:2501.18512):
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diloco = torch_ddl.optim.DiLoCo(opt, H=50, outer_lr=0.7, outer_momentum=0.9)
+    for x, y in loader:
+        opt.zero_grad(); loss_fn(model(x), y).backward(); diloco.step()
+
+H inner steps of any optimizer on each rank's own data, then one outer step: the pseudo-gradient
+(the parameters at the last outer step minus the parameters now) is averaged over the ranks and
+taken by SGD with Nesterov momentum on the global parameters, which every rank then adopts.
+fragments > 1 syncs the parameters in fragments whose outer steps are spread over the H steps;
+overlap k lets a fragment's exchange run during the k inner steps after it started.
 """
 
 import contextlib
@@ -20,7 +35,7 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["ElasticAveraging"]
+__all__ = ["DiLoCo", "ElasticAveraging"]
 
 
 class ElasticAveraging:
@@ -177,3 +192,246 @@ class ElasticAveraging:
         for c, (_, centre, _) in zip(centres, self._buckets):
             centre.copy_(c)
         self.steps = int(state["steps"])
+
+
+def _positive_int(name, value, least):
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"DiLoCo: {name} must be an integer >= {least}, got {value!r}")
+
+
+def _cut(params, fragments):
+    """Whole parameters, in order, in `fragments` runs of about equal element counts."""
+    total = sum(p.numel() for p in params)
+    runs, current, done = [], [], 0
+    for i, p in enumerate(params):
+        current.append(p)
+        done += p.numel()
+        left_params, left_runs = len(params) - i - 1, fragments - len(runs) - 1
+        if left_runs > 0 and (done * fragments >= (len(runs) + 1) * total
+                              or left_params == left_runs):
+            runs.append(current)
+            current = []
+    runs.append(current)
+    return runs
+
+
+class DiLoCo:
+    """Wraps `optimizer` (the inner one); call `step()` where you called `optimizer.step()`.
+
+    H: inner steps between two outer steps of a fragment. outer_lr, outer_momentum, nesterov: the
+    outer optimizer, SGD as torch.optim.SGD steps it (the paper's 0.7, 0.9 and Nesterov).
+
+    fragments: the parameters cut, in order and whole, into this many runs of about equal size.
+    Fragment f takes its outer steps at inner steps t = s_f, s_f + H, ... with s_f =
+    round((f + 1) H / fragments), so the exchanges spread over the H steps (Streaming DiLoCo);
+    with one fragment, every H steps.
+
+    overlap: the exchange a fragment starts at step t is taken k = overlap inner steps later (0 <=
+    k < H): its allreduce runs while those steps compute. The pseudo-gradient is the one of step
+    t; once the outer step is taken, each rank's fragment becomes mixing x its own parameters +
+    (1 - mixing) x the new global ones (Streaming DiLoCo's merge; with overlap 0 every rank takes
+    the global ones, whatever mixing is).
+
+    wire_dtype: None sends the pseudo-gradients as float32; torch.bfloat16, torch.float16 or
+    torch.int8 sends them narrowed and sums them in float32 (torch_ddl.compress: an exchange that
+    blocks, so overlap then only delays the step that takes it).
+
+    What it guarantees: the global parameters and the outer momentum are the same bits on every
+    rank after every outer step (each is computed from the same averaged pseudo-gradient); with
+    overlap 0, so are the parameters right after it. At construction every rank takes rank 0's
+    parameters. The outer state is float32 whatever the parameters' dtype.
+    """
+
+    def __init__(self, optimizer, H, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+                 fragments=1, overlap=0, mixing=0.5, wire_dtype=None, group=None):
+        from . import compress
+
+        if not dist.is_initialized():
+            raise RuntimeError("DiLoCo: torch.distributed is not initialised")
+        _positive_int("H", H, 1)
+        _positive_int("fragments", fragments, 1)
+        _positive_int("overlap", overlap, 0)
+        if fragments > H:
+            raise ValueError(f"DiLoCo: fragments ({fragments}) must be at most H ({H}): each "
+                             "fragment takes its outer step at its own inner step")
+        if overlap >= H:
+            raise ValueError(f"DiLoCo: overlap ({overlap}) must be below H ({H}): a fragment's "
+                             "exchange ends before its next one starts")
+        if not isinstance(outer_lr, (int, float)) or not math.isfinite(outer_lr) or outer_lr <= 0:
+            raise ValueError(f"DiLoCo: outer_lr must be a positive number, got {outer_lr!r}")
+        if not isinstance(outer_momentum, (int, float)) or not 0 <= outer_momentum < 1:
+            raise ValueError(f"DiLoCo: outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        if nesterov and outer_momentum == 0:
+            raise ValueError("DiLoCo: nesterov needs outer_momentum > 0")
+        if not isinstance(mixing, (int, float)) or not 0 <= mixing <= 1:
+            raise ValueError(f"DiLoCo: mixing must be in [0, 1], got {mixing!r}")
+        if wire_dtype is not None and wire_dtype not in compress.WIRE_DTYPES:
+            raise ValueError(f"DiLoCo: wire_dtype {wire_dtype} is not None or one of "
+                             f"{', '.join(str(d) for d in compress.WIRE_DTYPES)}")
+        seen, params = set(), []
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        if not params:
+            raise ValueError("DiLoCo: the optimizer has no parameters")
+        for p in params:
+            if not p.is_floating_point():
+                raise TypeError(f"DiLoCo: a parameter of dtype {p.dtype} cannot be averaged")
+        if len({p.device for p in params}) > 1:
+            raise ValueError("DiLoCo: the parameters are on several devices ("
+                             + ", ".join(sorted({str(p.device) for p in params})) + ")")
+        if fragments > len(params):
+            raise ValueError(f"DiLoCo: fragments ({fragments}) must be at most the number of "
+                             f"parameters ({len(params)}): a fragment holds whole parameters")
+        self.optimizer, self.group = optimizer, group
+        self.H, self.outer_lr, self.outer_momentum = H, float(outer_lr), float(outer_momentum)
+        self.nesterov, self.overlap, self.mixing = bool(nesterov), overlap, float(mixing)
+        self.wire_dtype, self.world = wire_dtype, dist.get_world_size(group)
+        self.steps = 0
+        self.outer_steps = 0  # fragments' outer steps taken, all fragments together
+        self.bytes_communicated = 0  # payload this rank handed to its exchanges, in wire format
+        device = params[0].device
+        shared = (device.type == "cpu" and wire_dtype is None
+                  and dist.get_backend(group) == "ddl")
+        self._fragments = []
+        for f, members in enumerate(_cut(params, fragments)):
+            count = sum(p.numel() for p in members)
+            if shared:
+                import torch_ddl
+
+                delta = torch_ddl.empty_shared(count, dtype=torch.float32)
+            else:
+                delta = torch.empty(count, dtype=torch.float32, device=device)
+            ElasticAveraging._flatten(members, delta)
+            dist.broadcast(delta, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+            ElasticAveraging._unflatten(delta, members, lambda p, v: p.copy_(v))
+            self._fragments.append({
+                "params": members, "delta": delta, "global": delta.clone(),
+                "momentum": torch.zeros_like(delta), "first": round((f + 1) * H / fragments),
+                "pending": None})
+
+    def step(self, closure=None):
+        """The inner optimizer's step, then the exchanges due at this step."""
+        loss = self.optimizer.step(closure)
+        self.steps += 1
+        for frag in self._fragments:
+            pending = frag["pending"]
+            if pending is not None and pending[1] <= self.steps:
+                self._finish(frag)
+        for frag in self._fragments:
+            t = self.steps - frag["first"]
+            if t >= 0 and t % self.H == 0:
+                self._start(frag)
+                if self.overlap == 0:
+                    self._finish(frag)
+        return loss
+
+    def _start(self, frag):
+        from . import compress
+
+        delta = frag["delta"]
+        ElasticAveraging._flatten(frag["params"], delta)  # x
+        torch.sub(frag["global"], delta, out=delta)  # pseudo-gradient: global - x
+        if self.wire_dtype is None:
+            work = dist.all_reduce(delta, group=self.group, async_op=True)
+            self.bytes_communicated += delta.numel() * 4
+        else:
+            compress.all_reduce(delta, self.wire_dtype, "sum", self.group)
+            work = None
+            self.bytes_communicated += compress.payload_bytes(delta.numel(), self.wire_dtype,
+                                                              self.world)
+        frag["pending"] = (work, self.steps + self.overlap)
+
+    def _finish(self, frag):
+        work, _ = frag["pending"]
+        frag["pending"] = None
+        if work is not None:
+            work.wait()
+        delta, glob, momentum = frag["delta"], frag["global"], frag["momentum"]
+        delta.div_(self.world)  # the averaged pseudo-gradient
+        # torch.optim.SGD's step (dampening 0) on the global parameters.
+        if self.outer_momentum > 0:
+            momentum.mul_(self.outer_momentum).add_(delta)
+            update = delta.add_(momentum, alpha=self.outer_momentum) if self.nesterov else momentum
+        else:
+            update = delta
+        glob.sub_(update, alpha=self.outer_lr)
+        keep = self.mixing if self.overlap > 0 else 0.0
+        if keep == 0.0:
+            ElasticAveraging._unflatten(glob, frag["params"], lambda p, g: p.copy_(g))
+        else:
+            ElasticAveraging._unflatten(
+                glob, frag["params"], lambda p, g: p.mul_(keep).add_(g.to(p.dtype), alpha=1 - keep))
+        self.outer_steps += 1
+
+    def synchronize(self):
+        """Waits for the exchanges in flight (they are still taken at their own step)."""
+        for frag in self._fragments:
+            pending = frag["pending"]
+            if pending is not None and pending[0] is not None:
+                pending[0].wait()
+                frag["pending"] = (None, pending[1])
+
+    def global_parameters(self):
+        """The global parameters, one float32 tensor per parameter (views of the flat state)."""
+        out = []
+        for frag in self._fragments:
+            at = 0
+            for p in frag["params"]:
+                out.append(frag["global"][at:at + p.numel()].view_as(p))
+                at += p.numel()
+        return out
+
+    @contextlib.contextmanager
+    def global_weights(self):
+        """Within it the parameters hold the global ones (to evaluate or save them); restored
+        after."""
+        saved = [[p.detach().clone() for p in frag["params"]] for frag in self._fragments]
+        for frag in self._fragments:
+            ElasticAveraging._unflatten(frag["global"], frag["params"], lambda p, g: p.copy_(g))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for frag, values in zip(self._fragments, saved):
+                    for p, v in zip(frag["params"], values):
+                        p.copy_(v)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def state_dict(self):
+        """The inner optimizer's state, the outer state, and any exchange in flight (its summed
+        pseudo-gradient and the step that takes it), so that a run resumed from it takes the
+        same steps."""
+        self.synchronize()
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                "outer_steps": self.outer_steps,
+                "fragments": [{"global": f["global"].clone(), "momentum": f["momentum"].clone(),
+                               "pending": None if f["pending"] is None else
+                               (f["delta"].clone(), f["pending"][1])}
+                              for f in self._fragments]}
+
+    def load_state_dict(self, state):
+        saved = state["fragments"]
+        if len(saved) != len(self._fragments) or any(
+                s["global"].shape != f["global"].shape for s, f in zip(saved, self._fragments)):
+            raise ValueError("DiLoCo.load_state_dict: the saved state is not of these parameters "
+                             "and fragments (" + ", ".join(str(tuple(s["global"].shape))
+                                                           for s in saved) + " saved)")
+        self.synchronize()
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps, self.outer_steps = int(state["steps"]), int(state["outer_steps"])
+        for s, f in zip(saved, self._fragments):
+            f["global"].copy_(s["global"])
+            f["momentum"].copy_(s["momentum"])
+            f["pending"] = None
+            if s["pending"] is not None:
+                f["delta"].copy_(s["pending"][0])
+                f["pending"] = (None, int(s["pending"][1]))

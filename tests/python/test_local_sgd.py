@@ -1,0 +1,282 @@
+"""torch_ddl.compress (an allreduce narrowed on the wire, summed in float32) against gloo running
+the same exchange and against float32 sums with the bound each wire format promises; its DDP
+hook; torch_ddl.optim.DiLoCo against a single-process reference of the rule (P workers in one
+process, the same data), with fragments, overlap and mixing, at world sizes 1 to 4; resumed runs,
+narrowed exchanges and bad arguments."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddl_testing import run_ranks
+
+WIRES = (torch.bfloat16, torch.float16, torch.int8)
+SIZES = (0, 1, 7, 1021, 65537)
+
+
+def _inputs(rank, n, seed=0):
+    g = torch.Generator().manual_seed(7919 * rank + 31 * n + seed)
+    return torch.randn(n, generator=g) * (1 + rank)
+
+
+def _bound(xs, wire, op, world):
+    """Per-element bound on |narrowed exchange - float64 sum| for inputs xs (one per rank)."""
+    stacked = torch.stack([x.double() for x in xs]) if xs[0].numel() else torch.zeros(world, 0)
+    exact = stacked.sum(0)
+    absum = stacked.abs().sum(0)
+    if wire == torch.int8:
+        inputs = sum(float(x.abs().max()) / 254 for x in xs) if xs[0].numel() else 0.0
+        out = (float(exact.abs().max()) + inputs) / 254 if xs[0].numel() else 0.0
+        bound = torch.full_like(exact, inputs + out)
+    else:
+        u = 2.0 ** (-8 if wire == torch.bfloat16 else -11)
+        bound = u * absum + u * (exact.abs() + u * absum)
+    bound += 1e-6 * absum + 1e-30
+    if op == "avg":
+        exact, bound = exact / world, bound / world
+    return exact, bound
+
+
+def _compressed(rank, world):
+    from torch_ddl import compress
+
+    gloo = dist.new_group(backend="gloo")
+    for wire in WIRES:
+        for op in ("sum", "avg"):
+            for n in SIZES:
+                mine = _inputs(rank, n)
+                got, want = mine.clone(), mine.clone()
+                compress.all_reduce(got, wire, op)
+                compress.all_reduce(want, wire, op, group=gloo)
+                assert torch.equal(got, want), f"{wire} {op} n={n}: ddl and gloo differ"
+                exact, bound = _bound([_inputs(r, n) for r in range(world)], wire, op, world)
+                err = (got.double() - exact).abs()
+                assert bool((err <= bound).all()), \
+                    f"{wire} {op} n={n}: error {float((err - bound).max()):g} over the bound"
+                every = [torch.empty_like(got) for _ in range(world)]
+                dist.all_gather(every, got)
+                assert all(torch.equal(e, got) for e in every), f"{wire} {op} n={n}: ranks differ"
+    # A bfloat16 tensor, 2-D: narrowed and summed the same way, written back in its own dtype.
+    x = _inputs(rank, 600).view(20, 30).to(torch.bfloat16)
+    y = x.clone()
+    compress.all_reduce(x, torch.bfloat16, "sum")
+    compress.all_reduce(y, torch.bfloat16, "sum", group=gloo)
+    assert x.dtype == torch.bfloat16 and torch.equal(x, y)
+    # Integers on the wire: exact where the narrowed values are.
+    z = torch.full((1000,), float(rank + 1))
+    compress.all_reduce(z, torch.bfloat16, "sum")
+    assert bool((z == world * (world + 1) / 2).all())
+    # Bad input: refused before anything moves.
+    with pytest.raises(TypeError, match="only floating-point tensors"):
+        compress.all_reduce(torch.ones(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="wire_dtype torch.float64 is not one of"):
+        compress.all_reduce(torch.ones(4), torch.float64)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        compress.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="op must be 'sum' or 'avg'"):
+        compress.all_reduce(torch.ones(4), op="max")
+    assert compress.wire_bytes(1000, torch.bfloat16, world) == \
+        (0 if world == 1 else 2 * (world - 1) * -(-1000 // world) * 2)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_narrowed_allreduce_matches_gloo_and_stays_within_its_bound(world):
+    run_ranks(_compressed, world)
+
+
+def _ddp_hook(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_ddl import compress
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+    plain, hooked = DDP(model()), DDP(model())
+    state = compress.HookState(torch.bfloat16)
+    hooked.register_comm_hook(state, compress.ddp_hook)
+    x, y = _inputs(rank, 80).view(8, 10), _inputs(rank, 24, 1).view(8, 3)
+    for m in (plain, hooked):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+    for a, b in zip(plain.parameters(), hooked.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=2 ** -6, atol=2 ** -8 * float(
+            a.grad.abs().max()))
+        every = [torch.empty_like(b.grad) for _ in range(world)]
+        dist.all_gather(every, b.grad)
+        assert all(torch.equal(e, b.grad) for e in every)
+    count = sum(p.numel() for p in hooked.parameters())
+    assert state.bytes_sent == compress.wire_bytes(count, torch.bfloat16, world)
+
+
+def test_ddp_hook_averages_gradients_narrowed():
+    run_ranks(_ddp_hook, 3)
+
+
+# DiLoCo ---------------------------------------------------------------------------------------
+
+STEPS = 24
+CONFIGS = [  # H, fragments, overlap, mixing, outer momentum, nesterov
+    (4, 1, 0, 0.5, 0.9, True),
+    (6, 3, 1, 0.5, 0.9, True),
+    (5, 2, 2, 0.0, 0.5, False),
+    (3, 1, 0, 0.5, 0.0, False),
+]
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def local_step(model, rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x, y = torch.randn(8, 10, generator=g), torch.randn(8, 3, generator=g)
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def reference(world, config, steps=STEPS):
+    """Every worker's parameters and the global ones after `steps`, the rule in one process."""
+    from torch_ddl.optim import _cut
+
+    H, fragments, overlap, mixing, mu, nesterov = config
+    models = [make_model() for _ in range(world)]
+    opts = [torch.optim.Adam(m.parameters(), lr=0.01) for m in models]
+    index = {id(p): i for i, p in enumerate(models[0].parameters())}
+    runs = [[index[id(p)] for p in run] for run in _cut(list(models[0].parameters()), fragments)]
+    glob = [p.detach().clone() for p in models[0].parameters()]
+    mom = [torch.zeros_like(g) for g in glob]
+    pending = {}  # fragment -> (averaged pseudo-gradients, due step)
+    firsts = [round((f + 1) * H / fragments) for f in range(fragments)]
+
+    def finish(f):
+        deltas, _ = pending.pop(f)
+        for i, d in zip(runs[f], deltas):
+            if mu > 0:
+                mom[i].mul_(mu).add_(d)
+                u = d + mu * mom[i] if nesterov else mom[i]
+            else:
+                u = d
+            glob[i] -= 0.7 * u
+            for m in models:
+                p = list(m.parameters())[i]
+                keep = mixing if overlap > 0 else 0.0
+                with torch.no_grad():
+                    p.copy_(keep * p + (1 - keep) * glob[i] if keep else glob[i])
+
+    for step in range(1, steps + 1):
+        for r in range(world):
+            local_step(models[r], r, step)
+            opts[r].step()
+        for f in list(pending):
+            if pending[f][1] <= step:
+                finish(f)
+        for f in range(fragments):
+            if step >= firsts[f] and (step - firsts[f]) % H == 0:
+                deltas = []
+                for i in runs[f]:
+                    total = sum(glob[i] - list(m.parameters())[i].detach() for m in models)
+                    deltas.append(total / world)
+                pending[f] = (deltas, step + overlap)
+                if overlap == 0:
+                    finish(f)
+    return [[p.detach() for p in m.parameters()] for m in models], glob
+
+
+def train(rank, world, config, steps=STEPS, state=None, wire=None, group=None, save_at=None):
+    from torch_ddl.optim import DiLoCo
+
+    H, fragments, overlap, mixing, mu, nesterov = config
+    model = make_model()
+    if rank > 0:  # the wrapper starts every rank from rank 0's parameters
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    diloco = DiLoCo(opt, H, outer_lr=0.7, outer_momentum=mu, nesterov=nesterov,
+                    fragments=fragments, overlap=overlap, mixing=mixing, wire_dtype=wire,
+                    group=group)
+    first, saved = 0, None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        diloco.load_state_dict(state["diloco"])
+        first = diloco.steps
+    for step in range(first + 1, steps + 1):
+        local_step(model, rank, step)
+        diloco.step()
+        if step == save_at:
+            saved = copy.deepcopy({"model": model.state_dict(), "diloco": diloco.state_dict()})
+    return [p.detach().clone() for p in model.parameters()], \
+        [g.clone() for g in diloco.global_parameters()], saved, diloco
+
+
+def _diloco(rank, world):
+    gloo = dist.new_group(backend="gloo")
+    for config in CONFIGS:
+        want_params, want_global = reference(world, config)
+        params, glob, saved, diloco = train(rank, world, config, save_at=11)
+        for got, want in zip(params, want_params[rank]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for got, want in zip(glob, want_global):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        flat = torch.cat([g.reshape(-1) for g in glob])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(e, flat) for e in every), f"{config}: the global parameters differ"
+        H, fragments = config[0], config[1]
+        syncs = sum(len(range(round((f + 1) * H / fragments), STEPS + 1, H))
+                    for f in range(fragments))
+        assert diloco.bytes_communicated == sum(
+            sum(p.numel() for p in frag["params"]) * 4 * len(
+                range(frag["first"], STEPS + 1, H)) for frag in diloco._fragments)
+        assert diloco.outer_steps == syncs - sum(
+            1 for frag in diloco._fragments if frag["pending"] is not None)
+        # Resumed from the checkpoint of step 11 (an exchange may be in flight there): the same
+        # bits as the run that went on.
+        resumed, rglob, _, _ = train(rank, world, config, state=saved)
+        for a, b in zip(params + glob, resumed + rglob):
+            assert torch.equal(a, b), f"{config}: the resumed run differs"
+        # Narrowed on the wire: ddl and gloo take the same steps, bit for bit.
+        for wire in (torch.bfloat16, torch.int8):
+            a, ag, _, d = train(rank, world, config, wire=wire)
+            b, bg, _, _ = train(rank, world, config, wire=wire, group=gloo)
+            for x, y in zip(a + ag, b + bg):
+                assert torch.equal(x, y), f"{config} {wire}: ddl and gloo differ"
+            assert d.bytes_communicated < diloco.bytes_communicated or world == 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_diloco_matches_the_single_process_reference(world):
+    run_ranks(_diloco, world)
+
+
+def _bad_arguments(rank, world):
+    from torch_ddl.optim import DiLoCo
+
+    opt = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    for kwargs, words in [({"H": 0}, "H must be an integer >= 1"),
+                          ({"H": 2.5}, "H must be an integer >= 1"),
+                          ({"H": 4, "fragments": 5}, "fragments (5) must be at most H (4)"),
+                          ({"H": 8, "fragments": 5},
+                           "fragments (5) must be at most the number of parameters (4)"),
+                          ({"H": 4, "overlap": 4}, "overlap (4) must be below H (4)"),
+                          ({"H": 4, "outer_lr": 0}, "outer_lr must be a positive number"),
+                          ({"H": 4, "outer_momentum": 1.0}, "outer_momentum must be in [0, 1)"),
+                          ({"H": 4, "outer_momentum": 0.0}, "nesterov needs outer_momentum > 0"),
+                          ({"H": 4, "mixing": 2}, "mixing must be in [0, 1]"),
+                          ({"H": 4, "wire_dtype": torch.float64},
+                           "wire_dtype torch.float64 is not None or one of")]:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")
+                           .replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+            DiLoCo(opt, **kwargs)
+    d = DiLoCo(opt, H=4)
+    other = torch.optim.SGD(torch.nn.Linear(3, 3).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="the saved state is not of these parameters"):
+        d.load_state_dict(DiLoCo(other, H=4).state_dict())
+
+
+def test_diloco_refuses_bad_arguments_naming_what_is_wrong():
+    run_ranks(_bad_arguments, 2)
