@@ -140,6 +140,23 @@ class ElasticAveraging:
             work.wait()
             centre.add_(delta)
 
+    def rebind(self, group):
+        """Goes on over `group` after a fault (the group dist.shrink_group returned; None: the
+        default group, which shrink_group of the default group replaces). An averaging in flight
+        is dropped: its ranks' parameters keep the pull they took, and the centre is taken from
+        the group's first rank, so that every survivor holds the same one. Collective over
+        `group`; alpha stays."""
+        pending, self._pending = self._pending, None
+        for work in pending or []:
+            try:
+                work.wait()
+            except RuntimeError:
+                pass  # the old group's failure, already seen by the caller
+        self.group = group
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        for _, centre, _ in self._buckets:
+            dist.broadcast(centre, src=src, group=group)
+
     def centre(self):
         """The centre's values, one tensor per parameter (views of the flat centre)."""
         self.synchronize()
@@ -373,6 +390,30 @@ class DiLoCo:
             if pending is not None and pending[0] is not None:
                 pending[0].wait()
                 frag["pending"] = (None, pending[1])
+
+    def rebind(self, group):
+        """Goes on over `group` after a fault (the group dist.shrink_group returned; None: the
+        default group, which shrink_group of the default group replaces). Exchanges in flight are
+        dropped (each rank's fragment stays as it is until its next outer step), and the outer
+        state (global parameters, momentum, outer steps) is taken from the group's first rank, so
+        that survivors that did and did not take the last outer step agree. Collective over
+        `group`; the average is then over its ranks."""
+        for frag in self._fragments:
+            pending, frag["pending"] = frag["pending"], None
+            if pending is not None and pending[0] is not None:
+                try:
+                    pending[0].wait()
+                except RuntimeError:
+                    pass  # the old group's failure, already seen by the caller
+        self.group, self.world = group, dist.get_world_size(group)
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        count = torch.tensor([self.outer_steps], dtype=torch.int64,
+                             device=self._fragments[0]["global"].device)
+        dist.broadcast(count, src=src, group=group)
+        self.outer_steps = int(count.item())
+        for frag in self._fragments:
+            dist.broadcast(frag["global"], src=src, group=group)
+            dist.broadcast(frag["momentum"], src=src, group=group)
 
     def global_parameters(self):
         """The global parameters, one float32 tensor per parameter (views of the flat state)."""

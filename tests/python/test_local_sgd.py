@@ -280,3 +280,95 @@ def _bad_arguments(rank, world):
 
 def test_diloco_refuses_bad_arguments_naming_what_is_wrong():
     run_ranks(_bad_arguments, 2)
+
+
+# A rank lost mid-training ------------------------------------------------------------------
+
+LOST_STEP, LOST_STEPS = 6, 12
+
+
+def lost_reference(method, world, victim):
+    """The survivors' parameters and the method's shared state when `victim` dies at LOST_STEP,
+    before that step's exchange: the exchange is dropped and the others go on without it."""
+    models = [make_model() for _ in range(world)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    shared = [p.detach().clone() for p in models[0].parameters()]
+    mom = [torch.zeros_like(g) for g in shared]
+    alive = list(range(world))
+    for step in range(1, LOST_STEPS + 1):
+        if step == LOST_STEP:
+            alive.remove(victim)
+        for r in alive:
+            local_step(models[r], r, step)
+            opts[r].step()
+        if step % 2:
+            continue
+        params = [list(models[r].parameters()) for r in alive]
+        with torch.no_grad():
+            if method == "diloco":
+                if step == LOST_STEP:
+                    continue  # the exchange failed everywhere
+                for i in range(len(shared)):
+                    d = sum(shared[i] - ps[i] for ps in params) / len(alive)
+                    mom[i].mul_(0.9).add_(d)
+                    shared[i] -= 0.7 * (d + 0.9 * mom[i])
+                    for ps in params:
+                        ps[i].copy_(shared[i])
+            else:  # Sync EASGD: each rank pulls itself first; the centre moves if all arrive
+                for i in range(len(shared)):
+                    deltas = [0.3 * (ps[i] - shared[i]) for ps in params]
+                    for ps, d in zip(params, deltas):
+                        ps[i].sub_(d)
+                    if step != LOST_STEP:
+                        shared[i] += sum(deltas)
+    return {r: [p.detach() for p in models[r].parameters()] for r in alive}, shared
+
+
+def _lose_a_rank(rank, size, victim, method, store):
+    import os
+    import signal
+
+    import torch_ddl  # noqa: F401
+    from torch_ddl.optim import DiLoCo, ElasticAveraging
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    wrapper = DiLoCo(opt, H=2) if method == "diloco" else ElasticAveraging(opt, 0.3, tau=2)
+    for step in range(1, LOST_STEPS + 1):
+        if step == LOST_STEP and rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        local_step(model, rank, step)
+        if step != LOST_STEP:
+            wrapper.step()
+            continue
+        with pytest.raises(RuntimeError, match=f"rank {victim} is gone"):
+            wrapper.step()
+        dist.shrink_group([victim])
+        wrapper.rebind(None)
+    want, shared = lost_reference(method, size, victim)
+    for got, w in zip(model.parameters(), want[rank]):
+        torch.testing.assert_close(got.detach(), w, rtol=1e-5, atol=1e-6)
+    mine = wrapper.global_parameters() if method == "diloco" else wrapper.centre()
+    for got, w in zip(mine, shared):
+        torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+    flat = torch.cat([g.reshape(-1) for g in mine])
+    every = [torch.empty_like(flat) for _ in range(size - 1)]
+    dist.all_gather(every, flat)
+    assert all(torch.equal(e, flat) for e in every), "the survivors' shared state differs"
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("method", ["diloco", "easgd"])
+def test_a_lost_rank_is_left_behind_and_training_goes_on(method):
+    import os
+    import signal
+    import tempfile
+
+    from ddl_testing import run_spawned
+
+    size, victim = 3, 1
+    want = [0] * size
+    want[victim] = -signal.SIGKILL
+    with tempfile.TemporaryDirectory() as tmp:
+        run_spawned(_lose_a_rank, size, (size, victim, method, os.path.join(tmp, "store")), want)
