@@ -21,7 +21,7 @@ OBJS := $(CORE_OBJS) $(patsubst %.cc,build/cpp/%.o,$(TEST_SRCS))
 NPROC := $(shell nproc)
 CLUSTER_TOOLS := /usr/sbin/ip /usr/sbin/tc
 
-.PHONY: all env build test test-cpp test-cpp-asan test-asan-python test-python test-tsan test-tsan-python fuzz faults demo demo-cluster bench bench-reference bench-cluster peers format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window
+.PHONY: all env build test test-cpp test-cpp-asan test-asan-python test-python test-tsan test-tsan-python fuzz faults demo demo-cluster bench bench-reference bench-cluster peers format clean compat conformance conformance-full sim-scale campaign scale-real bench-scaling test-torch-next test-frameworks bench-data bench-easgd bench-window bench-local-sgd
 
 all: build
 
@@ -261,6 +261,15 @@ bench-easgd: build $(CLUSTER_TOOLS)
 
 # One-sided puts against send/recv of the same bytes: 2 ranks on this host, then 1 rank on each
 # of 2 emulated hosts at 1 Gbit/s (root). About 2 minutes.
+# DDP, Sync EASGD and DiLoCo (plain, streaming, bfloat16 and int8 on the wire) across 2 x 2
+# emulated hosts at 1 Gbit/s and 100 Mbit/s, two tasks (root; about 5 minutes).
+bench-local-sgd: build $(CLUSTER_TOOLS)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	@mkdir -p benchmarks/results
+	set -o pipefail; $(PY) benchmarks/local_sgd_bench.py --json benchmarks/results/local_sgd.json \
+	  | tee benchmarks/results/local_sgd.txt
+	$(PY) benchmarks/plot_local_sgd.py
+
 bench-window: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
 	@mkdir -p benchmarks/results
