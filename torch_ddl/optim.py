@@ -35,7 +35,7 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["DiLoCo", "ElasticAveraging"]
+__all__ = ["AsyncElasticAveraging", "DiLoCo", "ElasticAveraging"]
 
 
 class ElasticAveraging:
@@ -476,3 +476,260 @@ class DiLoCo:
             if s["pending"] is not None:
                 f["delta"].copy_(s["pending"][0])
                 f["pending"] = (None, int(s["pending"][1]))
+
+
+class AsyncElasticAveraging:
+    """Asynchronous EASGD (Zhang, Choromanska and LeCun, NeurIPS 2015; You, Buluç and Demmel,
+    SC'17) over one-sided windows: the centre lives on one rank (`centre_rank`), and a worker
+    exchanges with it every `tau` of its own steps without any collective and without waiting
+    for the other workers. Wraps `optimizer`; call `step()` where you called `optimizer.step()`,
+    and `close()` on every rank at the end.
+
+    A worker's elastic step: e = alpha (x - c), x <- x - e, where c is its copy of the centre;
+    e goes to the centre rank, which adds it to the centre (with momentum > 0, as momentum
+    SGD's step: u <- momentum u + e, centre <- centre + u: Async MEASGD) and answers with the
+    centre as it now is, which becomes the worker's copy. A worker whose previous difference has
+    not been answered yet (the centre rank has not stepped since) adds the new one to it and
+    sends the sum once the answer comes: a worker never waits. The centre rank takes the
+    differences that arrived at each of its own steps, and makes its own elastic step against the
+    centre itself.
+
+    What it guarantees: every difference reaches the centre exactly once (none is lost, none is
+    taken twice), each worker's in its order; the centre rank applies one at a time; a worker's
+    copy is the centre just after its own last difference was added, so it lags the centre by
+    the differences others sent since. Not deterministic: the order in which the centre takes
+    the workers' differences depends on timing. `close()` (collective) sends every worker's last
+    difference, waits for the answers, and gives every rank the final centre.
+
+    hogwild=True (Hogwild EASGD): every rank on the centre's host reads the centre straight out of
+    the centre rank's memory and adds its difference there itself, with no lock and no answer:
+    two workers' additions may interleave element by element, so a difference can be partly lost
+    and a read can mix the centre before and after another's addition. Needs every rank on one
+    host (the centre's memory mapped into each); refused otherwise.
+
+    Memory: every rank registers a window of (world + 1) x (parameters + 2) float32 values (rounded up to even) (the
+    centre or its copy, and one inbox per worker, used on the centre rank).
+    """
+
+    def __init__(self, optimizer, alpha, tau, momentum=0.0, hogwild=False, centre_rank=0,
+                 group=None):
+        if not dist.is_initialized():
+            raise RuntimeError("AsyncElasticAveraging: torch.distributed is not initialised")
+        if dist.get_backend(group) != "ddl":
+            raise ValueError("AsyncElasticAveraging: the group's backend is "
+                             f"{dist.get_backend(group)}, not ddl (it needs one-sided windows)")
+        world = dist.get_world_size(group)
+        if not isinstance(tau, int) or isinstance(tau, bool) or tau < 1:
+            raise ValueError(f"AsyncElasticAveraging: tau must be an integer >= 1, got {tau!r}")
+        if not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+            raise ValueError(f"AsyncElasticAveraging: alpha must be in (0, 1], got {alpha!r}")
+        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            raise ValueError(f"AsyncElasticAveraging: momentum must be in [0, 1), got "
+                             f"{momentum!r}")
+        if not isinstance(centre_rank, int) or not 0 <= centre_rank < world:
+            raise ValueError(f"AsyncElasticAveraging: centre_rank {centre_rank!r} is not a rank "
+                             f"of the group (0 .. {world - 1})")
+        if hogwild and momentum:
+            raise ValueError("AsyncElasticAveraging: hogwild takes no momentum (no rank owns the "
+                             "centre's updates)")
+        seen, params = set(), []
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        for p in params:
+            if not p.is_floating_point() or p.device.type != "cpu":
+                raise TypeError(f"AsyncElasticAveraging: a parameter of dtype {p.dtype} on "
+                                f"{p.device}: it averages float CPU parameters")
+        import torch_ddl
+
+        self.optimizer, self.group, self.world = optimizer, group, world
+        self.alpha, self.tau, self.momentum = float(alpha), tau, float(momentum)
+        self.hogwild, self.centre_rank = bool(hogwild), centre_rank
+        self.rank = dist.get_rank(group)
+        self.steps = 0
+        self.sent = 0  # elastic steps this rank made
+        self.exchanges = 0  # differences it sent to the centre (or, on the centre rank, took)
+        self.bytes_communicated = 0  # payload of the puts this rank made
+        self._params = params
+        n = sum(p.numel() for p in params)
+        self._n, self._row = n, 2 + n + n % 2  # [version or kind (int64) | values | pad]
+        self._table = torch_ddl.empty_shared((world + 1) * self._row)
+        self._rows = self._table.view(world + 1, self._row)
+        x = torch.empty(n)
+        ElasticAveraging._flatten(params, x)
+        src = dist.get_global_rank(group, centre_rank) if group else centre_rank
+        dist.broadcast(x, src=src, group=group)  # every rank starts at the centre rank's
+        ElasticAveraging._unflatten(x, params, lambda p, v: p.copy_(v))
+        self._rows[0, 2:2 + n].copy_(x)
+        self._meta(0).fill_(0)
+        self._copy = x.clone()  # this rank's copy of the centre (the centre itself: see _centre)
+        self._pending = torch.zeros(n)  # differences not sent yet
+        self._velocity = torch.zeros(n) if self.rank == centre_rank else None
+        self._window = torch_ddl.new_window(self._table, group=group)
+        self._closed = False
+        self._answer = None  # this worker's wait for the centre's answer
+        self._requests = {}  # on the centre rank: worker -> its wait for the next difference
+        if hogwild:
+            try:
+                self._centre_view = self._window.map_remote_tensor(centre_rank).view(
+                    world + 1, self._row)
+            except Exception as error:
+                raise ValueError("AsyncElasticAveraging: hogwild needs the centre rank's memory "
+                                 f"mapped here, and it cannot be: {error}") from error
+        elif self.rank == centre_rank:
+            self._requests = {j: self._window.wait_signal(j, True) for j in range(world)
+                              if j != centre_rank}
+        dist.barrier(group=group)
+
+    def _meta(self, row, rows=None):
+        return (self._rows if rows is None else rows)[row, :2].view(torch.int64)
+
+    def step(self, closure=None):
+        """The wrapped optimizer's step; then, on the centre rank, the differences that arrived;
+        and every tau-th step this rank's elastic step."""
+        if self._closed:
+            raise RuntimeError("AsyncElasticAveraging: step() after close()")
+        loss = self.optimizer.step(closure)
+        self.steps += 1
+        if self.rank == self.centre_rank and not self.hogwild:
+            self._serve(block=False)
+        if self.steps % self.tau == 0:
+            self._elastic()
+        return loss
+
+    def _elastic(self):
+        x = torch.empty(self._n)
+        ElasticAveraging._flatten(self._params, x)
+        if self.hogwild:
+            centre = self._centre_view[0, 2:2 + self._n]
+            e = (x - centre).mul_(self.alpha)  # read without a lock
+            centre.add_(e)  # added without a lock
+            self._meta(0, self._centre_view).add_(1)
+            self.bytes_communicated += self._n * 4
+        elif self.rank == self.centre_rank:
+            e = (x - self._rows[0, 2:2 + self._n]).mul_(self.alpha)
+            self._take(e)
+            self.exchanges += 1
+        else:
+            self._collect_answer(block=False)
+            e = (x - self._copy).mul_(self.alpha)
+            self._pending.add_(e)
+            if self._answer is None:
+                self._send(last=False)
+        ElasticAveraging._unflatten(e, self._params, lambda p, d: p.sub_(d))
+        self.sent += 1
+
+    def _send(self, last):
+        row = self._rows[1 + self.rank]
+        row[2:2 + self._n].copy_(self._pending)
+        self._meta(1 + self.rank).fill_(-1 if last else 1)
+        self._window.put(row, self.centre_rank, (1 + self.rank) * self._row, False)
+        self.exchanges += 1
+        self._window.signal(self.centre_rank, False)
+        self.bytes_communicated += self._row * 4
+        self._pending.zero_()
+        self._answer = self._window.wait_signal(self.centre_rank, True)
+
+    @staticmethod
+    def _arrived(work, block):
+        """Whether the signal `work` waits for arrived (block: waits for it). A wait that timed
+        out is not an error here (the peer may take longer than the group's timeout between two
+        exchanges): the caller waits again, and the signal, when it comes, is taken then."""
+        if not (block or work.is_completed()):
+            return False
+        try:
+            work.wait()
+        except RuntimeError as error:
+            if "Timed out" not in str(error):
+                raise
+            return False
+        return True
+
+    def _collect_answer(self, block):
+        while self._answer is not None and (block or self._answer.is_completed()):
+            if self._arrived(self._answer, block):
+                self._answer = None
+                self._copy.copy_(self._rows[0, 2:2 + self._n])  # put there before the answer
+            else:  # timed out: wait again
+                self._answer = self._window.wait_signal(self.centre_rank, True)
+
+    def _take(self, e):
+        """On the centre rank: one difference into the centre."""
+        centre = self._rows[0, 2:2 + self._n]
+        if self.momentum:
+            self._velocity.mul_(self.momentum).add_(e)
+            centre.add_(self._velocity)
+        else:
+            centre.add_(e)
+        self._meta(0).add_(1)
+
+    def _serve(self, block):
+        """On the centre rank: takes the differences that arrived (block: every worker's, until
+        each sent its last), answering each with the centre."""
+        for j in sorted(self._requests):
+            request = self._requests[j]
+            while request is not None and (block or request.is_completed()):
+                if not self._arrived(request, block):
+                    request = self._window.wait_signal(j, True)  # timed out: wait again
+                    continue
+                self._take(self._rows[1 + j, 2:2 + self._n])
+                last = int(self._meta(1 + j).item()) < 0
+                self._window.put(self._rows[0], j, 0, False)
+                self._window.signal(j, False)
+                self.bytes_communicated += self._row * 4
+                request = None if last else self._window.wait_signal(j, True)
+                if not block:
+                    break
+            if request is None:
+                del self._requests[j]
+            else:
+                self._requests[j] = request
+
+    def close(self):
+        """Collective: every worker's last difference is sent and taken, and every rank gets the
+        final centre (centre() from then on; step() is refused)."""
+        if self._closed:
+            return
+        if not self.hogwild:
+            if self.rank == self.centre_rank:
+                self._serve(block=True)
+            else:
+                self._collect_answer(block=True)
+                self._send(last=True)
+                self._collect_answer(block=True)
+        dist.barrier(group=self.group)
+        final = self._centre_view[0, 2:2 + self._n].clone() if self.hogwild else \
+            self._rows[0, 2:2 + self._n].clone()
+        src = dist.get_global_rank(self.group, self.centre_rank) if self.group else \
+            self.centre_rank
+        dist.broadcast(final, src=src, group=self.group)
+        self._copy.copy_(final)
+        version = self._meta(0, self._centre_view if self.hogwild else None).clone()
+        dist.broadcast(version, src=src, group=self.group)
+        self.version = int(version.item())
+        self._window.tensor_deregister()
+        self._closed = True
+
+    def centre(self):
+        """The centre (this rank's copy of it on a worker before close(); the final one after),
+        one tensor per parameter."""
+        if self._closed:
+            flat = self._copy
+        elif self.hogwild:
+            flat = self._centre_view[0, 2:2 + self._n]
+        else:
+            flat = self._rows[0, 2:2 + self._n] if self.rank == self.centre_rank else self._copy
+        out, at = [], 0
+        for p in self._params:
+            out.append(flat[at:at + p.numel()].view_as(p))
+            at += p.numel()
+        return out
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups

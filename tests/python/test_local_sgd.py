@@ -372,3 +372,102 @@ def test_a_lost_rank_is_left_behind_and_training_goes_on(method):
     want[victim] = -signal.SIGKILL
     with tempfile.TemporaryDirectory() as tmp:
         run_spawned(_lose_a_rank, size, (size, victim, method, os.path.join(tmp, "store")), want)
+
+
+# Asynchronous EASGD over windows -------------------------------------------------------------
+
+class _Recording:
+    """An optimizer that records the parameters right after each of its steps (before the
+    wrapper's elastic step moves them)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.param_groups, self.after = optimizer, optimizer.param_groups, None
+
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.after = torch.cat([p.detach().reshape(-1) for g in self.param_groups
+                                for p in g["params"]])
+        return loss
+
+
+def _async_easgd(rank, world, momentum, hogwild, marker):
+    import os
+    import time
+
+    from torch_ddl.optim import AsyncElasticAveraging
+
+    model = make_model()
+    opt = _Recording(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    ea = AsyncElasticAveraging(opt, alpha=0.5, tau=2, momentum=momentum, hogwild=hogwild)
+    # Every rank starts at the centre's parameters (the centre itself may already have moved:
+    # with hogwild a rank that stepped first adds to it at once).
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    total = torch.zeros_like(start)  # every difference this rank made: what its pulls took
+    slow = world >= 3 and rank == 1 and not hogwild
+    if slow:  # starts only once rank 2 has made all its steps: nobody waits for a worker
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker):
+            assert time.monotonic() < deadline, "rank 2 never finished: it waited for rank 1"
+            time.sleep(0.01)
+    for step in range(1, STEPS + 1):
+        local_step(model, rank, step)
+        ea.step()
+        total += opt.after - torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if world >= 3 and rank == 2 and not hogwild:
+        with open(marker, "w") as f:
+            f.write("done")
+    ea.close()
+    with pytest.raises(RuntimeError, match="step\\(\\) after close\\(\\)"):
+        ea.step()
+    final = torch.cat([c.reshape(-1) for c in ea.centre()])
+    every = [torch.empty_like(final) for _ in range(world)]
+    dist.all_gather(every, final)
+    assert all(torch.equal(e, final) for e in every), "the ranks' final centres differ"
+    return start, total, final, ea
+
+
+def _async_worker(rank, world, marker):
+    gloo = dist.new_group(backend="gloo")
+    for momentum in (0.0, 0.5):
+        start, total, final, ea = _async_easgd(rank, world, momentum, False, marker + str(momentum))
+        counts = torch.tensor([ea.exchanges], dtype=torch.int64)
+        dist.all_reduce(counts, group=gloo)
+        assert ea.version == int(counts.item()), (ea.version, int(counts.item()))
+        if momentum == 0.0:
+            # Every difference reached the centre once: it moved by their sum.
+            dist.all_reduce(total, group=gloo)
+            torch.testing.assert_close(final - start, total, rtol=1e-4, atol=1e-5)
+    if world <= 3:  # every rank on this host: the centre is mapped everywhere
+        start, total, final, ea = _async_easgd(rank, world, 0.0, True, marker)
+        dist.all_reduce(total, group=gloo)
+        assert bool(torch.isfinite(final).all())
+        moved = (final - start - total).norm() / total.norm()
+        assert moved < 0.5, f"hogwild lost {moved:.0%} of the differences"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_async_easgd_takes_every_difference_once_and_nobody_waits(world, tmp_path):
+    run_ranks(_async_worker, world, str(tmp_path / "marker"))
+
+
+def _async_bad_arguments(rank, world):
+    from torch_ddl.optim import AsyncElasticAveraging
+
+    opt = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    for kwargs, words in [({"alpha": 0.0, "tau": 2}, "alpha must be in (0, 1]"),
+                          ({"alpha": 0.5, "tau": 0}, "tau must be an integer >= 1"),
+                          ({"alpha": 0.5, "tau": 2, "momentum": 1.0}, "momentum must be in [0, 1)"),
+                          ({"alpha": 0.5, "tau": 2, "centre_rank": 5},
+                           "centre_rank 5 is not a rank of the group (0 .. 1)"),
+                          ({"alpha": 0.5, "tau": 2, "hogwild": True, "momentum": 0.5},
+                           "hogwild takes no momentum")]:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")
+                           .replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+            AsyncElasticAveraging(opt, **kwargs)
+    gloo = dist.new_group(backend="gloo")
+    with pytest.raises(ValueError, match="the group's backend is gloo, not ddl"):
+        AsyncElasticAveraging(opt, 0.5, 2, group=gloo)
+
+
+def test_async_easgd_refuses_bad_arguments():
+    run_ranks(_async_bad_arguments, 2)
