@@ -507,8 +507,13 @@ class AsyncElasticAveraging:
     and a read can mix the centre before and after another's addition. Needs every rank on one
     host (the centre's memory mapped into each); refused otherwise.
 
-    Memory: every rank registers a window of (world + 1) x (parameters + 2) float32 values (rounded up to even) (the
-    centre or its copy, and one inbox per worker, used on the centre rank).
+    Memory: every rank registers a window of (world + 1) rows of (parameters + 2, rounded up to
+    even) float32 values: the centre or its copy, and one inbox per worker, used on the centre
+    rank.
+
+    Faults: a lost rank fails the survivors' next step naming it (the centre rank's, or a
+    worker's exchange with a lost centre; the others through the group's failure); they shrink
+    the group and call rebind() (see there for what is kept).
     """
 
     def __init__(self, optimizer, alpha, tau, momentum=0.0, hogwild=False, centre_rank=0,
@@ -566,6 +571,10 @@ class AsyncElasticAveraging:
         self._meta(0).fill_(0)
         self._copy = x.clone()  # this rank's copy of the centre (the centre itself: see _centre)
         self._pending = torch.zeros(n)  # differences not sent yet
+        self._inflight = torch.zeros(n)  # the last one sent (sent again if a fault lost it)
+        self._sends = 0  # differences sent to the centre rank since it became the centre
+        self._taken = [0] * world  # on the centre rank: differences taken from each worker
+        self.copy_version = 0  # differences in the centre when this rank's copy was made
         self._velocity = torch.zeros(n) if self.rank == centre_rank else None
         self._window = torch_ddl.new_window(self._table, group=group)
         self._closed = False
@@ -613,11 +622,16 @@ class AsyncElasticAveraging:
             self._take(e)
             self.exchanges += 1
         else:
+            # The pull and the difference kept first: an exchange that fails leaves the
+            # difference to be sent after rebind(), and the parameters as they should be.
             self._collect_answer(block=False)
             e = (x - self._copy).mul_(self.alpha)
+            ElasticAveraging._unflatten(e, self._params, lambda p, d: p.sub_(d))
             self._pending.add_(e)
+            self.sent += 1
             if self._answer is None:
                 self._send(last=False)
+            return
         ElasticAveraging._unflatten(e, self._params, lambda p, d: p.sub_(d))
         self.sent += 1
 
@@ -626,10 +640,13 @@ class AsyncElasticAveraging:
         row[2:2 + self._n].copy_(self._pending)
         self._meta(1 + self.rank).fill_(-1 if last else 1)
         self._window.put(row, self.centre_rank, (1 + self.rank) * self._row, False)
-        self.exchanges += 1
         self._window.signal(self.centre_rank, False)
-        self.bytes_communicated += self._row * 4
+        # Sent (the centre takes it once the signal arrives): from here on it is in flight.
+        self._inflight.copy_(self._pending)
         self._pending.zero_()
+        self._sends += 1
+        self.exchanges += 1
+        self.bytes_communicated += self._row * 4
         self._answer = self._window.wait_signal(self.centre_rank, True)
 
     @staticmethod
@@ -652,6 +669,7 @@ class AsyncElasticAveraging:
             if self._arrived(self._answer, block):
                 self._answer = None
                 self._copy.copy_(self._rows[0, 2:2 + self._n])  # put there before the answer
+                self.copy_version = int(self._meta(0).item())
             else:  # timed out: wait again
                 self._answer = self._window.wait_signal(self.centre_rank, True)
 
@@ -676,6 +694,7 @@ class AsyncElasticAveraging:
                     continue
                 self._take(self._rows[1 + j, 2:2 + self._n])
                 last = int(self._meta(1 + j).item()) < 0
+                self._taken[j] += 1
                 self._window.put(self._rows[0], j, 0, False)
                 self._window.signal(j, False)
                 self.bytes_communicated += self._row * 4
@@ -686,6 +705,74 @@ class AsyncElasticAveraging:
                 del self._requests[j]
             else:
                 self._requests[j] = request
+
+    def rebind(self, group):
+        """Goes on over `group` after a fault (the group dist.shrink_group returned; None: the
+        default group, which shrink_group of the default group replaces). Collective over
+        `group`; a new window is made on it (the old one, whose group failed, is left to that
+        group's end).
+
+        The centre rank survived: it stays the centre, with its centre, momentum and count, and a
+        worker's difference that it had sent and the centre had not taken goes again: none is
+        lost. The centre rank was lost: the group's first rank becomes the centre, starting from
+        the freshest copy any survivor holds (the highest copy_version); the differences the lost
+        centre took after that copy was made, and those in flight to it, are lost, and its
+        momentum starts again from zero. hogwild: the centre as the new group's first rank sees
+        it, if it was the centre; the freshest copy otherwise."""
+        if self._closed:
+            raise RuntimeError("AsyncElasticAveraging: rebind() after close()")
+        import torch_ddl
+
+        old_rank, old_centre = self.rank, self.centre_rank
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        mine = torch.tensor([old_rank, self.copy_version], dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine, group=group)
+        old_of = [int(t[0]) for t in every]
+        n = self._n
+        if old_centre in old_of:
+            centre = old_of.index(old_centre)
+            if rank == centre:
+                live = self._centre_view if self.hogwild else self._rows
+                values = live[0, 2:2 + n].clone()
+                version = self._meta(0, live).clone()
+                velocity = self._velocity if self._velocity is not None else torch.zeros(n)
+                taken = torch.tensor(self._taken, dtype=torch.int64)
+            else:
+                values, version = torch.empty(n), torch.empty(1, dtype=torch.int64)
+                velocity, taken = torch.empty(n), torch.empty(len(self._taken), dtype=torch.int64)
+            src = dist.get_global_rank(group, centre) if group else centre
+            for t in (values, version, velocity, taken):
+                dist.broadcast(t, src=src, group=group)
+            if rank != centre and self._sends > int(taken[old_rank]):
+                self._pending.add_(self._inflight)  # the centre never took it: it goes again
+        else:
+            # (hogwild: the lost centre's memory is still mapped here, and holds the centre.)
+            freshest = 0 if self.hogwild else max(range(world),
+                                                  key=lambda r: (int(every[r][1]), -r))
+            own = self._centre_view[0, 2:2 + n] if self.hogwild else self._copy
+            values = own.clone() if rank == freshest else torch.empty(n)
+            src = dist.get_global_rank(group, freshest) if group else freshest
+            dist.broadcast(values, src=src, group=group)
+            version = torch.tensor([int(every[freshest][1])], dtype=torch.int64)
+            velocity, centre = torch.zeros(n), 0
+        self.group, self.world, self.rank, self.centre_rank = group, world, rank, centre
+        self._table = torch_ddl.empty_shared((world + 1) * self._row)
+        self._rows = self._table.view(world + 1, self._row)
+        self._rows[0, 2:2 + n].copy_(values)
+        self._meta(0).copy_(version)
+        self._copy.copy_(values)
+        self.copy_version = int(version.item())
+        self._velocity = velocity.clone() if rank == centre else None
+        self._sends, self._taken = 0, [0] * world
+        self._answer, self._requests = None, {}
+        self._window = torch_ddl.new_window(self._table, group=group)
+        if self.hogwild:
+            self._centre_view = self._window.map_remote_tensor(centre).view(world + 1, self._row)
+        elif rank == centre:
+            self._requests = {j: self._window.wait_signal(j, True) for j in range(world)
+                              if j != centre}
+        dist.barrier(group=group)
 
     def close(self):
         """Collective: every worker's last difference is sent and taken, and every rank gets the

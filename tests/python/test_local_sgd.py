@@ -471,3 +471,91 @@ def _async_bad_arguments(rank, world):
 
 def test_async_easgd_refuses_bad_arguments():
     run_ranks(_async_bad_arguments, 2)
+
+
+def _async_lose(rank, size, victim, store, hogwild):
+    import os
+    import signal
+    import time
+
+    import torch_ddl  # noqa: F401
+    from torch_ddl.optim import AsyncElasticAveraging
+
+    dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size)
+    model = make_model()
+    opt = _Recording(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    ea = AsyncElasticAveraging(opt, alpha=0.5, tau=2, hogwild=hogwild)
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    total = torch.zeros_like(start)
+    kill_at = 1 if victim != 0 else 9  # a worker before it sent anything; the centre midway
+    marker = store + ".sent"
+    if victim == 1 and rank == 0:
+        # The centre starts once worker 2 has sent a difference: it finds worker 1 lost before
+        # it takes that one, which is then in flight through the fault and must go again.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker):
+            assert time.monotonic() < deadline, "worker 2 never sent"
+            time.sleep(0.01)
+    failed_at, step = None, 0
+    while step < LOST_STEPS:
+        step += 1
+        if rank == 2 and ea.exchanges == 1 and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write("sent")
+        if step == kill_at and rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        local_step(model, rank, step)
+        try:
+            ea.step()
+        except RuntimeError as error:
+            assert f"rank {victim} is gone" in str(error), error
+            failed_at = step
+            dist.shrink_group([victim])
+            versions = torch.tensor([ea.copy_version])
+            ea.rebind(None)
+            every = [torch.empty_like(versions) for _ in range(size - 1)]
+            dist.all_gather(every, versions)
+            if victim == 0 and not hogwild:  # the freshest copy became the centre
+                assert ea.copy_version == max(int(v) for v in every)
+        if opt.after is not None:
+            total += opt.after - torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            opt.after = None
+        if step == LOST_STEPS and failed_at is None and not hogwild:
+            step -= 1  # the failure has not reached this rank yet: step on until it does
+            time.sleep(0.01)
+            assert ea.steps < LOST_STEPS + 500, "no failure was seen within 5 s"
+    try:
+        ea.close()
+        assert failed_at is not None, "the loss of a rank was never seen"
+    except RuntimeError as error:
+        # hogwild: the steps touch only the mapped centre, which outlives its rank: the loss is
+        # seen by close()'s collectives.
+        assert hogwild and failed_at is None and f"rank {victim} is gone" in str(error), error
+        dist.shrink_group([victim])
+        ea.rebind(None)
+        ea.close()
+    final = torch.cat([c.reshape(-1) for c in ea.centre()])
+    every = [torch.empty_like(final) for _ in range(size - 1)]
+    dist.all_gather(every, final)
+    assert all(torch.equal(e, final) for e in every), "the survivors' final centres differ"
+    if victim != 0 and not hogwild:
+        # The centre survived and the lost worker sent nothing: every survivor's difference
+        # reached it once, also the ones in flight when the fault struck.
+        dist.all_reduce(total)
+        torch.testing.assert_close(final - start, total, rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("victim,hogwild", [(1, False), (0, False), (0, True)])
+def test_async_easgd_goes_on_after_a_lost_worker_or_centre(victim, hogwild):
+    import os
+    import signal
+    import tempfile
+
+    from ddl_testing import run_spawned
+
+    size = 3
+    want = [0] * size
+    want[victim] = -signal.SIGKILL
+    with tempfile.TemporaryDirectory() as tmp:
+        run_spawned(_async_lose, size, (size, victim, os.path.join(tmp, "store"), hogwild), want)
