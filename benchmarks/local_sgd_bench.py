@@ -1,5 +1,6 @@
-"""Training across slow links: DDP, Sync EASGD and DiLoCo (plain, streaming, narrowed on the wire)
-on emulated hosts (root), the same data and seeds for every method.
+"""Training across slow links: DDP, Sync EASGD, Async EASGD and MEASGD, and DiLoCo (plain,
+streaming, narrowed on the wire) on emulated hosts (root), the same data and seeds for every
+method.
 
     sudo python benchmarks/local_sgd_bench.py          # 2 x 2 ranks, 1 Gbit/s and 100 Mbit/s
     sudo python benchmarks/local_sgd_bench.py --rates 100mbit --tasks digits --steps 192
@@ -13,15 +14,20 @@ parameters, 1.2 MB), whose step computes in about 2 ms. Every rank trains on its
 share of the training set (rank r: samples r, r + P, ...), in batches of --batch, reshuffled each
 epoch with the same seed for every method; SGD with momentum 0.9 is the optimizer of every
 method (DiLoCo's inner one too). Every --eval steps (a multiple of every method's period), the
-weights a method would ship (DDP's model, EASGD's centre, DiLoCo's global parameters) are
-evaluated on the test set by rank 0; evaluation and the barriers around it are not timed.
+weights a method would ship (DDP's model, EASGD's centre, DiLoCo's global parameters; the
+asynchronous centre as its rank, rank 0, holds it) are evaluated on the test set by rank 0;
+evaluation and the barriers around it are not timed (they also keep the asynchronous methods'
+ranks within --eval steps of each other). Hogwild EASGD needs every rank on one host and is not
+run here.
 
 One line per task, method and link:
 
     LOCALSGD task=T method=M link=L time_to_target_s=T final_acc=A bytes_per_step=B comm_share=C
 
 time_to_target_s: training time (the slowest rank's) until the first evaluation at or above
---target (the task's default if not given), "never" if none; final_acc: after --steps steps;
+--target (the task's default if not given), "never" if none; final_acc: after --steps steps
+(the asynchronous methods: after close(), which takes the differences still on their way and
+whose time counts);
 bytes_per_step: the payload one rank hands to its exchanges per step, in the wire's format (a ring
 allreduce sends 2 (P - 1) / P of it); comm_share: 1 - compute / step time, compute being the same
 steps with no exchange at all, timed in the same run. JSON of every run goes to --json for
@@ -39,7 +45,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "cluster"))
 
 TARGETS = {"digits": 0.97, "synthetic": 0.88}
-METHODS = ["ddp", "easgd", "diloco", "streaming", "diloco-bf16", "diloco-int8"]
+METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "diloco", "streaming", "diloco-bf16",
+           "diloco-int8"]
 
 
 def load(task):
@@ -70,7 +77,7 @@ def worker(args):
     from torch import nn
 
     import torch_ddl  # noqa: F401  registers the backend
-    from torch_ddl.optim import DiLoCo, ElasticAveraging
+    from torch_ddl.optim import AsyncElasticAveraging, DiLoCo, ElasticAveraging
 
     torch.set_num_threads(1)
     dist.init_process_group("ddl")
@@ -93,6 +100,24 @@ def worker(args):
                 yield order[i:i + args.batch]
             epoch += 1
 
+    import contextlib
+
+    @contextlib.contextmanager
+    def centre_weights(wrapper):
+        """The parameters hold this rank's view of an asynchronous centre (rank 0: the centre
+        itself), restored after."""
+        params = [p for g in wrapper.param_groups for p in g["params"]]
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, c in zip(params, wrapper.centre()):
+                p.copy_(c)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, v in zip(params, saved):
+                    p.copy_(v)
+
     def accuracy(net):
         with torch.no_grad():
             return (net(xte).argmax(1) == yte).float().mean().item()
@@ -105,6 +130,9 @@ def worker(args):
             trained = nn.parallel.DistributedDataParallel(net)
         elif method == "easgd":
             wrapper = ElasticAveraging(opt, alpha=0.9 / world, tau=args.tau)
+        elif method.startswith("async"):
+            wrapper = AsyncElasticAveraging(opt, alpha=0.9 / world, tau=args.tau,
+                                            momentum=0.5 if method == "async-measgd" else 0.0)
         elif method.startswith("diloco") or method == "streaming":
             wire = {"diloco-bf16": torch.bfloat16, "diloco-int8": torch.int8}.get(method)
             fragments, overlap = (4, 1) if method == "streaming" else (1, 0)
@@ -122,9 +150,10 @@ def worker(args):
         def shipped():
             if method == "easgd":
                 return wrapper.centre_weights()
+            if method.startswith("async"):
+                return centre_weights(wrapper)
             if wrapper is not None:
                 return wrapper.global_weights()
-            import contextlib
             return contextlib.nullcontext()
 
         elapsed, curve = 0.0, []
@@ -141,12 +170,22 @@ def worker(args):
             with shipped():
                 acc = accuracy(net)
             curve.append((done + args.eval, elapsed, acc))
+        if method.startswith("async"):  # the differences still on their way, then the centre
+            start = time.perf_counter()
+            wrapper.close()
+            t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            elapsed += t.item()
+            with centre_weights(wrapper):
+                curve[-1] = (args.steps, elapsed, accuracy(net))
         if method == "ddp":
             sent = sum(p.numel() for p in net.parameters()) * 4 * args.steps
         elif method == "compute":
             sent = 0
-        else:
-            sent = wrapper.bytes_communicated
+        else:  # the mean over the ranks (an asynchronous centre rank sends the answers)
+            total = torch.tensor([float(wrapper.bytes_communicated)], dtype=torch.float64)
+            dist.all_reduce(total)
+            sent = total.item() / world
         return {"curve": curve, "bytes_per_step": sent / args.steps,
                 "params": sum(p.numel() for p in net.parameters())}
 

@@ -489,10 +489,10 @@ class AsyncElasticAveraging:
     e goes to the centre rank, which adds it to the centre (with momentum > 0, as momentum
     SGD's step: u <- momentum u + e, centre <- centre + u: Async MEASGD) and answers with the
     centre as it now is, which becomes the worker's copy. A worker whose previous difference has
-    not been answered yet (the centre rank has not stepped since) adds the new one to it and
-    sends the sum once the answer comes: a worker never waits. The centre rank takes the
-    differences that arrived at each of its own steps, and makes its own elastic step against the
-    centre itself.
+    not been answered yet (the centre rank has not stepped since, or the link is slow) skips
+    that elastic step and goes on: a worker never waits (`skipped` counts them). The centre rank
+    takes the differences that arrived at each of its own steps, and makes its own elastic step
+    against the centre itself.
 
     What it guarantees: every difference reaches the centre exactly once (none is lost, none is
     taken twice), each worker's in its order; the centre rank applies one at a time; a worker's
@@ -555,6 +555,7 @@ class AsyncElasticAveraging:
         self.rank = dist.get_rank(group)
         self.steps = 0
         self.sent = 0  # elastic steps this rank made
+        self.skipped = 0  # elastic steps skipped, the last exchange not answered yet
         self.exchanges = 0  # differences it sent to the centre (or, on the centre rank, took)
         self.bytes_communicated = 0  # payload of the puts this rank made
         self._params = params
@@ -579,6 +580,9 @@ class AsyncElasticAveraging:
         self._window = torch_ddl.new_window(self._table, group=group)
         self._closed = False
         self._answer = None  # this worker's wait for the centre's answer
+        self._outgoing = []  # this worker's last put and signal
+        self._answers = torch.empty(world, self._row) if self.rank == centre_rank else None
+        self._answering = {}  # on the centre rank: worker -> its last answer's put and signal
         self._requests = {}  # on the centre rank: worker -> its wait for the next difference
         if hogwild:
             try:
@@ -625,22 +629,32 @@ class AsyncElasticAveraging:
             # The pull and the difference kept first: an exchange that fails leaves the
             # difference to be sent after rebind(), and the parameters as they should be.
             self._collect_answer(block=False)
+            if self._answer is not None:
+                # The last exchange is not answered yet: this one is skipped rather than waited
+                # for. (Adding it to the next one instead would pull the centre by the sum of
+                # several differences made against the same stale copy: past the worker itself
+                # once they add up to more than it, which is what slow links make happen.)
+                self.skipped += 1
+                return
             e = (x - self._copy).mul_(self.alpha)
             ElasticAveraging._unflatten(e, self._params, lambda p, d: p.sub_(d))
             self._pending.add_(e)
             self.sent += 1
-            if self._answer is None:
-                self._send(last=False)
+            self._send(last=False)
             return
         ElasticAveraging._unflatten(e, self._params, lambda p, d: p.sub_(d))
         self.sent += 1
 
     def _send(self, last):
+        # The put and its signal run on while this rank steps on: its row is not written again
+        # before the answer, which comes after the centre rank took the row.
+        self._finish_outgoing()
         row = self._rows[1 + self.rank]
         row[2:2 + self._n].copy_(self._pending)
         self._meta(1 + self.rank).fill_(-1 if last else 1)
-        self._window.put(row, self.centre_rank, (1 + self.rank) * self._row, False)
-        self._window.signal(self.centre_rank, False)
+        self._outgoing = [
+            self._window.put(row, self.centre_rank, (1 + self.rank) * self._row, True),
+            self._window.signal(self.centre_rank, True)]
         # Sent (the centre takes it once the signal arrives): from here on it is in flight.
         self._inflight.copy_(self._pending)
         self._pending.zero_()
@@ -648,6 +662,13 @@ class AsyncElasticAveraging:
         self.exchanges += 1
         self.bytes_communicated += self._row * 4
         self._answer = self._window.wait_signal(self.centre_rank, True)
+
+    def _finish_outgoing(self):
+        """Waits for this worker's last put and signal (long done once their answer came): a
+        failure of theirs is raised here."""
+        outgoing, self._outgoing = self._outgoing, []
+        for work in outgoing:
+            work.wait()
 
     @staticmethod
     def _arrived(work, block):
@@ -695,8 +716,13 @@ class AsyncElasticAveraging:
                 self._take(self._rows[1 + j, 2:2 + self._n])
                 last = int(self._meta(1 + j).item()) < 0
                 self._taken[j] += 1
-                self._window.put(self._rows[0], j, 0, False)
-                self._window.signal(j, False)
+                # The answer from a copy of the centre that stays as it is until worker j's
+                # next difference, which it sends only once the answer landed.
+                for work in self._answering.pop(j, ()):
+                    work.wait()  # the last answer to j (landed: j sent again after it)
+                self._answers[j].copy_(self._rows[0])
+                self._answering[j] = (self._window.put(self._answers[j], j, 0, True),
+                                      self._window.signal(j, True))
                 self.bytes_communicated += self._row * 4
                 request = None if last else self._window.wait_signal(j, True)
                 if not block:
@@ -765,7 +791,9 @@ class AsyncElasticAveraging:
         self.copy_version = int(version.item())
         self._velocity = velocity.clone() if rank == centre else None
         self._sends, self._taken = 0, [0] * world
-        self._answer, self._requests = None, {}
+        self._answer, self._requests, self._outgoing = None, {}, []
+        self._answers = torch.empty(world, self._row) if rank == centre else None
+        self._answering = {}
         self._window = torch_ddl.new_window(self._table, group=group)
         if self.hogwild:
             self._centre_view = self._window.map_remote_tensor(centre).view(world + 1, self._row)
@@ -782,10 +810,15 @@ class AsyncElasticAveraging:
         if not self.hogwild:
             if self.rank == self.centre_rank:
                 self._serve(block=True)
+                for works in self._answering.values():
+                    for work in works:
+                        work.wait()
+                self._answering = {}
             else:
                 self._collect_answer(block=True)
                 self._send(last=True)
                 self._collect_answer(block=True)
+                self._finish_outgoing()
         dist.barrier(group=self.group)
         final = self._centre_view[0, 2:2 + self._n].clone() if self.hogwild else \
             self._rows[0, 2:2 + self._n].clone()
