@@ -24,19 +24,29 @@ One line per task, method and link:
 
     LOCALSGD task=T method=M link=L time_to_target_s=T final_acc=A bytes_per_step=B comm_share=C
 
-time_to_target_s: training time (the slowest rank's) until the first evaluation at or above
---target (the task's default if not given), "never" if none; final_acc: after --steps steps
-(the asynchronous methods: after close(), which takes the differences still on their way and
-whose time counts);
+Each method runs --seeds times (the initial weights and the data order drawn from the seed).
+time_to_target_s: the median over the runs of the training time (the slowest rank's) until the
+first evaluation at or above --target (the task's default if not given), "never" if none;
+final_acc: the mean over the runs of the last four evaluations' mean (the asynchronous methods'
+last one after close(), which takes the differences still on their way and whose time counts);
 bytes_per_step: the payload one rank hands to its exchanges per step, in the wire's format (a ring
 allreduce sends 2 (P - 1) / P of it); comm_share: 1 - compute / step time, compute being the same
-steps with no exchange at all, timed in the same run. JSON of every run goes to --json for
+steps with no exchange at all, timed in the same run.
+
+Then, with --slow-rank (rank 3, on the second host) made half as fast as the others (it sleeps as
+long as each step took), --steps / 2 steps of DDP, the EASGDs and DiLoCo with no evaluation in
+between, each rank timing its own:
+
+    SLOW task=T method=M link=L slowed_rank=R steps_per_s=S slowest_rank_steps_per_s=S
+
+steps_per_s is the mean of the ranks' own steps per second. JSON of every run goes to --json for
 benchmarks/plot_local_sgd.py. Last, the narrowed exchange's error against a float64 sum (1 M
 normal values per rank, rank r's scaled by r + 1), one WIRE line per wire dtype.
 """
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,6 +57,7 @@ sys.path.insert(0, str(HERE / "cluster"))
 TARGETS = {"digits": 0.97, "synthetic": 0.88}
 METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "diloco", "streaming", "diloco-bf16",
            "diloco-int8"]
+SLOW_METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "diloco"]
 
 
 def load(task):
@@ -85,16 +96,16 @@ def worker(args):
     xtr, ytr, xte, yte, classes = load(args.task)
     mine = torch.arange(rank, len(xtr), world)
 
-    def model():
-        torch.manual_seed(0)
+    def model(seed):
+        torch.manual_seed(seed)
         return nn.Sequential(nn.Linear(xtr.shape[1], args.width), nn.ReLU(),
                              nn.Linear(args.width, args.width), nn.ReLU(),
                              nn.Linear(args.width, classes))
 
-    def batches():
+    def batches(seed):
         epoch = 0
         while True:
-            g = torch.Generator().manual_seed(1000 * epoch + rank)
+            g = torch.Generator().manual_seed(7919 * seed + 1000 * epoch + rank)
             order = mine[torch.randperm(len(mine), generator=g)]
             for i in range(0, len(order) - args.batch + 1, args.batch):
                 yield order[i:i + args.batch]
@@ -122,8 +133,10 @@ def worker(args):
         with torch.no_grad():
             return (net(xte).argmax(1) == yte).float().mean().item()
 
-    def run(method):
-        net = model()
+    def run(method, seed=0, slow=None):
+        """A method's curve (slow None), or (slow: a rank slowed 2x) each rank's own steps per
+        second over --steps / 2 steps, with no evaluation and no barrier between them."""
+        net = model(seed)
         opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
         wrapper, trained = None, net
         if method == "ddp":
@@ -139,13 +152,28 @@ def worker(args):
             wrapper = DiLoCo(opt, H=args.H, outer_lr=0.7, outer_momentum=0.9,
                              fragments=fragments, overlap=overlap, wire_dtype=wire)
         stepper = wrapper if wrapper is not None else opt
-        data = batches()
+        data = batches(seed)
 
         def step():
             idx = next(data)
+            started = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(trained(xtr[idx]), ytr[idx]).backward()
             stepper.step()
+            if rank == slow:  # as long again: a rank half as fast as the others
+                time.sleep(time.perf_counter() - started)
+
+        if slow is not None:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(args.steps // 2):
+                step()
+            own = torch.tensor([args.steps // 2 / (time.perf_counter() - start)])
+            if method.startswith("async"):
+                wrapper.close()
+            every = [torch.empty_like(own) for _ in range(world)]
+            dist.all_gather(every, own)
+            return [float(e) for e in every]
 
         def shipped():
             if method == "easgd":
@@ -191,7 +219,10 @@ def worker(args):
 
     results = {"compute": run("compute")}
     for method in args.methods:
-        results[method] = run(method)
+        runs = [run(method, seed) for seed in range(args.seeds)]
+        results[method] = dict(runs[0], seeds=[r["curve"] for r in runs])
+    results["slow"] = {m: run(m, slow=args.slow_rank) for m in SLOW_METHODS
+                       if m in args.methods and args.slow_rank >= 0}
     # The narrowed exchange's error against float32, on a pseudo-gradient-like tensor: 1 M
     # normal values per rank, each rank's of its own scale.
     from torch_ddl import compress
@@ -227,6 +258,10 @@ def main():
     parser.add_argument("--tau", type=int, default=4, help="Sync EASGD's period")
     parser.add_argument("--H", type=int, default=16, help="DiLoCo's inner steps")
     parser.add_argument("--target", type=float, default=None)
+    parser.add_argument("--seeds", type=int, default=3, help="runs of each method (data order "
+                        "and initial weights): time to target is their median, accuracy their mean")
+    parser.add_argument("--slow-rank", type=int, default=3,
+                        help="the rank slowed 2x in the steps/s runs (-1: none)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write every run's curves here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -250,7 +285,8 @@ def main():
                     sys.executable, str(Path(__file__).resolve()), "--worker", "--task", task,
                     "--methods", ",".join(args.methods), "--width", str(args.width),
                     "--batch", str(args.batch), "--lr", str(args.lr), "--steps", str(args.steps),
-                    "--eval", str(args.eval), "--tau", str(args.tau), "--H", str(args.H)])
+                    "--eval", str(args.eval), "--tau", str(args.tau), "--H", str(args.H),
+                    "--seeds", str(args.seeds), "--slow-rank", str(args.slow_rank)])
                 everything[f"{task}@{rate}"] = got
                 target = args.target if args.target is not None else TARGETS[task]
                 compute = got["compute"]["curve"][-1][1] / args.steps
@@ -260,12 +296,21 @@ def main():
                       f"{compute * 1e3:.2f} ms per step, target {target:.2f}", flush=True)
                 for method in args.methods:
                     run = got[method]
-                    reached = next((t for _, t, a in run["curve"] if a >= target), None)
-                    per_step = run["curve"][-1][1] / args.steps
+                    reached = [next((t for _, t, a in c if a >= target), None)
+                               for c in run["seeds"]]
+                    median = sorted(reached, key=lambda t: float("inf") if t is None else t)[
+                        len(reached) // 2]
+                    final = statistics.mean(statistics.mean(a for _, _, a in c[-4:])
+                                            for c in run["seeds"])
+                    per_step = statistics.mean(c[-1][1] for c in run["seeds"]) / args.steps
                     print(f"LOCALSGD task={task} method={method} link={rate} time_to_target_s="
-                          f"{'never' if reached is None else f'{reached:.2f}'} final_acc="
-                          f"{run['curve'][-1][2]:.3f} bytes_per_step={run['bytes_per_step']:.0f}"
+                          f"{'never' if median is None else f'{median:.2f}'} final_acc="
+                          f"{final:.3f} bytes_per_step={run['bytes_per_step']:.0f}"
                           f" comm_share={max(0.0, 1 - compute / per_step):.2f}", flush=True)
+                for method, every in got["slow"].items():
+                    print(f"SLOW task={task} method={method} link={rate} slowed_rank="
+                          f"{args.slow_rank} steps_per_s={statistics.mean(every):.1f} "
+                          f"slowest_rank_steps_per_s={min(every):.1f}", flush=True)
     first = next(iter(everything.values()))
     for wire, e in first["wire"].items():
         print(f"WIRE dtype={wire} rel_rms_error={e['rel_rms']:.2e} "
