@@ -113,22 +113,6 @@ def worker(args):
 
     import contextlib
 
-    @contextlib.contextmanager
-    def centre_weights(wrapper):
-        """The parameters hold this rank's view of an asynchronous centre (rank 0: the centre
-        itself), restored after."""
-        params = [p for g in wrapper.param_groups for p in g["params"]]
-        saved = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, c in zip(params, wrapper.centre()):
-                p.copy_(c)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, v in zip(params, saved):
-                    p.copy_(v)
-
     def accuracy(net):
         with torch.no_grad():
             return (net(xte).argmax(1) == yte).float().mean().item()
@@ -176,10 +160,8 @@ def worker(args):
             return [float(e) for e in every]
 
         def shipped():
-            if method == "easgd":
+            if "easgd" in method:
                 return wrapper.centre_weights()
-            if method.startswith("async"):
-                return centre_weights(wrapper)
             if wrapper is not None:
                 return wrapper.global_weights()
             return contextlib.nullcontext()
@@ -204,7 +186,7 @@ def worker(args):
             t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             elapsed += t.item()
-            with centre_weights(wrapper):
+            with wrapper.centre_weights():
                 curve[-1] = (args.steps, elapsed, accuracy(net))
         if method == "ddp":
             sent = sum(p.numel() for p in net.parameters()) * 4 * args.steps

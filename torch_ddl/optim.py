@@ -38,7 +38,45 @@ import torch.distributed as dist
 __all__ = ["AsyncElasticAveraging", "DiLoCo", "ElasticAveraging"]
 
 
-class ElasticAveraging:
+def _parameters(optimizer):
+    """The optimizer's parameters, each once, in the order its groups hold them."""
+    seen, params = set(), []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+@contextlib.contextmanager
+def _holding(params, values):
+    """Within it each of `params` holds its tensor of `values`; their own values come back
+    after."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)
+
+
+class _Wraps:
+    """What a wrapper passes through to the optimizer it wraps (self.optimizer)."""
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+
+class ElasticAveraging(_Wraps):
     """Wraps `optimizer`; call `step()` where you called `optimizer.step()`.
 
     alpha: the elastic pull, 0 < alpha and alpha x world size <= 1 (beyond it the centre
@@ -67,16 +105,11 @@ class ElasticAveraging:
         self.steps = 0
         self.bytes_communicated = 0  # by this rank's allreduces (their payload)
         self._pending = None
-        seen, params = set(), []
-        for g in optimizer.param_groups:
-            for p in g["params"]:
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                if not p.is_floating_point():
-                    raise TypeError(f"ElasticAveraging: a parameter of dtype {p.dtype} cannot be "
-                                    "averaged")
-                params.append(p)
+        params = _parameters(optimizer)
+        for p in params:
+            if not p.is_floating_point():
+                raise TypeError(f"ElasticAveraging: a parameter of dtype {p.dtype} cannot be "
+                                "averaged")
         self._buckets = []  # per (device, dtype): params, flat centre, flat delta
         for key in dict.fromkeys((p.device, p.dtype) for p in params):
             members = [p for p in params if (p.device, p.dtype) == key]
@@ -168,27 +201,10 @@ class ElasticAveraging:
                 at += p.numel()
         return out
 
-    @contextlib.contextmanager
     def centre_weights(self):
-        """Within it the parameters hold the centre (to evaluate or save it); restored after."""
-        self.synchronize()
-        saved = [[p.detach().clone() for p in params] for params, _, _ in self._buckets]
-        for params, centre, _ in self._buckets:
-            self._unflatten(centre, params, lambda p, c: p.copy_(c))
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for (params, _, _), values in zip(self._buckets, saved):
-                    for p, v in zip(params, values):
-                        p.copy_(v)
-
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
+        """A context within which the parameters hold the centre (to evaluate or save it); they
+        are restored after."""
+        return _holding([p for params, _, _ in self._buckets for p in params], self.centre())
 
     def state_dict(self):
         self.synchronize()
@@ -232,7 +248,7 @@ def _cut(params, fragments):
     return runs
 
 
-class DiLoCo:
+class DiLoCo(_Wraps):
     """Wraps `optimizer` (the inner one); call `step()` where you called `optimizer.step()`.
 
     H: inner steps between two outer steps of a fragment. outer_lr, outer_momentum, nesterov: the
@@ -285,12 +301,7 @@ class DiLoCo:
         if wire_dtype is not None and wire_dtype not in compress.WIRE_DTYPES:
             raise ValueError(f"DiLoCo: wire_dtype {wire_dtype} is not None or one of "
                              f"{', '.join(str(d) for d in compress.WIRE_DTYPES)}")
-        seen, params = set(), []
-        for g in optimizer.param_groups:
-            for p in g["params"]:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
+        params = _parameters(optimizer)
         if not params:
             raise ValueError("DiLoCo: the optimizer has no parameters")
         for p in params:
@@ -425,27 +436,11 @@ class DiLoCo:
                 at += p.numel()
         return out
 
-    @contextlib.contextmanager
     def global_weights(self):
-        """Within it the parameters hold the global ones (to evaluate or save them); restored
-        after."""
-        saved = [[p.detach().clone() for p in frag["params"]] for frag in self._fragments]
-        for frag in self._fragments:
-            ElasticAveraging._unflatten(frag["global"], frag["params"], lambda p, g: p.copy_(g))
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for frag, values in zip(self._fragments, saved):
-                    for p, v in zip(frag["params"], values):
-                        p.copy_(v)
-
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
+        """A context within which the parameters hold the global ones (to evaluate or save
+        them); they are restored after."""
+        return _holding([p for frag in self._fragments for p in frag["params"]],
+                        self.global_parameters())
 
     def state_dict(self):
         """The inner optimizer's state, the outer state, and any exchange in flight (its summed
@@ -478,7 +473,7 @@ class DiLoCo:
                 f["pending"] = (None, int(s["pending"][1]))
 
 
-class AsyncElasticAveraging:
+class AsyncElasticAveraging(_Wraps):
     """Asynchronous EASGD (Zhang, Choromanska and LeCun, NeurIPS 2015; You, Buluç and Demmel,
     SC'17) over one-sided windows: the centre lives on one rank (`centre_rank`), and a worker
     exchanges with it every `tau` of its own steps without any collective and without waiting
@@ -537,12 +532,7 @@ class AsyncElasticAveraging:
         if hogwild and momentum:
             raise ValueError("AsyncElasticAveraging: hogwild takes no momentum (no rank owns the "
                              "centre's updates)")
-        seen, params = set(), []
-        for g in optimizer.param_groups:
-            for p in g["params"]:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
+        params = _parameters(optimizer)
         for p in params:
             if not p.is_floating_point() or p.device.type != "cpu":
                 raise TypeError(f"AsyncElasticAveraging: a parameter of dtype {p.dtype} on "
@@ -847,9 +837,7 @@ class AsyncElasticAveraging:
             at += p.numel()
         return out
 
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
+    def centre_weights(self):
+        """A context within which the parameters hold the centre() (to evaluate or save it);
+        they are restored after."""
+        return _holding(self._params, self.centre())

@@ -226,6 +226,10 @@ def _diloco(rank, world):
         every = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(every, flat)
         assert all(torch.equal(e, flat) for e in every), f"{config}: the global parameters differ"
+        model_params = [p for g in diloco.param_groups for p in g["params"]]
+        with diloco.global_weights():  # the parameters hold the global ones, then their own
+            assert all(torch.equal(p, g) for p, g in zip(model_params, glob))
+        assert all(torch.equal(p, q) for p, q in zip(model_params, params))
         H, fragments = config[0], config[1]
         syncs = sum(len(range(round((f + 1) * H / fragments), STEPS + 1, H))
                     for f in range(fragments))
@@ -419,6 +423,10 @@ def _async_easgd(rank, world, momentum, hogwild, marker):
     ea.close()
     with pytest.raises(RuntimeError, match="step\\(\\) after close\\(\\)"):
         ea.step()
+    own = [p.detach().clone() for p in model.parameters()]
+    with ea.centre_weights():  # the parameters hold the centre, then their own
+        assert all(torch.equal(p, c) for p, c in zip(model.parameters(), ea.centre()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), own))
     final = torch.cat([c.reshape(-1) for c in ea.centre()])
     every = [torch.empty_like(final) for _ in range(world)]
     dist.all_gather(every, final)
