@@ -338,6 +338,27 @@ def _lose_a_rank(rank, size, victim, method, store):
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if method == "streaming":  # no reference: survivors agree and go on
+        wrapper = DiLoCo(opt, H=4, fragments=2, overlap=1)
+        failed = False
+        for step in range(1, LOST_STEPS + 1):
+            if step == LOST_STEP and rank == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            local_step(model, rank, step)
+            try:
+                wrapper.step()
+            except RuntimeError as error:  # where the exchange in flight is waited for
+                assert f"rank {victim} is gone" in str(error) and not failed, error
+                failed = True
+                dist.shrink_group([victim])
+                wrapper.rebind(None)
+        assert failed
+        flat = torch.cat([g.reshape(-1) for g in wrapper.global_parameters()])
+        every = [torch.empty_like(flat) for _ in range(size - 1)]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(e, flat) for e in every) and bool(torch.isfinite(flat).all())
+        dist.destroy_process_group()
+        return
     wrapper = DiLoCo(opt, H=2) if method == "diloco" else ElasticAveraging(opt, 0.3, tau=2)
     for step in range(1, LOST_STEPS + 1):
         if step == LOST_STEP and rank == victim:
@@ -363,7 +384,7 @@ def _lose_a_rank(rank, size, victim, method, store):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("method", ["diloco", "easgd"])
+@pytest.mark.parametrize("method", ["diloco", "streaming", "easgd"])
 def test_a_lost_rank_is_left_behind_and_training_goes_on(method):
     import os
     import signal
@@ -481,7 +502,7 @@ def test_async_easgd_refuses_bad_arguments():
     run_ranks(_async_bad_arguments, 2)
 
 
-def _async_lose(rank, size, victim, store, hogwild):
+def _async_lose(rank, size, victim, store, hogwild, momentum=0.0):
     import os
     import signal
     import time
@@ -492,7 +513,7 @@ def _async_lose(rank, size, victim, store, hogwild):
     dist.init_process_group("ddl", init_method=f"file://{store}", rank=rank, world_size=size)
     model = make_model()
     opt = _Recording(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    ea = AsyncElasticAveraging(opt, alpha=0.5, tau=2, hogwild=hogwild)
+    ea = AsyncElasticAveraging(opt, alpha=0.5, tau=2, hogwild=hogwild, momentum=momentum)
     start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     total = torch.zeros_like(start)
     kill_at = 1 if victim != 0 else 9  # a worker before it sent anything; the centre midway
@@ -546,7 +567,7 @@ def _async_lose(rank, size, victim, store, hogwild):
     every = [torch.empty_like(final) for _ in range(size - 1)]
     dist.all_gather(every, final)
     assert all(torch.equal(e, final) for e in every), "the survivors' final centres differ"
-    if victim != 0 and not hogwild:
+    if victim != 0 and not hogwild and not momentum:
         # The centre survived and the lost worker sent nothing: every survivor's difference
         # reached it once, also the ones in flight when the fault struck.
         dist.all_reduce(total)
@@ -554,8 +575,9 @@ def _async_lose(rank, size, victim, store, hogwild):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("victim,hogwild", [(1, False), (0, False), (0, True)])
-def test_async_easgd_goes_on_after_a_lost_worker_or_centre(victim, hogwild):
+@pytest.mark.parametrize("victim,hogwild,momentum", [(1, False, 0.0), (0, False, 0.0),
+                                                     (0, True, 0.0), (1, False, 0.5)])
+def test_async_easgd_goes_on_after_a_lost_worker_or_centre(victim, hogwild, momentum):
     import os
     import signal
     import tempfile
@@ -566,4 +588,5 @@ def test_async_easgd_goes_on_after_a_lost_worker_or_centre(victim, hogwild):
     want = [0] * size
     want[victim] = -signal.SIGKILL
     with tempfile.TemporaryDirectory() as tmp:
-        run_spawned(_async_lose, size, (size, victim, os.path.join(tmp, "store"), hogwild), want)
+        run_spawned(_async_lose, size,
+                    (size, victim, os.path.join(tmp, "store"), hogwild, momentum), want)
