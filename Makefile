@@ -261,14 +261,18 @@ bench-easgd: build $(CLUSTER_TOOLS)
 
 # One-sided puts against send/recv of the same bytes: 2 ranks on this host, then 1 rank on each
 # of 2 emulated hosts at 1 Gbit/s (root). About 2 minutes.
-# DDP, Sync EASGD and DiLoCo (plain, streaming, bfloat16 and int8 on the wire) across 2 x 2
-# emulated hosts at 1 Gbit/s and 100 Mbit/s, two tasks (root; about 5 minutes).
+# DDP, the EASGDs and DiLoCo (plain, streaming, bfloat16 and int8 on the wire) across 2 x 2
+# emulated hosts at 1 Gbit/s and 100 Mbit/s, two tasks; then Hogwild EASGD beside the other
+# EASGDs on one host of 4 ranks (root; about 15 minutes).
 bench-local-sgd: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
 	@mkdir -p benchmarks/results
 	set -o pipefail; $(PY) benchmarks/local_sgd_bench.py --json benchmarks/results/local_sgd.json \
 	  | tee benchmarks/results/local_sgd.txt
 	$(PY) benchmarks/plot_local_sgd.py
+	set -o pipefail; $(PY) benchmarks/local_sgd_bench.py --shape 1x4 --rates 1gbit \
+	  --methods easgd,async-easgd,async-measgd,hogwild,diloco \
+	  --json benchmarks/results/local_sgd_one_host.json | tee benchmarks/results/local_sgd_one_host.txt
 
 bench-window: build $(CLUSTER_TOOLS)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib

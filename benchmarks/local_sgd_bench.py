@@ -17,8 +17,8 @@ method (DiLoCo's inner one too). Every --eval steps (a multiple of every method'
 weights a method would ship (DDP's model, EASGD's centre, DiLoCo's global parameters; the
 asynchronous centre as its rank, rank 0, holds it) are evaluated on the test set by rank 0;
 evaluation and the barriers around it are not timed (they also keep the asynchronous methods'
-ranks within --eval steps of each other). Hogwild EASGD needs every rank on one host and is not
-run here.
+ranks within --eval steps of each other). Hogwild EASGD needs every rank on one host: it runs
+with --shape 1xN only (make bench-local-sgd's second run, 1 x 4).
 
 One line per task, method and link:
 
@@ -55,9 +55,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "cluster"))
 
 TARGETS = {"digits": 0.97, "synthetic": 0.88}
-METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "diloco", "streaming", "diloco-bf16",
-           "diloco-int8"]
-SLOW_METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "diloco"]
+METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "hogwild", "diloco", "streaming",
+           "diloco-bf16", "diloco-int8"]
+SLOW_METHODS = ["ddp", "easgd", "async-easgd", "async-measgd", "hogwild", "diloco"]
+ASYNC = ("async-easgd", "async-measgd", "hogwild")
 
 
 def load(task):
@@ -127,9 +128,10 @@ def worker(args):
             trained = nn.parallel.DistributedDataParallel(net)
         elif method == "easgd":
             wrapper = ElasticAveraging(opt, alpha=0.9 / world, tau=args.tau)
-        elif method.startswith("async"):
+        elif method in ASYNC:
             wrapper = AsyncElasticAveraging(opt, alpha=0.9 / world, tau=args.tau,
-                                            momentum=0.5 if method == "async-measgd" else 0.0)
+                                            momentum=0.5 if method == "async-measgd" else 0.0,
+                                            hogwild=method == "hogwild")
         elif method.startswith("diloco") or method == "streaming":
             wire = {"diloco-bf16": torch.bfloat16, "diloco-int8": torch.int8}.get(method)
             fragments, overlap = (4, 1) if method == "streaming" else (1, 0)
@@ -153,14 +155,14 @@ def worker(args):
             for _ in range(args.steps // 2):
                 step()
             own = torch.tensor([args.steps // 2 / (time.perf_counter() - start)])
-            if method.startswith("async"):
+            if method in ASYNC:
                 wrapper.close()
             every = [torch.empty_like(own) for _ in range(world)]
             dist.all_gather(every, own)
             return [float(e) for e in every]
 
         def shipped():
-            if "easgd" in method:
+            if method == "easgd" or method in ASYNC:
                 return wrapper.centre_weights()
             if wrapper is not None:
                 return wrapper.global_weights()
@@ -180,7 +182,7 @@ def worker(args):
             with shipped():
                 acc = accuracy(net)
             curve.append((done + args.eval, elapsed, acc))
-        if method.startswith("async"):  # the differences still on their way, then the centre
+        if method in ASYNC:  # the differences still on their way, then the centre
             start = time.perf_counter()
             wrapper.close()
             t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
@@ -252,13 +254,16 @@ def main():
     if args.worker:
         worker(args)
         return
+    hosts, ranks = (int(v) for v in args.shape.split("x"))
+    if hosts > 1 and "hogwild" in args.methods:  # it reads and adds in the centre's memory
+        args.methods.remove("hogwild")
+        print("# hogwild left out: it needs every rank on the centre's host (--shape 1xN)")
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown or args.steps % args.eval or args.eval % args.H or args.eval % args.tau:
         raise SystemExit(f"unknown methods {unknown}" if unknown else
                          "--steps must be a multiple of --eval, and --eval of --H and --tau")
     from cluster import Cluster
 
-    hosts, ranks = (int(v) for v in args.shape.split("x"))
     everything = {}
     for rate in args.rates.split(","):
         with Cluster(hosts, ranks, rate) as cluster:
