@@ -217,7 +217,7 @@ build/fuzz/%.o: %.cc
 -include $(FUZZ_OBJS:.o=.d)
 .SECONDARY: $(FUZZ_OBJS)
 
-# PyTorch's own distributed suite, all of it, over ddl at world size 2 (about 1.5 minutes): the
+# PyTorch's own distributed suite, all of it, over ddl at world size 2 (about a minute): the
 # ranks of each test forked from the process that imported the suite (CONFORMANCE_START=fork;
 # spawned, as PyTorch's CI starts them, each test took 6 s). conformance-full spawns them.
 conformance: build

@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
