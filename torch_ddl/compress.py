@@ -52,21 +52,22 @@ def _check(tensor, wire_dtype, op):
                          "place)")
 
 
+def _bytes(numel, wire_dtype):
+    """`numel` values in the wire format (int8: and their 4-byte scale)."""
+    return numel + 4 if wire_dtype == torch.int8 else numel * 2
+
+
 def wire_bytes(numel, wire_dtype, world):
     """Bytes one rank sends to the others for a tensor of `numel` elements."""
     if world <= 1 or numel == 0:
         return 0
-    chunk = math.ceil(numel / world)
-    per = chunk * (1 if wire_dtype == torch.int8 else 2) + (4 if wire_dtype == torch.int8 else 0)
-    return 2 * (world - 1) * per
+    return 2 * (world - 1) * _bytes(math.ceil(numel / world), wire_dtype)
 
 
 def payload_bytes(numel, wire_dtype, world):
     """The tensor's bytes in the wire format, as one rank hands them to the exchange (int8: with
     a 4-byte scale for each of the `world` chunks)."""
-    if wire_dtype == torch.int8:
-        return numel + 4 * world
-    return numel * 2
+    return _bytes(numel, wire_dtype) + (4 * (world - 1) if wire_dtype == torch.int8 else 0)
 
 
 def _encode(values, wire_dtype):
