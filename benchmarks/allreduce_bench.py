@@ -33,6 +33,7 @@ and reduces on the GPU. Each timed round ends with torch.cuda.synchronize().
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -190,7 +191,12 @@ def time_reference(command, nbytes, iters, rounds, env=None, extra=()):
 
 
 def last_number(out):
-    """The last line of `out` that is a number (oneCCL may print a warning after its result)."""
+    """A peer's figure: the last `ms_per_op N` in `out`, wherever another rank's warning left the
+    line; else the last line that is a number (ddl's core prints only that). oneCCL prints
+    warnings after its result, and mpirun forwards ranks' output in pieces that may cut a line."""
+    marked = re.findall(r"ms_per_op ([0-9.]+(?:[eE][-+]?[0-9]+)?)", out)
+    if marked:
+        return float(marked[-1])
     for line in reversed(out.strip().splitlines()):
         try:
             return float(line)

@@ -199,5 +199,11 @@ def test_a_peers_result_is_its_last_number_whatever_it_prints_after():
     bench = bench_module()
     warned = "0.012\n2026:11:28-01:13:29:28688:[1] |CCL_WARN| workers are disabled\n"
     assert bench.last_number(warned) == 0.012
+    # Another rank's warning cut by mpirun's forwarding, its figure glued after it (seen at
+    # f96921a: "set CCL_WORKER_OFFLOAD=10.129173"): the marked figure is the one taken.
+    glued = "|CCL_WARN| workers are disabled, set CCL_WORKER_OFFLOAD=1\nms_per_op 0.129173\n\n"
+    assert bench.last_number(glued) == 0.129173
+    glued = "|CCL_WARN| set CCL_WORKER_OFFLOAD=1\nms_per_op 0.5\n|CCL_WARN| after 2\n"
+    assert bench.last_number(glued) == 0.5
     with pytest.raises(ValueError, match="no number"):
         bench.last_number("|CCL_WARN| only words\n")
