@@ -142,6 +142,17 @@ def describe_ranks(ranks):
     return ",".join(out)
 
 
+# The collectives whose input or output holds a block of --bytes per rank of the group.
+PER_RANK_BLOCKS = ("allgather", "reduce_scatter", "gather", "scatter", "alltoall")
+
+
+def payload_bytes(collective, ranks, nbytes):
+    """The bytes every rank's input (or output, the larger) holds in all, carried as payload. An
+    allgather's outputs are ranks x ranks x bytes: counted as ranks x bytes, 1 024 ranks of 64 KiB
+    took 24 GB and the run was killed for memory, silently."""
+    return ranks * nbytes * (ranks if collective in PER_RANK_BLOCKS else 1)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m torch_ddl.sim", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,7 +173,9 @@ def main(argv=None):
                    help="bytes/s a rank reduces (0: free)")
     p.add_argument("--copy-bw", type=parse_rate, default=20e9, help="bytes/s a rank copies")
     p.add_argument("--payload", choices=["auto", "on", "off"], default="auto",
-                   help="carry and check real data (auto: when ranks x bytes <= --payload-limit)")
+                   help="carry and check real data (auto: when the ranks' inputs or outputs "
+                        "come to at most --payload-limit bytes: ranks x bytes, or ranks x ranks x "
+                        "bytes for the collectives whose input or output is a block per rank)")
     p.add_argument("--payload-limit", type=parse_bytes, default=256 << 20)
     p.add_argument("--seed", type=int, default=1, help="the inputs")
     p.add_argument("--kill", type=parse_kill, default=None, metavar="RANKS@FRACTION",
@@ -201,7 +214,8 @@ def main(argv=None):
     if ranks < 1:
         p.error("give at least one rank")
     payload = args.payload == "on" or (
-        args.payload == "auto" and ranks * args.bytes <= args.payload_limit)
+        args.payload == "auto" and payload_bytes(args.collective, ranks, args.bytes)
+        <= args.payload_limit)
     kill_ranks, kill_fraction = args.kill if args.kill else ([], 0.5)
     if any(r >= ranks for r in kill_ranks):
         p.error(f"--kill {describe_ranks(kill_ranks)}: there are {ranks} ranks")

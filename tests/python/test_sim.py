@@ -125,3 +125,19 @@ def test_a_campaign_checks_every_scenario_and_replays_from_its_seed():
     assert "  replay: python -m torch_ddl.sim --scenario 1b65edfaacb24d12" in lines
     assert re.match(r"SCENARIO seed=1b65edfaacb24d12 ranks=25 failed=0 groups=1 members=24 ",
                     lines[-1]), lines
+
+
+def test_payload_auto_counts_a_block_per_rank_where_the_collective_holds_one():
+    # Counted as ranks x bytes before, an allgather of 64 KiB at 1 024 ranks carried 64 GiB of
+    # outputs and the run was killed for memory with nothing printed (at 129c27a).
+    from torch_ddl.sim import payload_bytes
+    assert payload_bytes("allreduce", 1024, 65536) == 1024 * 65536
+    for collective in ["allgather", "reduce_scatter", "gather", "scatter", "alltoall"]:
+        assert payload_bytes(collective, 1024, 65536) == 1024 * 1024 * 65536
+    code, lines, err = sim("--ranks", "256", "--ranks-per-host", "8", "--bytes", "8K",
+                           "--collective", "allgather", "--payload-limit", "64M")
+    assert code == 0, err
+    assert not any(l.startswith("CHECK") for l in lines)  # 512 MiB of outputs: left out
+    code, lines, err = sim("--ranks", "64", "--ranks-per-host", "8", "--bytes", "8K",
+                           "--collective", "allgather", "--payload-limit", "64M")
+    assert code == 0 and "CHECK payload=ok" in lines, err
