@@ -12,9 +12,12 @@
 // Level by level (allgatherGridBruck): the stages of the grid's allgather (block_plan.h),
 // outermost dimension first, each run as Bruck's rounds over its dimension ring instead of one
 // ring per combination of the coordinates above it: a position's blocks of every combination go
-// together, packed into one message a round. The grid's bytes (each block crosses each host's
-// link once) in sum over the dimensions of ceil(log2 extent) rounds: at most ceil(log2 P) + the
-// number of dimensions messages each way per rank.
+// together, one message a round. A stage works in a buffer of the positions in order from the
+// rank's own, where what a round sends is a prefix and what it receives lands after it: this
+// rank's blocks are packed once, and every other position's unpacked once into the output, while
+// the next round's messages move. The grid's bytes (each block crosses each host's link once) in
+// sum over the dimensions of ceil(log2 extent) rounds: at most ceil(log2 P) + the number of
+// dimensions messages each way per rank.
 #include <algorithm>
 #include <vector>
 
@@ -63,30 +66,41 @@ Task allgatherGridBruck(Op& op, const void* in, void* out, size_t bytes,
     // held[p]: the blocks position p holds as the stage starts.
     const std::vector<std::vector<int>>& held = ring.blocks;
     const size_t perPosition = s.combinations * bytes;
-    const size_t most = static_cast<size_t>(n / 2) * perPosition;
-    std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);
+    // The positions in order from this rank's (relative position i is me + i): before the round
+    // of distance d it holds relative 0 .. d - 1, and sends the first min(d, n - d) of them as
+    // they lie, receiving as many after them.
+    std::shared_ptr<char> work = memory.allocate(static_cast<size_t>(n) * perPosition);
+    char* w = work.get();
+    for (int b : held[me]) {
+      memory.copy(w, base + static_cast<size_t>(b) * bytes, bytes);
+      w += bytes;
+    }
+    w = work.get();
+    int placed = 1;  // relative positions 1 .. placed - 1 are in the output
     uint32_t round = 0;
     for (int d = 1; d < n; d *= 2, ++round) {
       const int count = std::min(d, n - d);
-      char* at = outgoing.get();
-      for (int i = 0; i < count; ++i) {
-        if (op.turnDue()) co_await op.yieldTurn();
-        for (int b : held[(me + i) % n]) {
-          memory.copy(at, base + static_cast<size_t>(b) * bytes, bytes);
-          at += bytes;
-        }
-      }
+      const size_t length = static_cast<size_t>(count) * perPosition;
       const uint64_t slot = tag::slot(0, s.firstStep + round);
-      Request* sent = op.send(order[(me - d + n) % n], slot, outgoing.get(), count * perPosition);
-      Request* got = op.recv(order[(me + d) % n], slot, incoming.get(), count * perPosition);
-      co_await op.all(sent, got);
-      const char* from = incoming.get();
-      for (int i = 0; i < count; ++i) {
+      Request* sent = op.send(order[(me - d + n) % n], slot, w, length);
+      Request* got = op.recv(order[(me + d) % n], slot, w + d * perPosition, length);
+      // While they move: what the last round brought, into its places in the output.
+      for (; placed < d; ++placed) {
         if (op.turnDue()) co_await op.yieldTurn();
-        for (int b : held[(me + d + i) % n]) {
+        const char* from = w + placed * perPosition;
+        for (int b : held[(me + placed) % n]) {
           memory.copy(base + static_cast<size_t>(b) * bytes, from, bytes);
           from += bytes;
         }
+      }
+      co_await op.all(sent, got);
+    }
+    for (; placed < n; ++placed) {
+      if (op.turnDue()) co_await op.yieldTurn();
+      const char* from = w + placed * perPosition;
+      for (int b : held[(me + placed) % n]) {
+        memory.copy(base + static_cast<size_t>(b) * bytes, from, bytes);
+        from += bytes;
       }
     }
   }

@@ -111,8 +111,8 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLGATHER_ALGO", "auto",
      "allgather algorithm: auto, ring or bruck (auto: per block size, the cheaper by the cost "
      "model of the rings (level by level across hosts) and, for blocks up to 64 KiB, Bruck's "
-     "ceil(log2 P) rounds; ring: the rings); reduce_scatter takes Bruck's rounds run backwards "
-     "where the allgather of its block size takes them over all ranks"},
+     "ceil(log2 P) rounds; ring: the rings); reduce_scatter takes the same schedules run "
+     "backwards, chosen by the same model with its packing and reductions priced"},
     {"TORCH_DDL_DEVICE_STAGE_BYTES", "0",
      "an allreduce of a CUDA tensor of at most this many bytes is reduced in pinned host memory: "
      "copied there behind the caller's stream's earlier work, reduced by the host algorithms, "

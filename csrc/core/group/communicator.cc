@@ -297,7 +297,8 @@ std::shared_ptr<Work> Communicator::reduceScatter(void* data, size_t count, Data
   std::string bad = checkReduceOp(type, reduce);
   if (!bad.empty()) refuse(name, bad);
   checkedBytes(name, count, type, static_cast<size_t>(size()));
-  const AllgatherSchedule schedule = book_->allgatherSchedule(count * elementSize(type));
+  const AllgatherSchedule schedule =
+      book_->allgatherSchedule(count * elementSize(type), /*reduceScatter=*/true);
   return start(callPrint(Collective::kReduceScatter, count, type, reduce), options,
                [=, stages = book_->blockStages(true)](Op& op) {
                  return reduceScatterTask(op, data, count, type, reduce, stages, schedule);

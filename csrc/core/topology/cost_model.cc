@@ -418,7 +418,8 @@ AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) 
   return costs;
 }
 
-double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes) {
+double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
+                        bool reduceScatter) {
   if (costs.size <= 1) return 0;
   double seconds = 0;
   switch (schedule) {
@@ -439,16 +440,31 @@ double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs,
       }
       return seconds;
     }
-    case AllgatherSchedule::kGridBruck:  // the grid's bytes, Bruck's rounds per dimension,
-                                         // each round's blocks packed and unpacked
+    case AllgatherSchedule::kGridBruck:  // the grid's bytes, Bruck's rounds per dimension;
+                                         // every position's blocks copied once, each round's
+                                         // while the next round's move (allgather_bruck.cc)
       for (size_t k = 0; k < costs.grid.size(); ++k) {
         const int extent = costs.gridSteps[k] + 1;
+        const double copy = costs.gridBlocks[k] * bytes * costs.copySecondsPerByte;
+        if (reduceScatter) {  // each round's blocks packed and reduced, after its messages
+          for (int held = 1; held < extent;) {
+            const int count = std::min(held, extent - held);
+            seconds += costs.grid[k].latency + count * bytes * costs.grid[k].secondsPerByte +
+                       2 * count * copy;
+            held += count;
+          }
+          continue;
+        }
+        seconds += copy;  // this rank's own position, packed
+        int copying = 0;  // positions the last round brought
         for (int held = 1; held < extent;) {
           const int count = std::min(held, extent - held);
-          seconds += costs.grid[k].latency + count * bytes * costs.grid[k].secondsPerByte +
-                     2 * count * costs.gridBlocks[k] * bytes * costs.copySecondsPerByte;
+          seconds += costs.grid[k].latency +
+                     std::max(count * bytes * costs.grid[k].secondsPerByte, copying * copy);
+          copying = count;
           held += count;
         }
+        seconds += copying * copy;
       }
       return seconds;
   }

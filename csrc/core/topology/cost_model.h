@@ -56,6 +56,9 @@ struct AllgatherCosts {
   int size = 1;
 };
 AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links);
-double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes);
+// A reduce-scatter runs the schedule backwards (reduce_scatter_*.cc): level by level over Bruck's
+// rounds it packs each round's blocks and reduces what it receives, neither under the messages.
+double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
+                        bool reduceScatter = false);
 
 }  // namespace ddl

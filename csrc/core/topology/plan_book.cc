@@ -76,7 +76,7 @@ std::shared_ptr<const BlockPlan> PlanBook::blockStages(bool reduceScatter) {
   return stages;
 }
 
-AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes) {
+AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes, bool reduceScatter) {
   const bool staged = !blockStages(false)->empty();
   const AllgatherSchedule rings = staged ? AllgatherSchedule::kGrid : AllgatherSchedule::kRing;
   if (request_.allgather) {
@@ -100,7 +100,7 @@ AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes) {
   }
   const double b = static_cast<double>(bytes);
   AllgatherSchedule best = rings;
-  double cheapest = allgatherSeconds(rings, *costs, b) * 0.999;
+  double cheapest = allgatherSeconds(rings, *costs, b, reduceScatter) * 0.999;
   std::vector<AllgatherSchedule> others{AllgatherSchedule::kBruck};
   if (staged) others.push_back(AllgatherSchedule::kGridBruck);
   for (AllgatherSchedule other : others) {
@@ -108,7 +108,7 @@ AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes) {
     // simulator finds them up to a third faster than priced (Sim.SmallAllgathersTakeBrucks...),
     // so Bruck level by level replaces them only where it is priced 20% cheaper.
     const double margin = other == AllgatherSchedule::kGridBruck ? 0.8 : 1.0;
-    const double seconds = allgatherSeconds(other, *costs, b) / margin;
+    const double seconds = allgatherSeconds(other, *costs, b, reduceScatter) / margin;
     if (seconds < cheapest) {
       best = other;
       cheapest = seconds * 0.999;

@@ -37,9 +37,10 @@ class PlanBook {
   std::shared_ptr<const BlockPlan> blockStages(bool reduceScatter);
   // How an allgather of `bytes` per rank runs: what the request forces, else the cheapest by the
   // cost model of the rings (the grid's where there are block stages) and, for blocks up to
-  // kBruckMaxBytes, Bruck's rounds over all ranks and level by level over the grid.
+  // kBruckMaxBytes, Bruck's rounds over all ranks and level by level over the grid. A
+  // reduce-scatter's (which runs it backwards) is priced as such.
   static constexpr size_t kBruckMaxBytes = 65536;
-  AllgatherSchedule allgatherSchedule(size_t bytes);
+  AllgatherSchedule allgatherSchedule(size_t bytes, bool reduceScatter = false);
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 
