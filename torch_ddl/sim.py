@@ -3,7 +3,7 @@ thousands of ranks in one process, in virtual time, over a network model (hosts 
 of hosts, each level's latency and bandwidth, links that serialise). It creates a group, runs one
 collective and prints, last, one line:
 
-    SIM ranks=P algo=A bytes=B sim_us=T model_us=M store_requests=S max_endpoints=E messages=K wall_s=W
+    SIM ranks=P algo=A bytes=B sim_us=T model_us=M store_requests=S max_endpoints=E messages=K op_messages=O creation_us=C wall_s=W
 
     python -m torch_ddl.sim --ranks 1024 --ranks-per-host 4 --hosts-per-rack 8 --bytes 100M
     python -m torch_ddl.sim --ranks 256 --bytes 1M --algo ring          # a forced algorithm
@@ -290,10 +290,12 @@ def main(argv=None):
             print_status(r)
         else:
             print(f"STATUS: the op ended before {args.status_at:.1f} us")
-    algo = r["algo"].replace(" ", ":") if args.collective == "allreduce" else args.collective
+    algo = r["algo"].replace(" ", ":")
     print(f"SIM ranks={r['ranks']} algo={algo} bytes={r['bytes']} sim_us={r['sim_us']:.1f} "
           f"model_us={r['model_us']:.1f} store_requests={r['store_requests']} "
-          f"max_endpoints={r['max_endpoints']} messages={r['messages']} wall_s={r['wall_s']:.2f}")
+          f"max_endpoints={r['max_endpoints']} messages={r['messages']} "
+          f"op_messages={r['op_messages']} creation_us={r['creation_us']:.1f} "
+          f"wall_s={r['wall_s']:.2f}")
     return 1 if (r["checked"] and r["mismatch"]) or failed else 0
 
 

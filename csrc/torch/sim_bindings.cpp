@@ -108,6 +108,7 @@ py::dict simReportDict(const SimReport& r) {
   out["store_requests"] = r.storeRequests;
   out["max_endpoints"] = r.maxEndpoints;
   out["messages"] = r.messages;
+  out["op_messages"] = r.opMessages;
   out["creation_messages"] = r.creationMessages;
   out["creation_us"] = r.creationMicros;
   out["events"] = r.events;

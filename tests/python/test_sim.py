@@ -7,7 +7,8 @@ from ddl_testing import sim_command as sim
 
 SIM_LINE = re.compile(
     r"SIM ranks=(\d+) algo=(\S+) bytes=(\d+) sim_us=([\d.]+) model_us=([\d.]+) "
-    r"store_requests=(\d+) max_endpoints=(\d+) messages=(\d+) wall_s=([\d.]+)$")
+    r"store_requests=(\d+) max_endpoints=(\d+) messages=(\d+) op_messages=(\d+) "
+    r"creation_us=([\d.]+) wall_s=([\d.]+)$")
 
 
 def test_a_run_prints_its_figures_last_and_checks_every_result():
@@ -21,6 +22,8 @@ def test_a_run_prints_its_figures_last_and_checks_every_result():
     assert float(match[4]) > 0 and float(match[5]) > 0
     assert int(match[6]) <= 10 * ranks  # store requests
     assert int(match[7]) <= 64  # endpoints
+    assert 0 < int(match[9]) < int(match[8])  # the op's messages, of every message of the run
+    assert float(match[10]) > 0  # creation's virtual time
     assert "CHECK payload=ok" in lines
 
 
@@ -41,7 +44,9 @@ def test_every_forced_algorithm_and_collective_runs():
         assert "CHECK payload=ok" in lines, (algo, lines)
     code, lines, err = sim("--hosts", "4,3,4,1,4", "--bytes", "12K", "--collective", "allgather")
     assert code == 0, err
-    assert "CHECK payload=ok" in lines and SIM_LINE.match(lines[-1]).group(1) == "16"
+    match = SIM_LINE.match(lines[-1])
+    assert "CHECK payload=ok" in lines and match[1] == "16"
+    assert match[2].startswith("allgather:") and float(match[5]) > 0  # the schedule, its price
 
 
 def test_a_killed_rank_is_named_by_every_survivor():

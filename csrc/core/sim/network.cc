@@ -250,6 +250,12 @@ uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
   return it == bySlot_.end() ? 0 : it->second;
 }
 
+uint64_t SimNetwork::messagesOfOp(uint32_t group, uint32_t sequence) const {
+  const uint64_t key = tag::make(group, sequence, 0, 0) >> tag::kSequenceShift;
+  auto it = byOp_.find(key);
+  return it == byOp_.end() ? 0 : it->second;
+}
+
 uint64_t SimNetwork::newMessage(int from, int to, uint64_t tag, size_t bytes, Request* req) {
   uint64_t index;
   if (!freeMessages_.empty()) {
@@ -300,6 +306,10 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   }
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
+  if (phase != tag::kControlPhase ||
+      ((tag >> tag::kSlotShift) & (tag::kMaxSteps - 1)) == tag::kPrintStep) {
+    ++byOp_[tag >> tag::kSequenceShift];
+  }
   if (from == recorded_ && sentByRecorded_.size() < 4096)
     sentByRecorded_.push_back(Sent{to, tag, message.bytes});
   launch(index, t0);

@@ -260,6 +260,9 @@ class SimNetwork {
   uint64_t events() const { return events_; }
   // Messages whose tag slot is `slot` (e.g. the notices' slot).
   uint64_t messagesOfSlot(uint64_t slot) const;
+  // Messages of one op: its group's id and its sequence number in the tag (data and call prints;
+  // not the group's creation, heartbeats or notices).
+  uint64_t messagesOfOp(uint32_t group, uint32_t sequence) const;
   // A digest of every message delivered (time, sender, receiver, tag, size), in order.
   uint64_t digest() const { return digest_; }
   int endpoints(int rank) const;
@@ -339,6 +342,7 @@ class SimNetwork {
   std::vector<uint64_t> freeSends_;
   uint64_t messages_ = 0, bytes_ = 0, events_ = 0, digest_ = 1469598103934665603ull;
   std::map<uint64_t, uint64_t> bySlot_;
+  std::map<uint64_t, uint64_t> byOp_;  // by the tag's group and sequence fields
 };
 
 // A rank's clock: its virtual time (SimNetwork::timeOf).

@@ -155,10 +155,18 @@ SimReport simulate(const SimRequest& request) {
       auto plan = cluster.comm(0).allreducePlan(call.count, DataType::kFloat32);
       report.algorithm = plan->describe();
       report.modelMicros = plan->predicted * 1e6;
+    } else if (request.collective == "allgather" || request.collective == "reduce_scatter") {
+      const bool reduceScatter = request.collective == "reduce_scatter";
+      PlanBook& book = cluster.comm(0).planBook();
+      const size_t bytes = call.count * sizeof(float);
+      const AllgatherSchedule schedule = book.allgatherSchedule(bytes, reduceScatter);
+      report.algorithm = request.collective + ":" + allgatherScheduleName(schedule);
+      report.modelMicros = book.allgatherPredicted(schedule, bytes, reduceScatter) * 1e6;
     } else {
       report.algorithm = request.collective;
     }
     SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
+    const auto opSequence = static_cast<uint32_t>(cluster.comm(0).sequenceNumber());
     double before[3];
     for (int level = 0; level < 3; ++level) before[level] = cluster.network().busiestLink(level);
     SimCluster::Outcome outcome = cluster.run(
@@ -176,6 +184,7 @@ SimReport simulate(const SimRequest& request) {
     }
     report.maxEndpoints = cluster.maxEndpoints();
     report.messages = cluster.network().messages();
+    report.opMessages = cluster.network().messagesOfOp(cluster.comm(0).id(), opSequence);
     report.events = cluster.network().events();
     report.digest = cluster.network().digest();
     if (request.cluster.payload) {

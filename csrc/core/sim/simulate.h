@@ -61,7 +61,8 @@ struct SimReport {
   double modelMicros = 0;  // the cost model's prediction for the same plan (allreduce; else 0)
   uint64_t storeRequests = 0;
   int maxEndpoints = 0;
-  uint64_t messages = 0;  // every message of the run: creation, the op, failures
+  uint64_t messages = 0;    // every message of the run: creation, the op, failures
+  uint64_t opMessages = 0;  // the op's own: its data and call prints
   uint64_t creationMessages = 0;
   double creationMicros = 0;
   uint64_t events = 0;

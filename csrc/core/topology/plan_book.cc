@@ -76,6 +76,18 @@ std::shared_ptr<const BlockPlan> PlanBook::blockStages(bool reduceScatter) {
   return stages;
 }
 
+std::shared_ptr<const AllgatherCosts> PlanBook::gatherCosts() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!allgatherCosts_) {
+    allgatherCosts_ = std::make_shared<const AllgatherCosts>(allgatherCosts(topology_, links_));
+  }
+  return allgatherCosts_;
+}
+
+double PlanBook::allgatherPredicted(AllgatherSchedule schedule, size_t bytes, bool reduceScatter) {
+  return allgatherSeconds(schedule, *gatherCosts(), static_cast<double>(bytes), reduceScatter);
+}
+
 AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes, bool reduceScatter) {
   const bool staged = !blockStages(false)->empty();
   const AllgatherSchedule rings = staged ? AllgatherSchedule::kGrid : AllgatherSchedule::kRing;
@@ -90,14 +102,7 @@ AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes, bool reduceScatter) 
     }
   }
   if (bytes > kBruckMaxBytes || topology_.size <= 2) return rings;
-  std::shared_ptr<const AllgatherCosts> costs;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!allgatherCosts_) {
-      allgatherCosts_ = std::make_shared<const AllgatherCosts>(allgatherCosts(topology_, links_));
-    }
-    costs = allgatherCosts_;
-  }
+  const std::shared_ptr<const AllgatherCosts> costs = gatherCosts();
   const double b = static_cast<double>(bytes);
   AllgatherSchedule best = rings;
   double cheapest = allgatherSeconds(rings, *costs, b, reduceScatter) * 0.999;

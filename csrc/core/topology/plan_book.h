@@ -41,11 +41,14 @@ class PlanBook {
   // reduce-scatter's (which runs it backwards) is priced as such.
   static constexpr size_t kBruckMaxBytes = 65536;
   AllgatherSchedule allgatherSchedule(size_t bytes, bool reduceScatter = false);
+  // What the cost model prices that schedule at, in seconds.
+  double allgatherPredicted(AllgatherSchedule schedule, size_t bytes, bool reduceScatter = false);
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 
  private:
   static constexpr size_t kCache = 256;
+  std::shared_ptr<const AllgatherCosts> gatherCosts();  // computed once
   const Topology topology_;
   const LinkCosts links_;
   const PlanRequest request_;
