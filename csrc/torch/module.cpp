@@ -191,7 +191,7 @@ void bindBackend(py::module_& m) {
              std::vector<std::pair<std::string, std::vector<int>>> out;
              const std::vector<std::vector<int>> members = t.members(0);
              for (size_t h = 0; h < members.size(); ++h) {
-               out.emplace_back(t.levels[0].blockNames[h], members[h]);
+               out.emplace_back(t.levels[0].blockName(static_cast<int>(h)), members[h]);
              }
              return out;
            })

@@ -91,7 +91,7 @@ TEST(Topology, ARestrictedTopologyIsWhatTheMembersWouldFind) {
       ASSERT_EQ(restricted.levels.size(), found.levels.size())
           << found.describe() << " without " << gone;
       for (size_t k = 0; k < found.levels.size(); ++k) {
-        EXPECT_EQ(restricted.levels[k].blockOf, found.levels[k].blockOf) << found.describe();
+        EXPECT_TRUE(restricted.levels[k] == found.levels[k]) << found.describe();
         EXPECT_EQ(restricted.levels[k].blockNames, found.levels[k].blockNames);
       }
     }
@@ -136,8 +136,48 @@ TEST(Topology, BadRackMapsSayWhatIsWrong) {
             }).find("does not name host h1 (rank 1)"),
             std::string::npos);
   Topology bad = simulated({0, 0, 1, 1});
-  bad.levels.push_back(Level{"rack", {0, 1, 1, 1}, {"a", "b"}});
+  bad.levels.push_back(Level("rack", std::vector<int>{0, 1, 1, 1}));
+  bad.levels.back().blockNames = {"a", "b"};
   EXPECT_NE(message([&] { checkTopology(bad); }).find("splits host h0"), std::string::npos);
+}
+
+TEST(Topology, ALevelHoldsRunsOfEqualBlocksOrEveryRanksBlock) {
+  // Hosts of 4, 4, 4, 2, 3, 3: three runs, whatever the number of ranks.
+  const Level hosts("host",
+                    std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 4, 4, 4, 5, 5, 5});
+  EXPECT_FALSE(hosts.interleaved());
+  EXPECT_EQ(hosts.runs(), (std::vector<Level::Run>{{0, 4, 3}, {12, 2, 1}, {14, 3, 2}}));
+  EXPECT_EQ(hosts.blocks(), 6);
+  EXPECT_EQ(hosts.ranks(), 20);
+  EXPECT_EQ(hosts.blockOf(0), 0);
+  EXPECT_EQ(hosts.blockOf(11), 2);
+  EXPECT_EQ(hosts.blockOf(13), 3);
+  EXPECT_EQ(hosts.blockOf(19), 5);
+  EXPECT_EQ(hosts.membersOf(4), (std::vector<int>{14, 15, 16}));
+  EXPECT_EQ(hosts.blockName(3), "host of ranks 12-13");
+  EXPECT_THROW(hosts.blockOf(20), Error);
+  // The same from runs; a run that does not follow the one before is refused, naming it.
+  EXPECT_TRUE(Level("host", std::vector<Level::Run>{
+                                {0, 4, 2}, {8, 4, 1}, {12, 2, 1}, {14, 3, 2}}) == hosts);
+  try {
+    Level("host", std::vector<Level::Run>{{0, 4, 2}, {9, 2, 1}});
+    ADD_FAILURE() << "a run that does not follow was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("from rank 9 does not follow rank 7"), std::string::npos)
+        << e.what();
+  }
+  // Blocks that interleave (ranks placed round-robin) are held rank by rank.
+  const Level alternate("host", std::vector<int>{0, 1, 0, 1});
+  EXPECT_TRUE(alternate.interleaved());
+  EXPECT_EQ(alternate.blocks(), 2);
+  EXPECT_EQ(alternate.blockOf(2), 0);
+  EXPECT_EQ(alternate.membersOf(1), (std::vector<int>{1, 3}));
+  // 65 536 ranks in hosts of 8: one run.
+  std::vector<int> big(65536);
+  for (int r = 0; r < 65536; ++r) big[r] = r / 8;
+  const Level many("host", big);
+  EXPECT_EQ(many.runs().size(), 1u);
+  EXPECT_EQ(many.blockOf(65535), 8191);
 }
 
 TEST(Plan, EveryShapeColourAndRingCountReplaysToOneFullSum) {
@@ -489,7 +529,7 @@ TEST(BlockPlan, BroadcastEntersEachHostOnce) {
         parentOf[r] = place.parent;
         for (int c : place.children) {
           ++edges;
-          crossings += t.levels[0].blockOf[c] != t.levels[0].blockOf[r];
+          crossings += t.levels[0].blockOf(c) != t.levels[0].blockOf(r);
           EXPECT_EQ(broadcastTreePlace(t, root, c, true).parent, r);
         }
       }

@@ -84,14 +84,13 @@ TEST(Wire, CreationCardsAndDirectoriesThatAreNotWholeAreRefused) {
   d.addresses = {"a", "b"};
   d.identities = {"", ""};
   d.topology.size = 2;
-  Level level;
-  level.name = "host";
+  Level level("host", std::vector<int>{0, 0});
   level.blockNames = {"h0"};
-  level.blockOf = {0, 0};
   d.topology.levels.push_back(level);
   GroupDirectory out;
   ASSERT_TRUE(decodeDirectory(encodeDirectory(d), 2, &out));
-  d.topology.levels[0].blockOf = {0, 1};
+  d.topology.levels[0] = Level("host", std::vector<int>{0, 1});
+  d.topology.levels[0].blockNames = {"h0"};
   EXPECT_FALSE(decodeDirectory(encodeDirectory(d), 2, &out));
   EXPECT_FALSE(decodeDirectory(encodeDirectory(d), 3, &out));
 }

@@ -12,8 +12,11 @@ DDL_FUZZ_TARGET(bootstrap) {
     if (decodeDirectory(input, ranks, &d)) {
       DDL_FUZZ_CHECK(d.addresses.size() == static_cast<size_t>(ranks));
       for (const Level& level : d.topology.levels) {
-        for (int block : level.blockOf) {
-          DDL_FUZZ_CHECK(block >= 0 && static_cast<size_t>(block) < level.blockNames.size());
+        DDL_FUZZ_CHECK(level.ranks() == ranks);
+        DDL_FUZZ_CHECK(level.blockNames.size() == static_cast<size_t>(level.blocks()));
+        for (int r = 0; r < ranks; ++r) {
+          const int block = level.blockOf(r);
+          DDL_FUZZ_CHECK(block >= 0 && block < level.blocks());
         }
       }
       GroupDirectory again;

@@ -60,7 +60,9 @@ std::string encodeDirectory(const GroupDirectory& d) {
     w.text(level.name);
     w.number(level.blockNames.size());
     for (const std::string& name : level.blockNames) w.text(name);
-    for (int block : level.blockOf) w.number(static_cast<uint64_t>(block));
+    for (size_t r = 0; r < d.addresses.size(); ++r) {
+      w.number(static_cast<uint64_t>(level.blockOf(static_cast<int>(r))));
+    }
   }
   return w.take();
 }
@@ -83,16 +85,19 @@ bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
   d->topology.size = size;
   const uint64_t levels = r.number();
   for (uint64_t k = 0; k < levels && r.ok(); ++k) {
-    Level level;
-    level.name = r.text();
+    std::string name = r.text();
     const uint64_t blocks = r.number();
-    for (uint64_t b = 0; b < blocks && r.ok(); ++b) level.blockNames.push_back(r.text());
-    level.blockOf.resize(n);
+    std::vector<std::string> names;
+    for (uint64_t b = 0; b < blocks && r.ok(); ++b) names.push_back(r.text());
+    std::vector<int> blockOf(n);
     for (uint64_t i = 0; i < n && r.ok(); ++i) {
       const uint64_t block = r.number();
       if (block >= blocks) return false;
-      level.blockOf[i] = static_cast<int>(block);
+      blockOf[i] = static_cast<int>(block);
     }
+    Level level(std::move(name), blockOf);
+    if (level.blocks() != static_cast<int>(blocks)) return false;  // a block of no rank
+    level.blockNames = std::move(names);
     d->topology.levels.push_back(std::move(level));
   }
   return r.ok(true);

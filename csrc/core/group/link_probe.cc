@@ -215,12 +215,11 @@ Task measureHost(Op& op, std::vector<int> ring, std::optional<LinkCost> known,
 Task probeHosts(Op& op, Engine& engine, const Topology& topology, LinkCosts* links) {
   if (links->at(0).origin != "default") co_return;
   const std::vector<std::vector<int>> hosts = topology.members(0);
-  const int host = topology.levels[0].blockOf[op.rank()];
+  const int host = topology.levels[0].blockOf(op.rank());
   const std::vector<int>& mine = hosts[host];
   std::optional<LinkCost> measuredHere;
   if (mine.size() > 1) {
-    const std::string what =
-        topology.levels[0].blockNames[host] + ":" + std::to_string(mine.size());
+    const std::string what = topology.levels[0].blockName(host) + ":" + std::to_string(mine.size());
     const std::optional<LinkCost> known =
         mine[0] == op.rank() ? engine.recallLink(what) : std::nullopt;
     co_await measureHost(op, mine, known, &measuredHere);
@@ -255,10 +254,9 @@ Task probeLinks(Op& op, Engine& engine, const Topology& topology, LinkCosts* lin
     const int measurer = rings[0][0], responder = rings[0][1];
     std::optional<LinkCost> measuredHere;
     if (op.rank() == measurer) {
-      const auto& names = topology.levels[0].blockNames;
-      const auto& hostOf = topology.levels[0].blockOf;
-      const std::string what =
-          names[hostOf[measurer]] + ">" + names[hostOf[responder]] + ":" + std::to_string(d);
+      const Level& hosts = topology.levels[0];
+      const std::string what = hosts.blockName(hosts.blockOf(measurer)) + ">" +
+                               hosts.blockName(hosts.blockOf(responder)) + ":" + std::to_string(d);
       LinkCost cost;
       co_await measure(op, responder, engine.recallLink(what), &cost);
       engine.rememberLink(what, cost);

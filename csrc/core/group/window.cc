@@ -201,9 +201,10 @@ void Window::attach(const WindowMemory& given) {
 std::unique_ptr<Window::Attaching> Window::startAttach(const WindowMemory& given) {
   Engine& engine = comm_->engine();
   const bool held = attached();
-  const std::vector<int>& hostOf = comm_->topology().levels[0].blockOf;
+  const Level& hosts = comm_->topology().levels[0];
   bool hostPeers = false;
-  for (int r = 0; r < size(); ++r) hostPeers |= r != rank() && hostOf[r] == hostOf[rank()];
+  for (int r = 0; r < size(); ++r)
+    hostPeers |= r != rank() && hosts.blockOf(r) == hosts.blockOf(rank());
 
   WindowOffer mine;
   mine.header.bytes = given.bytes;
@@ -258,7 +259,7 @@ void Window::finishAttach(Attaching& attaching) {
   const char* name = "tensor_register";
   const WindowMemory& given = attaching.given;
   const uint64_t region = attaching.region;
-  const std::vector<int>& hostOf = comm_->topology().levels[0].blockOf;
+  const Level& hosts = comm_->topology().levels[0];
   std::vector<WindowOffer> offers;
   try {
     if (attaching.work->failed()) throw Error(attaching.work->status());
@@ -285,7 +286,7 @@ void Window::finishAttach(Attaching& attaching) {
       Peer& p = peers[j];
       p.bytes = o.header.bytes;
       if (j == rank() || p.bytes == 0) continue;
-      if (hostOf[j] != hostOf[rank()]) {
+      if (hosts.blockOf(j) != hosts.blockOf(rank())) {
         p.unmapped = "it is on another host";
       } else if (o.share.empty()) {
         p.unmapped =

@@ -192,14 +192,15 @@ TreePlace broadcastTreePlace(const Topology& t, int root, int rank, bool hierarc
     binomial(all, static_cast<int>(std::find(all.begin(), all.end(), rank) - all.begin()), place);
     return place;
   }
-  const std::vector<int>& hostOf = t.levels[0].blockOf;
+  const Level& host = t.levels[0];
+  auto hostOf = [&host](int r) { return host.blockOf(r); };
   std::vector<std::vector<int>> hosts = t.members(0);
   std::vector<int> leaders = {root};
   for (const std::vector<int>& h : hosts) {
-    if (hostOf[h[0]] != hostOf[root]) leaders.push_back(h[0]);
+    if (hostOf(h[0]) != hostOf(root)) leaders.push_back(h[0]);
   }
-  std::vector<int> local = hosts[hostOf[rank]];
-  const int leader = hostOf[rank] == hostOf[root] ? root : local[0];
+  std::vector<int> local = hosts[hostOf(rank)];
+  const int leader = hostOf(rank) == hostOf(root) ? root : local[0];
   std::rotate(local.begin(), std::find(local.begin(), local.end(), leader), local.end());
   std::vector<int>::iterator at = std::find(leaders.begin(), leaders.end(), rank);
   if (at != leaders.end()) {

@@ -14,7 +14,7 @@ namespace {
 // both, plus one (the number of levels when only the whole group does).
 int edgeDimension(const Topology& t, int a, int b) {
   for (size_t k = 0; k < t.levels.size(); ++k) {
-    if (t.levels[k].blockOf[a] == t.levels[k].blockOf[b]) return static_cast<int>(k);
+    if (t.levels[k].blockOf(a) == t.levels[k].blockOf(b)) return static_cast<int>(k);
   }
   return static_cast<int>(t.levels.size());
 }
@@ -32,8 +32,8 @@ class Loads {
       return;
     }
     for (int j = 1; j <= k; ++j) {
-      bytes_[{j, t_.levels[j - 1].blockOf[from], true}] += bytes;
-      bytes_[{j, t_.levels[j - 1].blockOf[to], false}] += bytes;
+      bytes_[{j, t_.levels[j - 1].blockOf(from), true}] += bytes;
+      bytes_[{j, t_.levels[j - 1].blockOf(to), false}] += bytes;
     }
   }
   void add(const Loads& other, double factor) {
@@ -350,7 +350,7 @@ namespace {
 // the hosts whose block holds both (the number of levels where none does).
 int dimensionBetween(const Topology& topology, int a, int b) {
   for (size_t level = 0; level < topology.levels.size(); ++level) {
-    if (topology.levels[level].blockOf[a] == topology.levels[level].blockOf[b]) {
+    if (topology.levels[level].blockOf(a) == topology.levels[level].blockOf(b)) {
       return static_cast<int>(level);
     }
   }
@@ -372,7 +372,7 @@ AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, 
   for (int r = 0; r < p; ++r) {
     dimension[r] = dimensionBetween(topology, r, to(r));
     for (int k = 1; k <= dimension[r]; ++k) {
-      ++leaving[k - 1][topology.levels[k - 1].blockOf[r]];
+      ++leaving[k - 1][topology.levels[k - 1].blockOf(r)];
     }
   }
   AllgatherCosts::Round round;
@@ -380,7 +380,7 @@ AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, 
     round.latency = std::max(round.latency, links.at(dimension[r]).latency);
     double perByte = 1 / links.at(0).bandwidth;
     for (int k = 1; k <= dimension[r]; ++k) {
-      const double sharers = leaving[k - 1][topology.levels[k - 1].blockOf[r]];
+      const double sharers = leaving[k - 1][topology.levels[k - 1].blockOf(r)];
       perByte = std::max(perByte, sharers / links.at(k).bandwidth);
     }
     round.secondsPerByte = std::max(round.secondsPerByte, perByte);

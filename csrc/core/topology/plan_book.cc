@@ -11,7 +11,13 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
     key += level.name + ":";
     for (const std::string& name : level.blockNames) key += name + ",";
     key += ":";
-    for (int block : level.blockOf) key += std::to_string(block) + ",";
+    if (level.interleaved()) {
+      for (int r = 0; r < t.size; ++r) key += std::to_string(level.blockOf(r)) + ",";
+    }
+    for (const Level::Run& run : level.runs()) {
+      key += std::to_string(run.firstRank) + "+" + std::to_string(run.blockSize) + "x" +
+             std::to_string(run.blocks) + ",";
+    }
     key += "|";
   }
   key += links.describe() + "|" + std::to_string(static_cast<int>(r.algorithm)) + "," +

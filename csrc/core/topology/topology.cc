@@ -36,18 +36,109 @@ std::string trim(const std::string& s) {
 // Groups ranks by `key` (blocks numbered in order of their lowest rank).
 Level levelFrom(const std::string& name, const std::vector<std::string>& keyOf,
                 const std::vector<std::string>& nameOf) {
-  Level level;
-  level.name = name;
+  std::vector<std::string> names;
+  std::vector<int> blockOf;
   std::map<std::string, int> index;
   for (size_t r = 0; r < keyOf.size(); ++r) {
-    auto [it, added] = index.emplace(keyOf[r], level.blocks());
-    if (added) level.blockNames.push_back(nameOf[r]);
-    level.blockOf.push_back(it->second);
+    auto [it, added] = index.emplace(keyOf[r], static_cast<int>(names.size()));
+    if (added) names.push_back(nameOf[r]);
+    blockOf.push_back(it->second);
   }
+  Level level(name, blockOf);
+  level.blockNames = std::move(names);
   return level;
 }
 
 }  // namespace
+
+Level::Level(std::string levelName, const std::vector<int>& blockOfRank)
+    : name(std::move(levelName)) {
+  const int n = static_cast<int>(blockOfRank.size());
+  // Consecutive: every rank in its predecessor's block or the next one.
+  bool consecutive = blockOfRank.empty() || blockOfRank[0] == 0;
+  for (size_t r = 1; r < blockOfRank.size() && consecutive; ++r) {
+    const int step = blockOfRank[r] - blockOfRank[r - 1];
+    consecutive = step == 0 || step == 1;
+  }
+  if (!consecutive) {
+    ranks_ = n;
+    byRank_ = blockOfRank;
+    for (int b : blockOfRank) blocks_ = std::max(blocks_, b + 1);
+    return;
+  }
+  int first = 0;
+  for (int r = 1; r <= n; ++r) {
+    if (r < n && blockOfRank[r] == blockOfRank[r - 1]) continue;
+    addRun(Run{first, r - first, 1});
+    first = r;
+  }
+}
+
+Level::Level(std::string levelName, const std::vector<Run>& runs) : name(std::move(levelName)) {
+  for (const Run& run : runs) {
+    if (run.firstRank != ranks_ || run.blockSize < 1 || run.blocks < 1) {
+      throw Error("ddl: topology level " + name + ": a run of " + std::to_string(run.blocks) +
+                  " blocks of " + std::to_string(run.blockSize) + " ranks from rank " +
+                  std::to_string(run.firstRank) + " does not follow rank " +
+                  std::to_string(ranks_ - 1));
+    }
+    addRun(run);
+  }
+}
+
+void Level::addRun(Run run) {
+  if (!runs_.empty() && runs_.back().blockSize == run.blockSize) {
+    runs_.back().blocks += run.blocks;
+  } else {
+    runs_.push_back(run);
+    firstBlockOfRun_.push_back(blocks_);
+  }
+  blocks_ += run.blocks;
+  ranks_ = run.firstRank + run.blockSize * run.blocks;
+}
+
+int Level::blockOf(int rank) const {
+  if (!byRank_.empty()) return byRank_.at(static_cast<size_t>(rank));
+  if (rank < 0 || rank >= ranks_) {
+    throw Error("ddl: rank " + std::to_string(rank) + " is outside topology level " + name +
+                " of " + std::to_string(ranks_) + " ranks");
+  }
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), rank,
+                             [](int r, const Run& run) { return r < run.firstRank; });
+  const size_t i = static_cast<size_t>(it - runs_.begin()) - 1;
+  return firstBlockOfRun_[i] + (rank - runs_[i].firstRank) / runs_[i].blockSize;
+}
+
+std::vector<int> Level::membersOf(int block) const {
+  std::vector<int> members;
+  if (!byRank_.empty()) {
+    for (int r = 0; r < ranks_ && r < static_cast<int>(byRank_.size()); ++r) {
+      if (byRank_[r] == block) members.push_back(r);
+    }
+    return members;
+  }
+  if (block < 0 || block >= blocks_) return members;
+  auto it = std::upper_bound(firstBlockOfRun_.begin(), firstBlockOfRun_.end(), block);
+  const size_t i = static_cast<size_t>(it - firstBlockOfRun_.begin()) - 1;
+  const Run& run = runs_[i];
+  const int first = run.firstRank + (block - firstBlockOfRun_[i]) * run.blockSize;
+  for (int r = first; r < first + run.blockSize; ++r) members.push_back(r);
+  return members;
+}
+
+std::string Level::blockName(int block) const {
+  if (block >= 0 && static_cast<size_t>(block) < blockNames.size()) return blockNames[block];
+  const std::vector<int> members = membersOf(block);
+  if (members.empty()) return name + " " + std::to_string(block);
+  if (members.size() == 1) return name + " of rank " + std::to_string(members[0]);
+  return name + " of ranks " + std::to_string(members.front()) + "-" +
+         std::to_string(members.back());
+}
+
+bool Level::operator==(const Level& other) const {
+  return name == other.name && blockNames == other.blockNames && ranks_ == other.ranks_ &&
+         blocks_ == other.blocks_ && runs_ == other.runs_ && byRank_ == other.byRank_;
+}
 
 Locality Locality::self() {
   Locality l;
@@ -72,9 +163,7 @@ Locality Locality::decode(const std::string& text) {
 Topology Topology::singleHost(int size, const std::string& hostName) {
   Topology t;
   t.size = size;
-  Level host;
-  host.name = "host";
-  host.blockOf.assign(size, 0);
+  Level host("host", std::vector<Level::Run>{{0, size, 1}});
   host.blockNames = {hostName};
   t.levels.push_back(std::move(host));
   return t;
@@ -82,7 +171,7 @@ Topology Topology::singleHost(int size, const std::string& hostName) {
 
 std::vector<std::vector<int>> Topology::members(int level) const {
   std::vector<std::vector<int>> blocks(levels[level].blocks());
-  for (int r = 0; r < size; ++r) blocks[levels[level].blockOf[r]].push_back(r);
+  for (int r = 0; r < size; ++r) blocks[levels[level].blockOf(r)].push_back(r);
   return blocks;
 }
 
@@ -95,13 +184,13 @@ std::string Topology::describe() const {
     out << level.blocks() << " " << level.name << (level.blocks() == 1 ? "" : "s") << " (";
     for (int b = 0; b < level.blocks(); ++b) {
       if (b > 0) out << ", ";
-      out << level.blockNames[b] << ":";
+      out << level.blockName(b) << ":";
       if (k == 0) {
         for (int r : blocks[b]) out << " " << r;
       } else {
         std::set<int> inner;
-        for (int r : blocks[b]) inner.insert(levels[k - 1].blockOf[r]);
-        for (int i : inner) out << " " << levels[k - 1].blockNames[i];
+        for (int r : blocks[b]) inner.insert(levels[k - 1].blockOf(r));
+        for (int i : inner) out << " " << levels[k - 1].blockName(i);
       }
     }
     out << ")";
@@ -190,18 +279,21 @@ Topology restrictTopology(const Topology& topology, const std::vector<int>& memb
   t.size = static_cast<int>(members.size());
   for (size_t k = 0; k < topology.levels.size(); ++k) {
     const Level& old = topology.levels[k];
-    Level level;
-    level.name = old.name;
+    std::vector<int> blockOf;
+    std::vector<std::string> names;
     std::map<int, int> renumbered;
     for (int m : members) {
       if (m < 0 || m >= topology.size) {
         throw Error("ddl: rank " + std::to_string(m) + " is not in a group of " +
                     std::to_string(topology.size));
       }
-      auto [it, added] = renumbered.emplace(old.blockOf[m], level.blocks());
-      if (added) level.blockNames.push_back(old.blockNames[old.blockOf[m]]);
-      level.blockOf.push_back(it->second);
+      const int oldBlock = old.blockOf(m);
+      auto [it, added] = renumbered.emplace(oldBlock, static_cast<int>(renumbered.size()));
+      if (added && !old.blockNames.empty()) names.push_back(old.blockName(oldBlock));
+      blockOf.push_back(it->second);
     }
+    Level level(old.name, blockOf);
+    level.blockNames = std::move(names);
     const bool groups = k == 0 || (level.blocks() > 1 && level.blocks() < t.levels.back().blocks());
     if (groups) t.levels.push_back(std::move(level));
   }
@@ -213,14 +305,20 @@ void checkTopology(const Topology& t) {
   if (t.levels.empty()) throw Error("ddl: a topology needs a host level");
   for (size_t k = 0; k < t.levels.size(); ++k) {
     const Level& level = t.levels[k];
-    if (static_cast<int>(level.blockOf.size()) != t.size) {
-      throw Error("ddl: topology level " + level.name + " places " +
-                  std::to_string(level.blockOf.size()) + " of " + std::to_string(t.size) +
-                  " ranks");
+    if (level.ranks() != t.size) {
+      throw Error("ddl: topology level " + level.name + " places " + std::to_string(level.ranks()) +
+                  " of " + std::to_string(t.size) + " ranks");
     }
+    if (!level.blockNames.empty() && static_cast<int>(level.blockNames.size()) != level.blocks()) {
+      throw Error("ddl: topology level " + level.name + " names " +
+                  std::to_string(level.blockNames.size()) + " of its " +
+                  std::to_string(level.blocks()) + " blocks");
+    }
+    if (!level.interleaved() && k == 0) continue;  // runs: every block holds a rank
     std::vector<int> used(level.blocks(), 0);
+    std::vector<int> outerOf(k > 0 ? t.levels[k - 1].blocks() : 0, -1);  // by inner block
     for (int r = 0; r < t.size; ++r) {
-      int b = level.blockOf[r];
+      int b = level.blockOf(r);
       if (b < 0 || b >= level.blocks()) {
         throw Error("ddl: topology level " + level.name + " puts rank " + std::to_string(r) +
                     " in block " + std::to_string(b) + " of " + std::to_string(level.blocks()));
@@ -228,12 +326,12 @@ void checkTopology(const Topology& t) {
       ++used[b];
       if (k > 0) {  // nested: every rank of one inner block lies in one outer block
         const Level& inner = t.levels[k - 1];
-        for (int q = 0; q < r; ++q) {
-          if (inner.blockOf[q] == inner.blockOf[r] && level.blockOf[q] != b) {
-            throw Error("ddl: topology level " + level.name + " splits " + inner.name + " " +
-                        inner.blockNames[inner.blockOf[r]]);
-          }
+        int& outer = outerOf[inner.blockOf(r)];
+        if (outer >= 0 && outer != b) {
+          throw Error("ddl: topology level " + level.name + " splits " + inner.name + " " +
+                      inner.blockName(inner.blockOf(r)));
         }
+        outer = b;
       }
     }
     for (int b = 0; b < level.blocks(); ++b) {
@@ -253,8 +351,8 @@ Grid gridOf(const Topology& t) {
     std::map<int, std::vector<int>> innerSeen;  // outer block -> inner ids in order
     std::vector<std::set<int>> shapes;
     for (int r = 0; r < t.size; ++r) {
-      int outer = k < levels ? t.levels[k].blockOf[r] : 0;
-      int inner = k == 0 ? r : t.levels[k - 1].blockOf[r];
+      int outer = k < levels ? t.levels[k].blockOf(r) : 0;
+      int inner = k == 0 ? r : t.levels[k - 1].blockOf(r);
       std::vector<int>& ids = innerSeen[outer];
       auto it = std::find(ids.begin(), ids.end(), inner);
       int index = static_cast<int>(it - ids.begin());

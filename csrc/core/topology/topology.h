@@ -39,12 +39,50 @@ struct Locality {
   }
 };
 
-struct Level {
-  std::string name;          // "host", "rack", "level2", ...
-  std::vector<int> blockOf;  // by group rank: the index of its block (0, 1, ... in rank order)
-  std::vector<std::string> blockNames;  // by block, for messages and `info --plan`
+// A level of locality: a partition of the group's ranks into blocks (its hosts, its racks),
+// numbered in order of their lowest rank. Launchers place the ranks of a block together, so a
+// level is held as runs of equal blocks of consecutive ranks: one run for a regular machine,
+// whatever its size. A level whose blocks interleave (ranks placed round-robin) holds every
+// rank's block instead.
+class Level {
+ public:
+  struct Run {
+    int firstRank = 0;  // the lowest rank of its first block
+    int blockSize = 1;  // ranks in each of its blocks
+    int blocks = 1;
+    bool operator==(const Run&) const = default;
+  };
 
-  int blocks() const { return static_cast<int>(blockNames.size()); }
+  std::string name;  // "host", "rack", "level2", ...
+  // By block, for messages and `info --plan`; empty where the names were not gathered
+  // (blockName then names a block by its ranks).
+  std::vector<std::string> blockNames;
+
+  Level() = default;
+  // From the block of each group rank.
+  Level(std::string name, const std::vector<int>& blockOfRank);
+  // From runs that cover ranks 0, 1, ... in order.
+  Level(std::string name, const std::vector<Run>& runs);
+
+  int blocks() const { return blocks_; }
+  int ranks() const { return ranks_; }
+  // The block of group rank `rank`.
+  int blockOf(int rank) const;
+  // The ranks of block `block`, in order.
+  std::vector<int> membersOf(int block) const;
+  std::string blockName(int block) const;
+  // Runs of blocks of consecutive ranks; empty when the blocks interleave.
+  const std::vector<Run>& runs() const { return runs_; }
+  bool interleaved() const { return !byRank_.empty(); }
+  bool operator==(const Level& other) const;
+
+ private:
+  void addRun(Run run);
+  std::vector<Run> runs_;
+  std::vector<int> firstBlockOfRun_;  // by run
+  std::vector<int> byRank_;           // interleaved levels only: each rank's block
+  int blocks_ = 0;
+  int ranks_ = 0;
 };
 
 struct Topology {
