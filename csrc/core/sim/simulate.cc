@@ -120,6 +120,26 @@ void slowDown(const SimRequest& request, SimCluster& cluster) {
   }
 }
 
+// What the group runs for the collective (the allreduce's plan, the allgather's or
+// reduce_scatter's schedule, else its name) and what the cost model prices it at.
+void describePlan(Communicator& comm, const std::string& collective, size_t count,
+                  SimReport& report) {
+  if (collective == "allreduce") {
+    auto plan = comm.allreducePlan(count, DataType::kFloat32);
+    report.algorithm = plan->describe();
+    report.modelMicros = plan->predicted * 1e6;
+  } else if (collective == "allgather" || collective == "reduce_scatter") {
+    const bool reduceScatter = collective == "reduce_scatter";
+    PlanBook& book = comm.planBook();
+    const size_t bytes = count * sizeof(float);
+    const AllgatherSchedule schedule = book.allgatherSchedule(bytes, reduceScatter);
+    report.algorithm = collective + ":" + allgatherScheduleName(schedule);
+    report.modelMicros = book.allgatherPredicted(schedule, bytes, reduceScatter) * 1e6;
+  } else {
+    report.algorithm = collective;
+  }
+}
+
 // With statusAtMicros: every rank's status row, at that time after `began` (SimReport::status).
 void lookAtStatus(SimCluster& cluster, const SimRequest& request, SimReport& report,
                   TimePoint began) {
@@ -151,20 +171,7 @@ SimReport simulate(const SimRequest& request) {
     report.creationMicros = micros(created, cluster.network().now());
     report.storeRequests = cluster.storeRequests();
     report.creationMessages = cluster.network().messages();
-    if (request.collective == "allreduce") {
-      auto plan = cluster.comm(0).allreducePlan(call.count, DataType::kFloat32);
-      report.algorithm = plan->describe();
-      report.modelMicros = plan->predicted * 1e6;
-    } else if (request.collective == "allgather" || request.collective == "reduce_scatter") {
-      const bool reduceScatter = request.collective == "reduce_scatter";
-      PlanBook& book = cluster.comm(0).planBook();
-      const size_t bytes = call.count * sizeof(float);
-      const AllgatherSchedule schedule = book.allgatherSchedule(bytes, reduceScatter);
-      report.algorithm = request.collective + ":" + allgatherScheduleName(schedule);
-      report.modelMicros = book.allgatherPredicted(schedule, bytes, reduceScatter) * 1e6;
-    } else {
-      report.algorithm = request.collective;
-    }
+    describePlan(cluster.comm(0), request.collective, call.count, report);
     SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     const auto opSequence = static_cast<uint32_t>(cluster.comm(0).sequenceNumber());
     double before[3];
