@@ -46,8 +46,7 @@ TEST(Lifecycle, ALateNoticeOfAnotherGroupWithTheIdIsDropped) {
       old->size = 3;
       old->id = group->id();
       old->name = "a destroyed group";
-      old->addresses = addresses;
-      old->peers.assign(3, -1);
+      old->directory = PeerDirectory::of(addresses);
       Notice notice;
       notice.sequence = 0;
       notice.incarnation = 0;

@@ -1,4 +1,5 @@
-// Pure pieces of the core: reduction kernels, ring plans, tag layout, configuration.
+// Pure pieces of the core: reduction kernels, ring plans, tag layout, configuration, a group's
+// directory of addresses.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -6,6 +7,7 @@
 #include "../../csrc/core/base/config.h"
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/reduce/reduce.h"
+#include "../../csrc/core/runtime/peer_directory.h"
 #include "../../csrc/core/runtime/stats.h"
 #include "../../csrc/core/topology/ring_plan.h"
 #include "harness.h"
@@ -116,6 +118,44 @@ TEST(Tag, FieldsDoNotOverlap) {
   EXPECT_EQ(tag::make(3, 4, 5, 77) & tag::kAnySource, tag::make(3, 4, 5, 0));
   // Wider values wrap within their field instead of spilling into the next one.
   EXPECT_EQ(tag::make(4096, 0, 0, 0), 0u);
+}
+
+TEST(PeerDirectory, KnowsWhatItLearnedAndLooksUpTheRestOnce) {
+  int lookups = 0;
+  auto directory = std::make_shared<PeerDirectory>([&lookups](int rank) {
+    ++lookups;
+    return rank == 7 ? std::string() : "at" + std::to_string(rank);
+  });
+  directory->learn(1, "one");
+  EXPECT_EQ(directory->known(1), "one");
+  EXPECT_EQ(directory->rankAt("one"), 1);
+  EXPECT_EQ(directory->known(5), "");  // known() never looks up
+  EXPECT_EQ(directory->address(5), "at5");
+  EXPECT_EQ(directory->address(5), "at5");
+  EXPECT_EQ(lookups, 1);  // kept
+  EXPECT_EQ(directory->rankAt("at5"), 5);
+  EXPECT_EQ(directory->address(7), "");  // nowhere to be had
+  EXPECT_EQ(directory->rankAt("nowhere"), -1);
+  directory->learn(1, "moved");
+  EXPECT_EQ(directory->rankAt("one"), -1);
+  EXPECT_EQ(directory->rankAt("moved"), 1);
+  EXPECT_EQ(directory->entries(),
+            (std::vector<std::pair<int, std::string>>{{1, "moved"}, {5, "at5"}}));
+  // A view of some ranks alone knows and looks up those.
+  auto members = PeerDirectory::only(directory, {5, 3});
+  EXPECT_EQ(members->known(5), "at5");
+  EXPECT_EQ(members->known(1), "");
+  EXPECT_EQ(members->address(1), "");
+  EXPECT_EQ(members->address(3), "at3");
+  EXPECT_EQ(directory->known(3), "at3");  // looked up through the parent, which keeps it
+  // A group of ranks 5, 3, 9 of this one: its rank i is members[i] here.
+  auto derived = PeerDirectory::renumbered(directory, {5, 3, 9});
+  EXPECT_EQ(derived->known(0), "at5");
+  EXPECT_EQ(derived->rankAt("at3"), 1);
+  EXPECT_EQ(derived->address(2), "at9");
+  EXPECT_EQ(derived->address(3), "");
+  EXPECT_EQ(PeerDirectory::of({"a", "", "c"})->entries(),
+            (std::vector<std::pair<int, std::string>>{{0, "a"}, {2, "c"}}));
 }
 
 TEST(Config, MalformedValuesNameTheVariable) {

@@ -25,8 +25,7 @@ std::shared_ptr<Group> handMade(Engine& engine, int rank, int size, uint32_t id,
   group->size = size;
   group->id = id;
   group->name = "a hostile rank's group";
-  group->addresses = std::move(addresses);
-  group->peers.assign(static_cast<size_t>(size), -1);
+  group->directory = PeerDirectory::of(addresses);
   return group;
 }
 

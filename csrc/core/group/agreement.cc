@@ -329,7 +329,7 @@ std::vector<int> successorsAmong(int rank, int size, const std::vector<int>& lef
 
 std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             const std::vector<PeerId>& endpoints,
+                                             const std::unordered_map<int, PeerId>& endpoints,
                                              StatusKind kind) {
   const Group& everyone = *agreement.everyone;
   std::vector<std::shared_ptr<Work>> works;
@@ -339,7 +339,9 @@ std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
   words += text.substr(0, kAbortBytes - words.size());
   const auto timeout = std::min(agreement.timeout, std::chrono::milliseconds(10000));
   for (int peer : ranks) {
-    if (peer < 0 || peer >= everyone.size || everyone.addresses[peer].empty()) continue;
+    if (peer < 0 || peer >= everyone.size) continue;
+    const std::string address = everyone.directory->address(peer);
+    if (address.empty()) continue;
     // A group of its own per message, with its one peer's address and endpoint (opened before,
     // if it was: no op of the agreement's group changes them meanwhile), and no other: an op
     // fails when any rank of its group is lost, and this one must fail only when its peer is.
@@ -349,11 +351,10 @@ std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
     group->size = everyone.size;
     group->id = everyone.id;
     group->name = everyone.name;
-    group->addresses.assign(everyone.addresses.size(), "");
-    group->addresses[peer] = everyone.addresses[peer];
-    const std::vector<PeerId>& known = endpoints.empty() ? everyone.peers : endpoints;
-    group->peers.assign(static_cast<size_t>(everyone.size), -1);
-    if (static_cast<size_t>(peer) < known.size()) group->peers[peer] = known[peer];
+    group->directory = std::make_shared<PeerDirectory>();
+    group->directory->learn(peer, address);
+    const std::unordered_map<int, PeerId>& known = endpoints.empty() ? everyone.peers : endpoints;
+    if (auto it = known.find(peer); it != known.end()) group->peers[peer] = it->second;
     auto work = std::make_shared<Work>("agreement failure notice");
     auto op =
         std::make_unique<Op>(group, agreement.sequence, "agreement failure notice", timeout, work);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../base/clock.h"
@@ -106,7 +107,7 @@ std::vector<int> successorsAmong(int rank, int size, const std::vector<int>& lef
 // them.
 std::vector<std::shared_ptr<Work>> tellRanks(const Agreement& agreement,
                                              const std::vector<int>& ranks, std::string text,
-                                             const std::vector<PeerId>& endpoints = {},
+                                             const std::unordered_map<int, PeerId>& endpoints = {},
                                              StatusKind kind = StatusKind::kOther);
 
 }  // namespace ddl

@@ -207,7 +207,9 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap
   }
   cards = {};
   // 3. Down, to the children, whose addresses are known now.
-  group->addresses = out->addresses;
+  for (size_t r = 0; r < out->addresses.size(); ++r) {
+    group->directory->learn(static_cast<int>(r), out->addresses[r]);
+  }
   const uint64_t downLength = down.size();
   std::vector<Request*> sends;
   for (int child : children) {

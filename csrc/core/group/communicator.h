@@ -228,7 +228,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Engine* engine_;
   std::shared_ptr<const Group> group_;
   std::atomic<uint64_t> loggedSizes_{0};     // allreduce size classes logged (bit k: 2^(k-1) bytes)
-  std::vector<ProcessIdentity> identities_;  // by rank (none for this rank, or simulated)
+  Identities identities_;  // of this rank's host's other ranks (none where simulated)
   std::map<std::string, uint32_t> derivations_;  // agreements made so far, by call
   bool ownsId_ = false;  // gives the group's id back to the engine when destroyed
   std::chrono::milliseconds timeout_;

@@ -65,8 +65,6 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, 
   pending->group_ = group;
   group->rank = rank;
   group->size = size;
-  group->addresses.resize(size);
-  group->peers.assign(size, -1);
   // The store may hold the keys of an earlier creation of a group with this prefix (a group
   // destroyed and created again; a FileStore reused): every rank counts itself in, and the
   // creation the count falls in names this one's keys, so nobody reads a stale value.
@@ -92,7 +90,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, 
   }
   const int parent = bootstrapParent(rank);
   if (parent >= 0) {
-    group->addresses[parent] = store.get(key + "address/" + std::to_string(parent));
+    group->directory->learn(parent, store.get(key + "address/" + std::to_string(parent)));
   }
   pending->directory_ = std::make_shared<GroupDirectory>();
   pending->work_ = std::make_shared<Work>("group creation");
@@ -118,10 +116,10 @@ std::shared_ptr<Communicator> Creation::finish() {
   group->incarnation = directory.incarnation;
   engine.notices().open(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
-  std::vector<ProcessIdentity> identities(group->size);
+  Identities identities;
   for (int r = 0; r < group->size; ++r) {
     if (r != group->rank && !directory.identities[r].empty()) {
-      identities[r] = ProcessIdentity::decode(directory.identities[r]);
+      identities.emplace(r, ProcessIdentity::decode(directory.identities[r]));
     }
   }
   engine.watch(group, identities);

@@ -141,9 +141,7 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   agreement->name = parent.group_->name + "'s " + what;
   // The members' addresses alone: the agreement fails as soon as one of them is known gone, and
   // not for the ranks it leaves out.
-  agreement->addresses.assign(static_cast<size_t>(n), "");
-  for (int m : members) agreement->addresses[m] = parent.group_->addresses[m];
-  agreement->peers.assign(static_cast<size_t>(n), -1);
+  agreement->directory = PeerDirectory::only(parent.group_->directory, members);
   // This rank's place among the members: its rank in the group made.
   const int place =
       static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) - members.begin());
@@ -155,13 +153,15 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   // A member that is gone (one this rank did not know of, or a view that still has it) fails
   // the agreement within milliseconds, not at its timeout: the members on this host are watched,
   // and those whose endpoints the parent opened are known by them.
-  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
-  for (int m : members) {
-    if (static_cast<size_t>(m) < parent.identities_.size()) identities[m] = parent.identities_[m];
+  Identities identities;
+  for (const auto& [r, identity] : parent.identities_) {
+    if (std::binary_search(members.begin(), members.end(), r)) identities.emplace(r, identity);
   }
-  std::vector<PeerId> endpoints;  // the parent's, for the ranks left out
+  std::unordered_map<int, PeerId> endpoints;  // the parent's, for the ranks left out
   engine.call([&] {
-    for (int m : members) agreement->peers[m] = parent.group_->peers[m];
+    for (const auto& [m, peer] : parent.group_->peers) {
+      if (std::binary_search(members.begin(), members.end(), m)) agreement->peers[m] = peer;
+    }
     endpoints = parent.group_->peers;
   });
   engine.watch(agreement, identities);
@@ -175,7 +175,7 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   Agreement a;
   a.group = agreement;
   a.everyone = std::make_shared<Group>(*agreement);
-  a.everyone->addresses = parent.group_->addresses;
+  a.everyone->directory = parent.group_->directory;
   a.sequence = sequence;
   a.attempt = sequence;  // a retry is the next call of the parent: another sequence
   a.ended = &engine.endedAgreements();
@@ -209,11 +209,13 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
 }
 
 void Derivation::describe(const Communicator& parent, const std::vector<int>& members, int place,
-                          const std::vector<ProcessIdentity>& identities) {
+                          const Identities& identities) {
   rank_ = place;
-  for (int m : members) {
-    addresses_.push_back(parent.group_->addresses[m]);
-    identities_.push_back(identities[m]);
+  directory_ = PeerDirectory::renumbered(parent.group_->directory, members);
+  size_ = static_cast<int>(members.size());
+  for (const auto& [r, identity] : identities) {  // renumbered: member i is rank i
+    const auto at = std::lower_bound(members.begin(), members.end(), r);
+    identities_.emplace(static_cast<int>(at - members.begin()), identity);
   }
   topology_ = restrictTopology(parent.topology(), members);
   links_ = parent.links();
@@ -299,7 +301,7 @@ Error Derivation::refuse(Communicator& parent, const char* what, uint32_t sequen
   a.everyone->size = parent.size();
   a.everyone->id = tag::kAgreementGroup;
   a.everyone->name = parent.group_->name + "'s " + what;
-  a.everyone->addresses = parent.group_->addresses;
+  a.everyone->directory = parent.group_->directory;
   parent.engine_->call([&] { a.everyone->peers = parent.group_->peers; });
   a.group = a.everyone;
   a.sequence = sequence;
@@ -369,11 +371,10 @@ std::shared_ptr<Communicator> Derivation::finish() {
   }
   auto group = std::make_shared<Group>();
   group->rank = rank_;
-  group->size = static_cast<int>(addresses_.size());
+  group->size = size_;
   group->id = id;
   group->incarnation = result_->incarnation;
-  group->addresses = addresses_;
-  group->peers.assign(addresses_.size(), -1);
+  group->directory = directory_;
   Communicator::nameGroup(*group, engine);
   engine.notices().open(group);
   engine.watch(group, identities_);
@@ -416,8 +417,7 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   agreement->size = n;
   agreement->id = tag::kAgreementGroup;
   agreement->name = "reconfigure " + std::to_string(uuid);
-  agreement->addresses = directory.addresses;
-  agreement->peers.assign(static_cast<size_t>(n), -1);
+  agreement->directory = PeerDirectory::of(directory.addresses);
   // Under a sequence from the handles: processes given the same handles meet and compare their
   // uuids (a mismatch is named); processes given other lists cannot be waited for by name.
   std::string listed;
@@ -431,10 +431,10 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   std::vector<int> members(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
   const auto sequence = static_cast<uint32_t>(digest & 0xffff);
-  std::vector<ProcessIdentity> identities(static_cast<size_t>(n));
+  Identities identities;
   for (int r = 0; r < n; ++r) {
     if (r != me && !directory.identities[r].empty()) {
-      identities[r] = ProcessIdentity::decode(directory.identities[r]);
+      identities.emplace(r, ProcessIdentity::decode(directory.identities[r]));
     }
   }
   engine.watch(agreement, identities);
@@ -450,7 +450,8 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   a.timeout = timeout;
   d->work_ = startAgreement(a, std::move(card), {}, TimePoint::max(), d->result_);
   d->rank_ = me;
-  d->addresses_ = directory.addresses;
+  d->directory_ = agreement->directory;
+  d->size_ = n;
   d->identities_ = std::move(identities);
   d->topology_ = std::move(directory.topology);
   d->links_ = links != nullptr ? *links : parseLinks(settings.links);

@@ -67,7 +67,7 @@ class Derivation {
   // The group a member makes once the agreement is done: rank `place`, the members' addresses
   // and identities (by parent rank), the parent's machine restricted to them, its settings.
   void describe(const Communicator& parent, const std::vector<int>& members, int place,
-                const std::vector<ProcessIdentity>& identities);
+                const Identities& identities);
 
   Engine* engine_ = nullptr;
   std::string what_;                      // "shrink_group", "split_group", "reconfigure"
@@ -77,8 +77,9 @@ class Derivation {
   // The group this rank makes once the agreement is done (its rank, every rank's address and
   // process identity, the machine and the planner's settings).
   int rank_ = 0;
-  std::vector<std::string> addresses_;
-  std::vector<ProcessIdentity> identities_;
+  std::shared_ptr<PeerDirectory> directory_;  // the group made's
+  int size_ = 0;
+  Identities identities_;
   Topology topology_;
   LinkCosts links_;
   PlanRequest request_;

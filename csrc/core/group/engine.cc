@@ -60,14 +60,14 @@ std::vector<std::string> Engine::transportDevices() {
   return devices;
 }
 
-void Engine::watch(const std::shared_ptr<const Group>& group,
-                   const std::vector<ProcessIdentity>& identities) {
+void Engine::watch(const std::shared_ptr<const Group>& group, const Identities& identities) {
+  if (identities.empty()) return;
   const ProcessIdentity me = ProcessIdentity::self();
   call([&] {
-    for (int r = 0; r < group->size && r < static_cast<int>(identities.size()); ++r) {
-      if (r != group->rank && me.sameMachineAndNamespace(identities[r]) &&
-          identities[r].pid != me.pid) {
-        runtime_.watch(group->peer(r), identities[r]);
+    for (const auto& [r, identity] : identities) {
+      if (r >= 0 && r < group->size && r != group->rank && me.sameMachineAndNamespace(identity) &&
+          identity.pid != me.pid) {
+        runtime_.watch(group->peer(r), identity);
       }
     }
   });

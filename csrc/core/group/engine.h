@@ -64,8 +64,7 @@ class Engine {
   // Watches the peers of `group` whose identity (by group rank) shows them on this host
   // (runtime/liveness.h), connecting to them: once one exits, the ops of every group that has
   // it fail, now and later, naming it.
-  void watch(const std::shared_ptr<const Group>& group,
-             const std::vector<ProcessIdentity>& identities);
+  void watch(const std::shared_ptr<const Group>& group, const Identities& identities);
   // Group ids are agreed through the store and wrap (base/tag.h): a group claims its id on every
   // rank's engine, and a claim of an id a live group holds fails (false).
   bool claimGroupId(uint32_t id);

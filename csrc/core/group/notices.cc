@@ -106,13 +106,15 @@ void Notices::open(const std::shared_ptr<Group>& group) {
     Heartbeat& heartbeat = runtime_.heartbeat();
     if (!heartbeat.on()) return;
     for (int peer : neighbours(group->rank, group->size)) {
+      const std::string address = group->directory->address(peer);
+      if (address.empty()) continue;
       try {
-        heartbeat.beat(group->addresses[peer], group->peer(peer));
-        control->beats.push_back(group->addresses[peer]);
+        heartbeat.beat(address, group->peer(peer));
+        control->beats.push_back(address);
       } catch (const Error&) {  // no endpoint can be made: it is found gone by its watchers
       }
-      heartbeat.watch(group->addresses[peer], runtime_.clock().now());
-      control->watches.push_back(group->addresses[peer]);
+      heartbeat.watch(address, runtime_.clock().now());
+      control->watches.push_back(address);
     }
   });
 }
@@ -191,8 +193,9 @@ void Notices::relayBelow(GroupNotices& control, const Notice& notice, const std:
   for (int step = 1; v + step < n; step <<= 1) {
     if (step <= v) continue;
     const int child = (notice.from + v + step) % n;
+    const std::string address = group.directory->known(child);
     const bool gone = std::binary_search(notice.gone.begin(), notice.gone.end(), child) ||
-                      runtime_.isLost(group.addresses[child]);
+                      (!address.empty() && runtime_.isLost(address));
     if (gone || !sendNoticeTo(control, notice, bytes, child)) {
       relayBelow(control, notice, bytes, v + step);
     }
@@ -301,9 +304,14 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   const std::string why = "rank " + std::to_string(notice.from) + " reports: " + notice.text;
   for (int r : notice.gone) {
     if (r < 0 || r >= group.size || r == group.rank || control.newsOf.count(r)) continue;
-    const std::string& address = group.addresses[r];
-    runtime_.markLost(address, why, true);
-    learnGone(address, why, notice.text);
+    // The process is counted gone for every group that knows it; this group counts the rank
+    // gone whether or not this rank knows where it was.
+    const std::string address = group.directory->known(r);
+    if (!address.empty()) {
+      runtime_.markLost(address, why, true);
+      learnGone(address, why, notice.text);
+    }
+    noteGone(control, r, why, notice.text);
   }
   floodPendingNews();
 }
@@ -521,21 +529,26 @@ void Notices::announceLost() {
 
 void Notices::learnGone(const std::string& address, const std::string& why,
                         const std::string& heard) {
-  const TimePoint now = runtime_.clock().now();
   for (const auto& control : controls_) {
     std::shared_ptr<const Group> alive = control->owner.lock();
     if (!control->open || !alive) continue;
-    const Group& g = *alive;
-    for (int r = 0; r < g.size; ++r) {
-      if (r == g.rank || g.addresses[r] != address || !control->newsOf.insert(r).second) continue;
-      const std::string words = "rank " + std::to_string(r) + " is gone: " + why;
-      g.state->noteGone(r, now);
-      g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + words, {r}));
-      refusalsPending_ = true;
-      if (control->newsWhy.empty()) control->newsWhy = heard.empty() ? words : heard;
-      control->newsPending = true;
-    }
+    const int r = alive->directory->rankAt(address);
+    if (r >= 0) noteGone(*control, r, why, heard);
   }
+}
+
+void Notices::noteGone(GroupNotices& control, int r, const std::string& why,
+                       const std::string& heard) {
+  std::shared_ptr<const Group> alive = control.owner.lock();
+  if (!control.open || !alive) return;
+  const Group& g = *alive;
+  if (r == g.rank || !control.newsOf.insert(r).second) return;
+  const std::string words = "rank " + std::to_string(r) + " is gone: " + why;
+  g.state->noteGone(r, runtime_.clock().now());
+  g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + words, {r}));
+  refusalsPending_ = true;
+  if (control.newsWhy.empty()) control.newsWhy = heard.empty() ? words : heard;
+  control.newsPending = true;
 }
 
 void Notices::floodPendingNews() {

@@ -130,8 +130,7 @@ Window::Window(std::shared_ptr<Communicator> comm, uint64_t number)
   group_->rank = of.rank;
   group_->size = of.size;
   group_->id = tag::kAgreementGroup;
-  group_->addresses = of.addresses;
-  group_->peers.assign(of.addresses.size(), -1);
+  group_->directory = of.directory;
   group_->name = of.name + "'s window " + std::to_string(number);
   group_->buffers = of.buffers;
   group_->state = of.state;  // closing or failing the group ends its windows' ops too

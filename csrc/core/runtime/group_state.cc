@@ -61,9 +61,27 @@ Status GroupState::refusal() const {
 }
 
 PeerId Group::peer(int r) const {
-  PeerId& id = peers.at(static_cast<size_t>(r));
-  if (id < 0) id = runtime->connect(addresses.at(static_cast<size_t>(r)));
+  auto it = peers.find(r);
+  if (it != peers.end()) return it->second;
+  if (r < 0 || r >= size) {
+    throw Error("ddl: " + name + " has no rank " + std::to_string(r) + " (its size is " +
+                std::to_string(size) + ")");
+  }
+  const std::string address = directory->address(r);
+  if (address.empty()) {
+    throw Error(Status(StatusKind::kOther,
+                       "ddl: " + name + ": rank " + std::to_string(r) +
+                           " cannot be reached from here (no address is known or found for it)",
+                       {r}));
+  }
+  const PeerId id = runtime->connect(address);
+  peers.emplace(r, id);
   return id;
+}
+
+PeerId Group::openPeer(int r) const {
+  auto it = peers.find(r);
+  return it == peers.end() ? -1 : it->second;
 }
 
 }  // namespace ddl

@@ -8,11 +8,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../base/clock.h"
 #include "../base/status.h"
 #include "../transport/transport.h"
+#include "peer_directory.h"
 
 namespace ddl {
 
@@ -67,14 +69,17 @@ struct Group {
   // id is taken again once a group is destroyed, and what its ranks send (notices) carries this,
   // so that a late word of the old group is never taken for the new one's.
   uint64_t incarnation = 0;
-  // Where each rank is reached (set at creation), and the endpoints opened so far: a rank
-  // connects to a peer when it first sends to it (peer()), so it holds endpoints to the peers
-  // its operations talked to, not to every rank. peers[r] is -1 while not connected; both are
-  // touched on the progress thread only.
-  std::vector<std::string> addresses;
-  mutable std::vector<PeerId> peers;
-  // The endpoint to group rank r, opened now if it was not.
+  // Where the ranks are reached (peer_directory.h: the peers this rank was told of at creation,
+  // and those it looked up since), and the endpoints opened so far: a rank connects to a peer
+  // when it first sends to it (peer()), so it holds endpoints to the peers its operations
+  // talked to, not to every rank. The endpoints are touched on the progress thread only.
+  std::shared_ptr<PeerDirectory> directory = std::make_shared<PeerDirectory>();
+  mutable std::unordered_map<int, PeerId> peers;
+  // The endpoint to group rank r, opened now if it was not (its address looked up if it must
+  // be); throws ddl::Error where the rank cannot be reached.
   PeerId peer(int r) const;
+  // The endpoint to group rank r if one is open, else -1.
+  PeerId openPeer(int r) const;
   std::string name;  // for messages, e.g. "group 3"
   // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.

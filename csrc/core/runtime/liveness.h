@@ -32,6 +32,9 @@ struct ProcessIdentity {
   bool sameMachineAndNamespace(const ProcessIdentity& other) const;
 };
 
+// Process identities by group rank: a rank's host's other processes, the only ones it can watch.
+using Identities = std::map<int, ProcessIdentity>;
+
 // Progress thread only.
 class PeerWatch {
  public:

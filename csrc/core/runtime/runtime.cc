@@ -129,15 +129,20 @@ Status Runtime::lostPeerOf(const Op& op) const {
   if (lost_.empty()) return Status();
   const TimePoint now = clock_.now();
   const Group& g = op.group();
-  for (int r = 0; r < g.size; ++r) {
-    if (r == g.rank || g.addresses[r].empty()) continue;
-    auto it = lost_.find(g.addresses[r]);
-    if (it != lost_.end() && now - it->second.since >= kLostGrace) {
-      return Status(StatusKind::kPeerLost,
-                    "rank " + std::to_string(r) + " is gone: " + it->second.why, {r});
-    }
+  // The lowest rank of the group this rank knows the address of that has been lost for the
+  // grace period.
+  int first = -1;
+  const Lost* why = nullptr;
+  for (const auto& [address, lost] : lost_) {
+    if (now - lost.since < kLostGrace) continue;
+    const int r = g.directory->rankAt(address);
+    if (r < 0 || r == g.rank || (first >= 0 && r > first)) continue;
+    first = r;
+    why = &lost;
   }
-  return Status();
+  if (first < 0) return Status();
+  return Status(StatusKind::kPeerLost, "rank " + std::to_string(first) + " is gone: " + why->why,
+                {first});
 }
 
 bool Runtime::checkLiveness() {

@@ -46,8 +46,9 @@ std::string inFlightJson(Runtime& runtime) {
     // How long ago each awaited peer's last beat came (the peers this process watches).
     bool firstBeat = true;
     for (int r : waits.peers) {
-      if (r < 0 || r >= static_cast<int>(g.addresses.size())) continue;
-      const std::optional<TimePoint> heard = runtime.heartbeat().heard(g.addresses[r]);
+      const std::string address = g.directory->known(r);
+      if (address.empty()) continue;
+      const std::optional<TimePoint> heard = runtime.heartbeat().heard(address);
       if (!heard) continue;
       out << (firstBeat ? "" : ", ") << "\"" << r << "\": " << secondsBetween(*heard, now);
       firstBeat = false;
@@ -55,8 +56,9 @@ std::string inFlightJson(Runtime& runtime) {
     out << "}, \"gone\": {";
     bool firstGone = true;
     for (int r : waits.peers) {
-      if (r < 0 || r >= static_cast<int>(g.addresses.size())) continue;
-      auto lost = runtime.lost().find(g.addresses[r]);
+      const std::string address = g.directory->known(r);
+      if (address.empty()) continue;
+      auto lost = runtime.lost().find(address);
       if (lost == runtime.lost().end()) continue;
       out << (firstGone ? "" : ", ") << "\"" << r << "\": " << jsonString(lost->second.why);
       firstGone = false;

@@ -1,0 +1,87 @@
+#include "peer_directory.h"
+
+#include <algorithm>
+
+namespace ddl {
+
+std::shared_ptr<PeerDirectory> PeerDirectory::of(const std::vector<std::string>& addresses) {
+  auto directory = std::make_shared<PeerDirectory>();
+  for (size_t r = 0; r < addresses.size(); ++r) {
+    directory->learn(static_cast<int>(r), addresses[r]);
+  }
+  return directory;
+}
+
+std::string PeerDirectory::address(int rank) {
+  Lookup lookup;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = byRank_.find(rank);
+    if (it != byRank_.end()) return it->second;
+    lookup = lookup_;
+  }
+  if (!lookup) return "";
+  std::string found = lookup(rank);  // outside the lock: it may wait for the store
+  learn(rank, found);
+  return found;
+}
+
+std::string PeerDirectory::known(int rank) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = byRank_.find(rank);
+  return it == byRank_.end() ? std::string() : it->second;
+}
+
+void PeerDirectory::learn(int rank, const std::string& address) {
+  if (address.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [it, added] = byRank_.emplace(rank, address);
+  if (!added) {
+    if (it->second == address) return;
+    byAddress_.erase(it->second);
+    it->second = address;
+  }
+  byAddress_[address] = rank;
+}
+
+int PeerDirectory::rankAt(const std::string& address) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = byAddress_.find(address);
+  return it == byAddress_.end() ? -1 : it->second;
+}
+
+std::vector<std::pair<int, std::string>> PeerDirectory::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<int, std::string>> out(byRank_.begin(), byRank_.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::shared_ptr<PeerDirectory> PeerDirectory::only(const std::shared_ptr<PeerDirectory>& parent,
+                                                   std::vector<int> members) {
+  std::sort(members.begin(), members.end());
+  auto view = std::make_shared<PeerDirectory>();
+  for (int m : members) view->learn(m, parent->known(m));
+  auto kept = std::make_shared<const std::vector<int>>(std::move(members));
+  view->lookup_ = [parent, kept](int rank) {
+    return std::binary_search(kept->begin(), kept->end(), rank) ? parent->address(rank)
+                                                                : std::string();
+  };
+  return view;
+}
+
+std::shared_ptr<PeerDirectory> PeerDirectory::renumbered(
+    const std::shared_ptr<PeerDirectory>& parent, std::vector<int> members) {
+  auto view = std::make_shared<PeerDirectory>();
+  for (size_t i = 0; i < members.size(); ++i) {
+    view->learn(static_cast<int>(i), parent->known(members[i]));
+  }
+  auto order = std::make_shared<const std::vector<int>>(std::move(members));
+  view->lookup_ = [parent, order](int rank) {
+    return rank >= 0 && static_cast<size_t>(rank) < order->size() ? parent->address((*order)[rank])
+                                                                  : std::string();
+  };
+  return view;
+}
+
+}  // namespace ddl
