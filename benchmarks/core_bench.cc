@@ -85,7 +85,7 @@ int runRank(int rank, int ranks, const std::filesystem::path& dir, size_t bytes,
     CPU_SET(rank % static_cast<int>(std::thread::hardware_concurrency()), &set);
     sched_setaffinity(0, sizeof(set), &set);  // before the engine starts its threads
   }
-  FileStore store(dir);
+  auto store = std::make_shared<FileStore>(dir);
   ddl::Engine& engine = ddl::Engine::process();
   auto comm = ddl::Communicator::create(engine, store, rank, ranks, std::chrono::seconds(60));
   const size_t count = bytes / 4;

@@ -25,7 +25,7 @@ namespace ddl {
 ProcessGroupDDL::ProcessGroupDDL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size) {
-  StoreAdapter adapter(store);
+  auto adapter = std::make_shared<StoreAdapter>(store);
   try {
     // The planner's settings in effect now (torch_ddl._C.check_config() reloads them): groups of
     // one process may plan differently, each as configured when it was created.

@@ -345,7 +345,7 @@ TEST(Collectives, FailedOpKeepsItsBuffersUntilTheTransportLetsGo) {
   HoldingTransport* transport = holding.get();
   Engine lonely(std::move(holding));
   Engine absent(fabric.join());
-  MemoryStore store;
+  auto store = std::make_shared<MemoryStore>();
   std::shared_ptr<Communicator> other;
   std::thread joiner(
       [&] { other = Communicator::create(absent, store, 1, 2, std::chrono::milliseconds(300)); });
@@ -422,7 +422,8 @@ TEST(Collectives, GroupsDoNotMixMessages) {
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));
   auto counter = std::make_shared<std::atomic<uint64_t>>(0);
-  MemoryStore storeA(counter), storeB(counter);
+  auto storeA = std::make_shared<MemoryStore>(counter),
+       storeB = std::make_shared<MemoryStore>(counter);
   std::vector<std::thread> threads;
   std::vector<std::string> errors(size);
   for (int r = 0; r < size; ++r) {

@@ -89,8 +89,14 @@ TEST(Fuzz, WriteSeeds) {
   cards[1].address = "address of rank 1";
   cards[1].locality = Locality{"host-b", "boot/net:[1]/shm:2"}.encode();
   write("bootstrap", "cards", std::string(1, '\0') + encodeCards(cards));
-  GroupDirectory d = directoryFrom(cards, RackMap{}, 3);
-  write("bootstrap", "directory", std::string(1, '\3') + encodeDirectory(d));
+  // 8 ranks (the first byte: 4 x 7 + its kind) in hosts of 4 and 2 x 2.
+  Span span = Span::of(0, false, false, false, false, "");
+  for (int r = 1; r < 8; ++r) span.append(Span::of(r, r != 4 && r != 6, false, false, false, ""));
+  write("bootstrap", "span", std::string(1, static_cast<char>(4 * 7 + 2)) + encodeSpan(span));
+  write("bootstrap", "machine",
+        std::string(1, static_cast<char>(4 * 7 + 1)) + encodeMachine(machineFrom(span, 8, 3, {})));
+  write("bootstrap", "entries",
+        std::string(1, static_cast<char>(4 * 7 + 3)) + encodeEntries({{2, "address of rank 2"}}));
   std::vector<DeriveCard> derive(2);
   derive[0].request = "exclude 2";
   derive[0].heldIds = std::string(tag::kMaxGroups, '\0');

@@ -88,7 +88,7 @@ using TransportFactory = std::function<std::unique_ptr<Transport>()>;
 inline void runGroup(const std::vector<std::unique_ptr<Engine>>& engines, const RankBody& body,
                      std::chrono::milliseconds timeout, const Topology* simulated = nullptr) {
   const int size = static_cast<int>(engines.size());
-  MemoryStore store;
+  auto store = std::make_shared<MemoryStore>();
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

@@ -34,7 +34,7 @@ std::shared_ptr<Group> handMade(Engine& engine, int rank, int size, uint32_t id,
 TEST(Wire, ACreationMessageLongerThanAGroupCanNeedNamesItsSender) {
   LoopbackFabric fabric;
   Engine real(fabric.join()), hostile(fabric.join());
-  MemoryStore store;
+  auto store = std::make_shared<MemoryStore>();
   std::string error;
   std::thread zero([&] {
     try {
@@ -43,10 +43,10 @@ TEST(Wire, ACreationMessageLongerThanAGroupCanNeedNamesItsSender) {
       error = e.what();
     }
   });
-  const std::string key = "ddl/" + std::to_string((store.add("ddl/joined", 1) - 1) / 2) + "/";
-  const uint32_t id = parseGroupId(store.get(key + "group_id"), key + "group_id");
-  store.set(key + "address/1", hostile.localAddress());
-  auto group = handMade(hostile, 1, 2, id, {store.get(key + "address/0"), ""});
+  const std::string key = "ddl/" + std::to_string((store->add("ddl/joined", 1) - 1) / 2) + "/";
+  const uint32_t id = parseGroupId(store->get(key + "group_id"), key + "group_id");
+  store->set(key + "address/1", hostile.localAddress());
+  auto group = handMade(hostile, 1, 2, id, {store->get(key + "address/0"), ""});
   const uint64_t length = uint64_t{1} << 40;
   auto work = std::make_shared<Work>("hostile");
   auto op = std::make_unique<Op>(group, 0, "hostile", std::chrono::seconds(5), work);
@@ -60,7 +60,7 @@ TEST(Wire, ACreationMessageLongerThanAGroupCanNeedNamesItsSender) {
       << error;
 }
 
-TEST(Wire, CreationCardsAndDirectoriesThatAreNotWholeAreRefused) {
+TEST(Wire, CreationCardsSpansAndMachinesThatAreNotWholeAreRefused) {
   std::vector<RankCard> cards(2);
   cards[1].rank = 1;
   cards[1].address = "somewhere";
@@ -78,20 +78,96 @@ TEST(Wire, CreationCardsAndDirectoriesThatAreNotWholeAreRefused) {
   far[0].rank = static_cast<int>(tag::kMaxRanks) + 1;
   back.clear();
   EXPECT_FALSE(decodeCards(encodeCards(far), &back));
-  // A directory whose level names a block it does not have.
-  GroupDirectory d;
-  d.addresses = {"a", "b"};
-  d.identities = {"", ""};
-  d.topology.size = 2;
-  Level level("host", std::vector<int>{0, 0});
-  level.blockNames = {"h0"};
-  d.topology.levels.push_back(level);
-  GroupDirectory out;
-  ASSERT_TRUE(decodeDirectory(encodeDirectory(d), 2, &out));
-  d.topology.levels[0] = Level("host", std::vector<int>{0, 1});
-  d.topology.levels[0].blockNames = {"h0"};
-  EXPECT_FALSE(decodeDirectory(encodeDirectory(d), 2, &out));
-  EXPECT_FALSE(decodeDirectory(encodeDirectory(d), 3, &out));
+  // A child's span of ranks 4 - 7 of 8 (hosts of 2, its first on rank 3's host), cut anywhere,
+  // or said to be of a group too small for it.
+  Span span = Span::of(4, true, false, false, true, "");
+  for (int r = 5; r < 8; ++r) span.append(Span::of(r, r % 2 == 1, false, false, false, ""));
+  const std::string spanBytes = encodeSpan(span);
+  Span spanBack;
+  ASSERT_TRUE(decodeSpan(spanBytes, 8, &spanBack));
+  EXPECT_EQ(spanBack.hosts.runs, (std::vector<std::pair<int, int>>{{2, 2}}));
+  EXPECT_TRUE(spanBack.hosts.continues);
+  EXPECT_EQ(spanBack.idTaken, std::vector<int>{4});
+  for (size_t cut = 0; cut < spanBytes.size(); ++cut) {
+    Span partial;
+    EXPECT_FALSE(decodeSpan(spanBytes.substr(0, cut), 8, &partial)) << cut;
+  }
+  Span tooFew;
+  EXPECT_FALSE(decodeSpan(spanBytes, 7, &tooFew));
+  // A machine whose runs do not add up to the group.
+  Span whole = Span::of(0, false, false, false, false, "");
+  whole.append(Span::of(1, true, false, false, false, ""));
+  const std::string machine = encodeMachine(machineFrom(whole, 2, 3, {}));
+  Bootstrapped m;
+  ASSERT_TRUE(decodeMachine(machine, 2, &m));
+  EXPECT_EQ(m.topology.hosts(), 1);
+  EXPECT_FALSE(decodeMachine(machine, 3, &m));
+  for (size_t cut = 0; cut < machine.size(); ++cut) {
+    Bootstrapped partial;
+    EXPECT_FALSE(decodeMachine(machine.substr(0, cut), 2, &partial)) << cut;
+  }
+  // Addresses for ranks past the group.
+  std::vector<std::pair<int, std::string>> entries;
+  EXPECT_FALSE(decodeEntries(encodeEntries({{2, "x"}}), 2, &entries));
+}
+
+TEST(Wire, ASpanSumsRunsOfHostsAndRacksAcrossItsParts) {
+  // Hosts of 3 in racks of 2 hosts, 12 ranks, summed a rank at a time as the tree does.
+  Span whole;
+  for (int r = 0; r < 12; ++r) {
+    const Span one = Span::of(r, r % 3 != 0, r % 6 != 0, true, false, "");
+    if (r == 0) {
+      whole = one;
+    } else {
+      whole.append(one);
+    }
+  }
+  EXPECT_EQ(whole.hosts.runs, (std::vector<std::pair<int, int>>{{3, 4}}));
+  EXPECT_EQ(whole.racks.runs, (std::vector<std::pair<int, int>>{{6, 2}}));
+  // Past kMaxListed hosts, no names: runs alone.
+  whole.listsHosts = false;
+  whole.hostList.clear();
+  const Bootstrapped m = machineFrom(whole, 12, 3, {});
+  ASSERT_TRUE(m.error.ok()) << m.error.detail;
+  ASSERT_EQ(m.topology.levels.size(), 2u);
+  EXPECT_EQ(m.topology.levels[0].blockOf(11), 3);
+  EXPECT_EQ(m.topology.levels[1].blockOf(5), 0);
+  EXPECT_EQ(m.topology.levels[1].blockOf(6), 1);
+  EXPECT_EQ(m.topology.levels[0].blockName(1), "host of ranks 3-5");
+  // Hosts listed: found by their localities, whatever the rank order (rank 1 on host b, the
+  // others on a), named, in the racks of the map.
+  Span mixed;
+  const char* hostOf = "abaa";
+  for (int r = 0; r < 4; ++r) {
+    const std::string name(1, hostOf[r]);
+    const Span one = Span::of(r, r > 0 && hostOf[r] == hostOf[r - 1], false, true, false, "",
+                              {name, std::hash<std::string>{}(name)});
+    if (r == 0) {
+      mixed = one;
+    } else {
+      mixed.append(one);
+    }
+  }
+  const Bootstrapped found = machineFrom(mixed, 4, 3, parseRackMap("r0: a; r1: b"));
+  ASSERT_TRUE(found.error.ok()) << found.error.detail;
+  EXPECT_EQ(found.topology.describe(), "2 hosts (a: 0 2 3, b: 1)");
+  const std::string bytes = encodeMachine(found);
+  Bootstrapped again;
+  ASSERT_TRUE(decodeMachine(bytes, 4, &again));
+  EXPECT_EQ(again.topology.describe(), found.topology.describe());
+  // Ranks whose engine holds the id, and a rank whose rack map does not name its host.
+  Span taken = Span::of(0, false, false, false, false, "");
+  taken.append(Span::of(1, false, false, false, true, ""));
+  taken.append(Span::of(2, false, false, false, false,
+                        "ddl: TORCH_DDL_TOPOLOGY does not name host h2 (rank 2)"));
+  const Bootstrapped refused = machineFrom(taken, 3, 9, {});
+  EXPECT_NE(refused.error.detail.find("its id 9"), std::string::npos) << refused.error.detail;
+  EXPECT_NE(refused.error.detail.find("rank(s) 1 of the new group"), std::string::npos);
+  Span unnamed = Span::of(0, false, false, false, false, "");
+  unnamed.append(Span::of(1, false, false, false, false,
+                          "ddl: TORCH_DDL_TOPOLOGY does not name host h1 (rank 1)"));
+  EXPECT_EQ(machineFrom(unnamed, 2, 3, {}).error.detail,
+            "ddl: TORCH_DDL_TOPOLOGY does not name host h1 (rank 1)");
 }
 
 TEST(Wire, AgreementCardsThatAreNotWholeAreRefused) {

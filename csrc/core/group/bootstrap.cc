@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <list>
 
 #include "../base/tag.h"
 #include "../base/types.h"
@@ -14,133 +15,13 @@ namespace {
 
 constexpr uint64_t kSlot = tag::slot(tag::kControlPhase, tag::kBootstrapStep);
 
+// The rack of the host named `host`, from the map every rank was given ("" without one).
+std::string rackOf(const RackMap& racks, const std::string& host) {
+  auto it = racks.find(host);
+  return it == racks.end() ? std::string() : it->second;
+}
+
 }  // namespace
-
-std::string encodeCards(const std::vector<RankCard>& cards) {
-  Writer w;
-  w.number(cards.size());
-  for (const RankCard& c : cards) {
-    w.number(static_cast<uint64_t>(c.rank));
-    w.text(c.address);
-    w.text(c.identity);
-    w.text(c.locality);
-    w.number(c.idTaken ? 1 : 0);
-  }
-  return w.take();
-}
-
-bool decodeCards(const std::string& bytes, std::vector<RankCard>* cards) {
-  Reader r(bytes);
-  const uint64_t n = r.number();
-  for (uint64_t i = 0; i < n && r.ok(); ++i) {
-    RankCard c;
-    const uint64_t rank = r.number();
-    if (rank > tag::kMaxRanks) return false;
-    c.rank = static_cast<int>(rank);
-    c.address = r.text();
-    c.identity = r.text();
-    c.locality = r.text();
-    c.idTaken = r.number() != 0;
-    cards->push_back(std::move(c));
-  }
-  return r.ok(true);
-}
-
-std::string encodeDirectory(const GroupDirectory& d) {
-  Writer w;
-  w.text(d.error.detail);
-  w.number(d.incarnation);
-  w.number(d.addresses.size());
-  for (size_t r = 0; r < d.addresses.size(); ++r) {
-    w.text(d.addresses[r]);
-    w.text(d.identities[r]);
-  }
-  w.number(d.topology.levels.size());
-  for (const Level& level : d.topology.levels) {
-    w.text(level.name);
-    w.number(level.blockNames.size());
-    for (const std::string& name : level.blockNames) w.text(name);
-    for (size_t r = 0; r < d.addresses.size(); ++r) {
-      w.number(static_cast<uint64_t>(level.blockOf(static_cast<int>(r))));
-    }
-  }
-  return w.take();
-}
-
-bool decodeDirectory(const std::string& bytes, int size, GroupDirectory* d) {
-  Reader r(bytes);
-  if (std::string words = r.text(); !words.empty()) {
-    d->error = Status(StatusKind::kInvalidArgument, std::move(words));
-  }
-  d->incarnation = r.number();
-  const uint64_t n = r.number();
-  if (!r.ok() || n != static_cast<uint64_t>(size)) return false;
-  d->addresses.resize(n);
-  d->identities.resize(n);
-  for (uint64_t i = 0; i < n && r.ok(); ++i) {
-    d->addresses[i] = r.text();
-    d->identities[i] = r.text();
-  }
-  d->topology = Topology{};
-  d->topology.size = size;
-  const uint64_t levels = r.number();
-  for (uint64_t k = 0; k < levels && r.ok(); ++k) {
-    std::string name = r.text();
-    const uint64_t blocks = r.number();
-    std::vector<std::string> names;
-    for (uint64_t b = 0; b < blocks && r.ok(); ++b) names.push_back(r.text());
-    std::vector<int> blockOf(n);
-    for (uint64_t i = 0; i < n && r.ok(); ++i) {
-      const uint64_t block = r.number();
-      if (block >= blocks) return false;
-      blockOf[i] = static_cast<int>(block);
-    }
-    Level level(std::move(name), blockOf);
-    if (level.blocks() != static_cast<int>(blocks)) return false;  // a block of no rank
-    level.blockNames = std::move(names);
-    d->topology.levels.push_back(std::move(level));
-  }
-  return r.ok(true);
-}
-
-GroupDirectory directoryFrom(const std::vector<RankCard>& cards, const RackMap& racks,
-                             uint32_t groupId) {
-  GroupDirectory d;
-  const size_t n = cards.size();
-  d.addresses.resize(n);
-  d.identities.resize(n);
-  d.topology.size = static_cast<int>(n);
-  std::vector<Locality> localities(n);
-  std::vector<bool> seen(n, false);
-  std::string taken;
-  for (const RankCard& c : cards) {
-    if (c.rank < 0 || static_cast<size_t>(c.rank) >= n || seen[c.rank]) {
-      d.error = Status(StatusKind::kInvalidArgument,
-                       "ddl: creating the group: rank " + std::to_string(c.rank) +
-                           " answered twice or is not a rank of a group of " + std::to_string(n));
-      return d;
-    }
-    seen[c.rank] = true;
-    d.addresses[c.rank] = c.address;
-    d.identities[c.rank] = c.identity;
-    localities[c.rank] = Locality::decode(c.locality);
-    if (c.idTaken) taken += (taken.empty() ? "" : ", ") + std::to_string(c.rank);
-  }
-  if (!taken.empty()) {
-    d.error = Status(StatusKind::kInvalidArgument,
-                     "ddl: cannot create another group: its id " + std::to_string(groupId) +
-                         " (group ids are taken modulo " + std::to_string(tag::kGroupIds) +
-                         ") is still held by a live group on rank(s) " + taken +
-                         " of the new group; destroy the groups the job no longer uses");
-    return d;
-  }
-  try {
-    d.topology = buildTopology(localities, racks);
-  } catch (const Error& e) {
-    d.error = Status(StatusKind::kInvalidArgument, e.what());
-  }
-  return d;
-}
 
 Task sendFramed(Op& op, int peer, uint64_t slot, std::string bytes) {
   const uint64_t length = bytes.size();
@@ -173,50 +54,191 @@ std::vector<int> bootstrapChildren(int rank, int size) {
   return children;
 }
 
+namespace {
+
+// Framed sends posted at once and awaited later, so that a rank's receives are posted while its
+// sends travel (no rank waits for a send to complete before it listens).
+class Outbox {
+ public:
+  explicit Outbox(Op& op) : op_(op) {}
+  void post(int peer, std::string bytes) {
+    Framed& f = framed_.emplace_back();
+    f.bytes = std::move(bytes);
+    f.length = f.bytes.size();
+    requests_.push_back(op_.send(peer, kSlot, &f.length, sizeof(f.length)));
+    requests_.push_back(op_.send(peer, kSlot, f.bytes.data(), f.bytes.size()));
+  }
+  Op::Until sent() { return op_.all(std::move(requests_)); }
+
+ private:
+  struct Framed {
+    uint64_t length = 0;
+    std::string bytes;
+  };
+  Op& op_;
+  std::list<Framed> framed_;  // stable addresses while the sends are in flight
+  std::vector<Request*> requests_;
+};
+
+// Step 2: this rank's card to its predecessor (and the last rank's to rank 0), then the
+// predecessor's answer; the neighbours' cards (the successor's first).
+Task exchangeNeighbours(Op& op, Group& group, const RankCard& mine, RankCard* before,
+                        RankCard* after) {
+  const int n = group.size, rank = group.rank;
+  const int pred = (rank + n - 1) % n, succ = (rank + 1) % n;
+  const std::string card = encodeCards({mine});
+  const uint64_t most = kMaxCardBytes;
+  auto take = [&](const std::string& bytes, int from, RankCard* out) {
+    std::vector<RankCard> cards;
+    if (!decodeCards(bytes, &cards) || cards.size() != 1 || cards[0].rank != from) {
+      throw Error("rank " + std::to_string(from) + " sent a malformed card");
+    }
+    *out = std::move(cards[0]);
+    group.directory->learn(from, out->address);
+  };
+  // Every rank's successor sends first (its predecessor's address came from the store); rank
+  // 0 hears from the last rank, which read rank 0's address there.
+  Outbox outbox(op);
+  if (rank != 0) outbox.post(pred, card);
+  if (rank == n - 1 && n > 2) outbox.post(succ, card);
+  std::string bytes;
+  if (rank != n - 1) {  // its successor is not rank 0, which sends to its predecessor later
+    co_await receiveFramed(op, succ, kSlot, most, &bytes);
+    take(bytes, succ, after);
+  }
+  if (rank == 0 && n > 2) {
+    co_await receiveFramed(op, pred, kSlot, most, &bytes);
+    take(bytes, pred, before);
+  }
+  // Then each answers: to its successor (rank 0 to the last rank too).
+  if (rank != n - 1) outbox.post(succ, card);
+  if (rank == 0 && n > 2) outbox.post(pred, card);
+  if (rank != 0) {
+    co_await receiveFramed(op, pred, kSlot, most, &bytes);
+    take(bytes, pred, before);
+  }
+  if (rank == n - 1 && n > 2) {
+    co_await receiveFramed(op, succ, kSlot, most, &bytes);
+    take(bytes, succ, after);
+  }
+  co_await outbox.sent();
+}
+
+// Step 3: the ranks at distances 2d from those at distance d, for d = 1, 2, 4, ... while 2d < n.
+Task doubleFingers(Op& op, Group& group) {
+  const int n = group.size, rank = group.rank;
+  for (int d = 1; 2 * d < n; d *= 2) {
+    const int behind = (rank + n - d) % n, ahead = (rank + d) % n;
+    // Each is told the other: the rank behind learns the one 2d ahead of it, and so on.
+    Outbox outbox(op);
+    outbox.post(behind, encodeEntries({{ahead, group.directory->address(ahead)}}));
+    outbox.post(ahead, encodeEntries({{behind, group.directory->address(behind)}}));
+    const int far[2] = {(rank + 2 * d) % n, (rank + n - (2 * d) % n) % n};
+    const int from[2] = {ahead, behind};
+    for (int i = 0; i < 2; ++i) {
+      std::string bytes;
+      co_await receiveFramed(op, from[i], kSlot, kMaxCardBytes, &bytes);
+      std::vector<std::pair<int, std::string>> entries;
+      if (!decodeEntries(bytes, n, &entries) || entries.size() != 1 || entries[0].first != far[i]) {
+        throw Error("rank " + std::to_string(from[i]) + " sent a malformed address");
+      }
+      group.directory->learn(entries[0].first, entries[0].second);
+    }
+    co_await outbox.sent();
+  }
+}
+
+// This rank's span: on its predecessor's host? in its rack? its host, its rack map's word.
+Span leafSpan(int rank, const RankCard& mine, const RankCard& before, const RackMap& racks) {
+  const Locality here = Locality::decode(mine.locality);
+  const Locality previous = rank > 0 ? Locality::decode(before.locality) : Locality{};
+  std::string error;
+  const std::string rack = rackOf(racks, here.hostName);
+  if (!racks.empty() && rack.empty()) {
+    error = "ddl: TORCH_DDL_TOPOLOGY does not name host " + here.hostName + " (rank " +
+            std::to_string(rank) + ")";
+  }
+  const bool sameHost = rank > 0 && here.sameHost(previous);
+  const bool sameRack = rank > 0 && !rack.empty() && rack == rackOf(racks, previous.hostName);
+  const Span::Host host{here.hostName, std::hash<std::string>{}(mine.locality)};
+  return Span::of(rank, sameHost, sameRack, !racks.empty(), mine.idTaken, std::move(error), host);
+}
+
+// Step 6: along the ranks of this rank's host and back, their identities.
+Task exchangeHostIdentities(Op& op, Group& group, const Topology& topology, const std::string& mine,
+                            Bootstrapped* out) {
+  const Level& hosts = topology.levels[0];
+  const std::vector<int> ranks = hosts.membersOf(hosts.blockOf(group.rank));
+  if (ranks.size() < 2) co_return;
+  const auto at = std::find(ranks.begin(), ranks.end(), group.rank) - ranks.begin();
+  std::vector<std::pair<int, std::string>> known;
+  const uint64_t most = kMaxCardBytes * ranks.size();
+  std::string bytes;
+  if (at > 0) {
+    co_await receiveFramed(op, ranks[at - 1], kSlot, most, &bytes);
+    if (!decodeEntries(bytes, group.size, &known) || known.size() != static_cast<size_t>(at)) {
+      throw Error("rank " + std::to_string(ranks[at - 1]) + " sent malformed identities");
+    }
+  }
+  known.emplace_back(group.rank, mine);
+  if (static_cast<size_t>(at) + 1 < ranks.size()) {
+    co_await sendFramed(op, ranks[at + 1], kSlot, encodeEntries(known));
+    known.clear();
+    co_await receiveFramed(op, ranks[at + 1], kSlot, most, &bytes);
+    if (!decodeEntries(bytes, group.size, &known) || known.size() != ranks.size()) {
+      throw Error("rank " + std::to_string(ranks[at + 1]) + " sent malformed identities");
+    }
+  }
+  if (at > 0) co_await sendFramed(op, ranks[at - 1], kSlot, encodeEntries(known));
+  for (auto& [rank, identity] : known) {
+    if (rank != group.rank && !identity.empty()) out->hostIdentities.emplace_back(rank, identity);
+  }
+}
+
+}  // namespace
+
 Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
-                    std::shared_ptr<GroupDirectory> out) {
-  const int n = group->size;
-  const int parent = bootstrapParent(group->rank);
-  const std::vector<int> children = bootstrapChildren(group->rank, n);
-  // 2. Up: the children's cards (a larger subtree answers later: the smallest first), then on.
-  std::vector<RankCard> cards;
-  cards.push_back(std::move(mine));
-  for (int child : children) {
+                    std::shared_ptr<Bootstrapped> out) {
+  const int n = group->size, rank = group->rank;
+  if (n == 1) {
+    *out = machineFrom(leafSpan(0, mine, RankCard{}, racks), 1, group->id, racks);
+    if (out->error.ok()) out->incarnation = group->runtime->newIncarnation();
+    co_return;
+  }
+  // 2, 3: the neighbours and the fingers.
+  RankCard before, after;
+  co_await exchangeNeighbours(op, *group, mine, &before, &after);
+  co_await doubleFingers(op, *group);
+  // 4. Up: this rank's span, then its children's, in rank order.
+  Span span = leafSpan(rank, mine, before, racks);
+  for (int child : bootstrapChildren(rank, n)) {
     std::string bytes;
     co_await receiveFramed(op, child, kSlot, kMaxCardBytes * static_cast<uint64_t>(n), &bytes);
-    if (!decodeCards(bytes, &cards)) {
-      throw Error("rank " + std::to_string(child) + " sent malformed cards");
+    Span theirs;
+    if (!decodeSpan(bytes, n, &theirs) || theirs.first != span.first + span.count ||
+        theirs.racked != span.racked) {
+      throw Error("rank " + std::to_string(child) + " sent a malformed summary of its ranks");
     }
+    span.append(theirs);
   }
+  // 5. Down: the machine.
+  const int parent = bootstrapParent(rank);
   std::string down;
   if (parent >= 0) {
-    co_await sendFramed(op, parent, kSlot, encodeCards(cards));
+    co_await sendFramed(op, parent, kSlot, encodeSpan(span));
     co_await receiveFramed(op, parent, kSlot, kMaxCardBytes * static_cast<uint64_t>(n), &down);
-    if (!decodeDirectory(down, n, out.get())) {
-      throw Error("rank " + std::to_string(parent) + " sent a malformed directory");
+    if (!decodeMachine(down, n, out.get())) {
+      throw Error("rank " + std::to_string(parent) + " sent a malformed machine");
     }
   } else {
-    std::sort(cards.begin(), cards.end(),
-              [](const RankCard& a, const RankCard& b) { return a.rank < b.rank; });
-    if (cards.size() != static_cast<size_t>(n)) {
-      throw Error(std::to_string(cards.size()) + " of " + std::to_string(n) + " ranks answered");
-    }
-    *out = directoryFrom(cards, racks, group->id);
-    out->incarnation = group->runtime->newIncarnation();
-    down = encodeDirectory(*out);
+    *out = machineFrom(span, n, group->id, racks);
+    if (out->error.ok()) out->incarnation = group->runtime->newIncarnation();
+    down = encodeMachine(*out);
   }
-  cards = {};
-  // 3. Down, to the children, whose addresses are known now.
-  for (size_t r = 0; r < out->addresses.size(); ++r) {
-    group->directory->learn(static_cast<int>(r), out->addresses[r]);
-  }
-  const uint64_t downLength = down.size();
-  std::vector<Request*> sends;
-  for (int child : children) {
-    sends.push_back(op.send(child, kSlot, &downLength, sizeof(downLength)));
-    sends.push_back(op.send(child, kSlot, down.data(), down.size()));
-  }
-  co_await op.all(std::move(sends));
+  for (int child : bootstrapChildren(rank, n)) co_await sendFramed(op, child, kSlot, down);
+  // 6. The host's identities.
+  if (out->error.ok())
+    co_await exchangeHostIdentities(op, *group, out->topology, mine.identity, out.get());
 }
 
 }  // namespace ddl

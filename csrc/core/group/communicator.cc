@@ -48,13 +48,14 @@ void Communicator::refuse(const char* name, const std::string& what) {
   throw Error(where(name) + ": " + what, StatusKind::kInvalidArgument);
 }
 
-std::shared_ptr<Communicator> Communicator::create(Engine& engine, KeyValueStore& store, int rank,
+std::shared_ptr<Communicator> Communicator::create(Engine& engine,
+                                                   std::shared_ptr<KeyValueStore> store, int rank,
                                                    int size, std::chrono::milliseconds timeout,
                                                    const Topology* simulated) {
   GroupOptions options;
   options.timeout = timeout;
   options.topology = simulated;
-  return Creation::begin(engine, store, rank, size, options)->await();
+  return Creation::begin(engine, std::move(store), rank, size, options)->await();
 }
 
 void Communicator::nameGroup(Group& group, Engine& engine) {

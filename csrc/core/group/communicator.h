@@ -62,8 +62,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Collective over `size` processes: finds the group's id and its tree parent through `store`
   // and learns every rank's address and locality over the group's own messages
   // (group/bootstrap.h); connects to peers as its operations first need them.
-  static std::shared_ptr<Communicator> create(Engine& engine, KeyValueStore& store, int rank,
-                                              int size, std::chrono::milliseconds timeout,
+  static std::shared_ptr<Communicator> create(Engine& engine, std::shared_ptr<KeyValueStore> store,
+                                              int rank, int size, std::chrono::milliseconds timeout,
                                               const Topology* simulated = nullptr);
   // create() in two halves, for a driver that must not block: group/creation.h.
 
@@ -227,7 +227,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   Engine* engine_;
   std::shared_ptr<const Group> group_;
-  std::atomic<uint64_t> loggedSizes_{0};     // allreduce size classes logged (bit k: 2^(k-1) bytes)
+  std::atomic<uint64_t> loggedSizes_{0};  // allreduce size classes logged (bit k: 2^(k-1) bytes)
   Identities identities_;  // of this rank's host's other ranks (none where simulated)
   std::map<std::string, uint32_t> derivations_;  // agreements made so far, by call
   bool ownsId_ = false;  // gives the group's id back to the engine when destroyed

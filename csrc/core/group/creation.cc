@@ -13,11 +13,11 @@ namespace {
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
-                 std::shared_ptr<GroupDirectory> directory, const Topology* given,
+                 std::shared_ptr<Bootstrapped> bootstrapped, const Topology* given,
                  std::string links, std::shared_ptr<Creation::Found> out) {
-  co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), directory);
-  if (!directory->error.ok()) co_return;
-  out->topology = given != nullptr ? *given : directory->topology;
+  co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), bootstrapped);
+  if (!bootstrapped->error.ok()) co_return;
+  out->topology = given != nullptr ? *given : std::move(bootstrapped->topology);
   if (out->topology.size != group->size) {
     throw Error("ddl: the topology given is for another group size", StatusKind::kInvalidArgument);
   }
@@ -49,8 +49,9 @@ Creation::~Creation() {
   if (claimed_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
 }
 
-std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, int rank, int size,
-                                          const GroupOptions& options) {
+std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyValueStore> shared,
+                                          int rank, int size, const GroupOptions& options) {
+  KeyValueStore& store = *shared;
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
                 std::to_string(size));
@@ -85,21 +86,26 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, 
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
   card.idTaken = !engine.claimGroupId(group->id);
   pending->claimed_ = !card.idTaken;
+  // Every rank's address is in the store, under the creation's keys; a rank reads its
+  // predecessor's (the last rank rank 0's too), and another peer's when it first sends to it
+  // (bootstrap.h).
+  auto addressKey = [key](int r) { return key + "address/" + std::to_string(r); };
+  group->directory = std::make_shared<PeerDirectory>(
+      [shared, addressKey](int r) { return shared->get(addressKey(r)); });
   if (size > 1) {
-    store.set(key + "address/" + std::to_string(rank), card.address);
+    store.set(addressKey(rank), card.address);
+    const int predecessor = (rank + size - 1) % size;
+    if (rank > 0) group->directory->learn(predecessor, store.get(addressKey(predecessor)));
+    if (rank == size - 1 && size > 2) group->directory->learn(0, store.get(addressKey(0)));
   }
-  const int parent = bootstrapParent(rank);
-  if (parent >= 0) {
-    group->directory->learn(parent, store.get(key + "address/" + std::to_string(parent)));
-  }
-  pending->directory_ = std::make_shared<GroupDirectory>();
+  pending->bootstrapped_ = std::make_shared<Bootstrapped>();
   pending->work_ = std::make_shared<Work>("group creation");
   auto op = std::make_unique<Op>(group, 0, "group creation", options.timeout, pending->work_);
   const Config& settings = engine.config();
   const std::string racks = options.racks ? *options.racks : settings.topology;
   pending->found_ = std::make_shared<Found>();
   op->task = createGroup(*op, &engine, group, std::move(card), parseRackMap(racks),
-                         pending->directory_, options.topology,
+                         pending->bootstrapped_, options.topology,
                          options.links ? *options.links : settings.links, pending->found_);
   engine.submit(std::move(op));
   return pending;
@@ -108,22 +114,20 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, KeyValueStore& store, 
 std::shared_ptr<Communicator> Creation::finish() {
   if (!work_->done()) throw Error("ddl: the group's creation has not finished");
   if (work_->failed()) throw Error(work_->error());
-  GroupDirectory& directory = *directory_;
-  if (!directory.error.ok()) throw Error(directory.error);
+  Bootstrapped& bootstrapped = *bootstrapped_;
+  if (!bootstrapped.error.ok()) throw Error(bootstrapped.error);
   std::shared_ptr<Group> group = group_;
   Engine& engine = *engine_;
   const GroupOptions& options = options_;
-  group->incarnation = directory.incarnation;
+  group->incarnation = bootstrapped.incarnation;
   engine.notices().open(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
   Identities identities;
-  for (int r = 0; r < group->size; ++r) {
-    if (r != group->rank && !directory.identities[r].empty()) {
-      identities.emplace(r, ProcessIdentity::decode(directory.identities[r]));
-    }
+  for (const auto& [r, identity] : bootstrapped.hostIdentities) {
+    identities.emplace(r, ProcessIdentity::decode(identity));
   }
   engine.watch(group, identities);
-  directory = GroupDirectory{};
+  bootstrapped = Bootstrapped{};
   const Config& settings = engine.config();
   PlanRequest request = options.plan ? *options.plan : planRequest(settings);
   auto comm = std::shared_ptr<Communicator>(

@@ -48,8 +48,10 @@ uint32_t parseGroupId(const std::string& value, const std::string& key);
 
 class Creation {
  public:
-  static std::unique_ptr<Creation> begin(Engine& engine, KeyValueStore& store, int rank, int size,
-                                         const GroupOptions& options);
+  // `store` is kept: a rank looks up in it the address of a peer it was not told of at creation
+  // (bootstrap.h) when it first sends to it.
+  static std::unique_ptr<Creation> begin(Engine& engine, std::shared_ptr<KeyValueStore> store,
+                                         int rank, int size, const GroupOptions& options);
   Creation(const Creation&) = delete;
   Creation& operator=(const Creation&) = delete;
   ~Creation();  // gives the id back unless finish() handed it on
@@ -74,7 +76,7 @@ class Creation {
   std::shared_ptr<Group> group_;
   GroupOptions options_;
   std::shared_ptr<Work> work_;
-  std::shared_ptr<GroupDirectory> directory_;
+  std::shared_ptr<Bootstrapped> bootstrapped_;
   std::shared_ptr<Found> found_;
   bool claimed_ = false;  // the group's id is claimed on the engine
 };

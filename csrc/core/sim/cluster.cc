@@ -86,7 +86,7 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
   network_ = std::make_unique<SimNetwork>(std::move(layout));
   memory_ = std::make_unique<SimMemory>(*network_, spec.payload, spec.reduceBandwidth,
                                         spec.copyBandwidth);
-  store_ = std::make_unique<Store>();
+  store_ = std::make_shared<Store>();
   comms_.resize(n);
   settings_ = config();
   settings_.traceFile.clear();
@@ -141,7 +141,7 @@ void SimCluster::createGroup() {
     // the first op, where a real process that cannot map them would try once and go on so.
     options.plan = spec_.plan ? *spec_.plan : planRequest();
     options.plan->hostSlots = false;
-    pending[r] = Creation::begin(*engines_[r], *store_, r, n, options);
+    pending[r] = Creation::begin(*engines_[r], store_, r, n, options);
   }
   size_t done = 0;  // ranks before it have finished the exchange
   network_->run(

@@ -132,7 +132,7 @@ class SimCluster {
   class Store;
   std::unique_ptr<SimNetwork> network_;
   std::unique_ptr<SimMemory> memory_;
-  std::unique_ptr<Store> store_;
+  std::shared_ptr<Store> store_;
   LinkCosts links_;
   std::string rackMap_;
   std::vector<Locality> localities_;
