@@ -172,6 +172,12 @@ def main(argv=None):
     p.add_argument("--reduce-bw", type=parse_rate, default=20e9,
                    help="bytes/s a rank reduces (0: free)")
     p.add_argument("--copy-bw", type=parse_rate, default=20e9, help="bytes/s a rank copies")
+    p.add_argument("--store-us", type=float, default=31.0,
+                   help="us the store's one server takes per request it answers (get, add, "
+                        "multi_get; TCPStore here: 31, benchmarks/store_service.py); a set takes "
+                        "--store-set-us, each key of a multi_get past the first --store-key-us")
+    p.add_argument("--store-set-us", type=float, default=2.2)
+    p.add_argument("--store-key-us", type=float, default=0.64)
     p.add_argument("--payload", choices=["auto", "on", "off"], default="auto",
                    help="carry and check real data (auto: when the ranks' inputs or outputs "
                         "come to at most --payload-limit bytes: ranks x bytes, or ranks x ranks x "
@@ -244,7 +250,8 @@ def main(argv=None):
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
             hosts_per_rack=args.hosts_per_rack, links=args.links, reduce_bw=args.reduce_bw,
-            copy_bw=args.copy_bw, payload=payload, timeout_ms=args.timeout_ms,
+            copy_bw=args.copy_bw, store_us=args.store_us, store_set_us=args.store_set_us,
+            store_key_us=args.store_key_us, payload=payload, timeout_ms=args.timeout_ms,
             collective=args.collective, bytes=args.bytes, seed=args.seed, kill_ranks=kill_ranks,
             kill_fraction=kill_fraction, shrink=args.shrink, algo=args.algo, colors=args.colors, rings=args.rings,
             waves=args.waves, **faults))

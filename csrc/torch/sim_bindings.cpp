@@ -57,6 +57,9 @@ SimRequest simRequestOf(const py::dict& a) {
   q.cluster.links = a["links"].cast<std::string>();
   q.cluster.reduceBandwidth = a["reduce_bw"].cast<double>();
   q.cluster.copyBandwidth = a["copy_bw"].cast<double>();
+  if (a.contains("store_us")) q.cluster.storeMicros = a["store_us"].cast<double>();
+  if (a.contains("store_set_us")) q.cluster.storeSetMicros = a["store_set_us"].cast<double>();
+  if (a.contains("store_key_us")) q.cluster.storeKeyMicros = a["store_key_us"].cast<double>();
   q.cluster.payload = a["payload"].cast<bool>();
   q.cluster.timeout = std::chrono::milliseconds(a["timeout_ms"].cast<int64_t>());
   q.collective = a["collective"].cast<std::string>();

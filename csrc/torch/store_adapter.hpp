@@ -22,6 +22,13 @@ class StoreAdapter : public KeyValueStore {
     std::vector<uint8_t> value = store_->get(key);
     return std::string(value.begin(), value.end());
   }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    std::vector<std::string> values;
+    for (const std::vector<uint8_t>& value : store_->multiGet(keys)) {
+      values.emplace_back(value.begin(), value.end());
+    }
+    return values;
+  }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
   uint64_t nextGroupNumber() override {
     return static_cast<uint64_t>(

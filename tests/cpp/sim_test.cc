@@ -327,7 +327,7 @@ TEST(Sim, OneInputGivesOneRunBitForBit) {
 TEST(Sim, CreationMakesFewStoreRequestsAndFewEndpoints) {
   SimReport r = simulate(request(512, 4, 8, 4 << 10));
   expectRight(r);
-  EXPECT_LE(r.storeRequests, 5u * 512);
+  EXPECT_LE(r.storeRequests, 4u * 512);
   // Heartbeats and news both ways at distances 2^k (2 log2 P - 1), the tree, rings of 3 levels.
   EXPECT_LE(r.maxEndpoints, 2 * 9 + 6);
   // Framed messages (a length, then the bytes) of creation (group/bootstrap.h): the neighbours' two

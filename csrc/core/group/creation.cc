@@ -21,6 +21,9 @@ Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard 
   if (out->topology.size != group->size) {
     throw Error("ddl: the topology given is for another group size", StatusKind::kInvalidArgument);
   }
+  // The peers this rank's rings and rounds meet that creation did not tell it of, in one
+  // request to the store (bootstrap.h).
+  if (group->size > 1) group->directory->prefetch(ringPartners(out->topology, group->rank));
   out->links = parseLinks(links);
   out->links.segmentBytes = static_cast<double>(engine->config().segmentBytes);
   // Measured on the machine found only: a topology given instead has no links to measure.
@@ -71,32 +74,48 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   // creation the count falls in names this one's keys, so nobody reads a stale value.
   const int64_t joined = store.add("ddl/joined", 1);
   const std::string key = "ddl/" + std::to_string((joined - 1) / size) + "/";
+  // Every rank's address is in the store, under the creation's keys. A rank other than 0 sets
+  // its own, then reads the group id with its predecessor's address (the last rank rank 0's too)
+  // in one request; another peer's when it first sends to it (bootstrap.h).
+  auto addressKey = [key](int r) { return key + "address/" + std::to_string(r); };
+  const std::string address = engine.localAddress();
+  std::vector<std::string> known;  // group id, then the addresses of `knownRanks`
+  std::vector<int> knownRanks;
   if (rank == 0) {
     group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
     store.set(key + "group_id", std::to_string(group->id));
+    if (size > 1) store.set(addressKey(0), address);
   } else {
-    group->id = parseGroupId(store.get(key + "group_id"), key + "group_id");
+    store.set(addressKey(rank), address);
+    knownRanks.push_back(rank - 1);
+    if (rank == size - 1 && size > 2) knownRanks.push_back(0);
+    std::vector<std::string> keys{key + "group_id"};
+    for (int r : knownRanks) keys.push_back(addressKey(r));
+    known = store.multiGet(keys);
+    if (known.size() != keys.size()) {
+      throw Error("ddl: the store answered " + std::to_string(known.size()) + " values for " +
+                  std::to_string(keys.size()) + " keys");
+    }
+    group->id = parseGroupId(known[0], key + "group_id");
   }
   Communicator::nameGroup(*group, engine);
   engine.runtime().recorder().noteRank(rank);
   RankCard card;
   card.rank = rank;
-  card.address = engine.localAddress();
+  card.address = address;
   card.identity = options.identity ? *options.identity : ProcessIdentity::self().encode();
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
   card.idTaken = !engine.claimGroupId(group->id);
   pending->claimed_ = !card.idTaken;
-  // Every rank's address is in the store, under the creation's keys; a rank reads its
-  // predecessor's (the last rank rank 0's too), and another peer's when it first sends to it
-  // (bootstrap.h).
-  auto addressKey = [key](int r) { return key + "address/" + std::to_string(r); };
   group->directory = std::make_shared<PeerDirectory>(
-      [shared, addressKey](int r) { return shared->get(addressKey(r)); });
-  if (size > 1) {
-    store.set(addressKey(rank), card.address);
-    const int predecessor = (rank + size - 1) % size;
-    if (rank > 0) group->directory->learn(predecessor, store.get(addressKey(predecessor)));
-    if (rank == size - 1 && size > 2) group->directory->learn(0, store.get(addressKey(0)));
+      [shared, addressKey](int r) { return shared->get(addressKey(r)); },
+      [shared, addressKey](const std::vector<int>& ranks) {
+        std::vector<std::string> keys;
+        for (int r : ranks) keys.push_back(addressKey(r));
+        return shared->multiGet(keys);
+      });
+  for (size_t i = 0; i < knownRanks.size(); ++i) {
+    group->directory->learn(knownRanks[i], known[i + 1]);
   }
   pending->bootstrapped_ = std::make_shared<Bootstrapped>();
   pending->work_ = std::make_shared<Work>("group creation");

@@ -44,6 +44,27 @@ void PeerDirectory::learn(int rank, const std::string& address) {
   byAddress_[address] = rank;
 }
 
+void PeerDirectory::prefetch(const std::vector<int>& ranks) {
+  std::vector<int> missing;
+  BulkLookup bulk;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int r : ranks) {
+      if (byRank_.count(r) == 0 && std::find(missing.begin(), missing.end(), r) == missing.end()) {
+        missing.push_back(r);
+      }
+    }
+    bulk = bulk_;
+  }
+  if (missing.empty()) return;
+  if (!bulk) {
+    for (int r : missing) address(r);
+    return;
+  }
+  const std::vector<std::string> found = bulk(missing);
+  for (size_t i = 0; i < missing.size() && i < found.size(); ++i) learn(missing[i], found[i]);
+}
+
 int PeerDirectory::rankAt(const std::string& address) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = byAddress_.find(address);

@@ -28,8 +28,12 @@ class PeerDirectory {
   // ddl::Error to say why it failed.
   using Lookup = std::function<std::string(int rank)>;
 
+  // The addresses of several ranks at once (one request), in their order.
+  using BulkLookup = std::function<std::vector<std::string>(const std::vector<int>& ranks)>;
+
   PeerDirectory() = default;
-  explicit PeerDirectory(Lookup lookup) : lookup_(std::move(lookup)) {}
+  explicit PeerDirectory(Lookup lookup, BulkLookup bulk = nullptr)
+      : lookup_(std::move(lookup)), bulk_(std::move(bulk)) {}
   // One that knows every rank's address, by rank ("" for a rank it must not reach).
   static std::shared_ptr<PeerDirectory> of(const std::vector<std::string>& addresses);
 
@@ -38,6 +42,8 @@ class PeerDirectory {
   // The address of `rank` if it is known here, else "" (no lookup).
   std::string known(int rank) const;
   void learn(int rank, const std::string& address);
+  // Looks up those of `ranks` not known here, at once where it can (one request).
+  void prefetch(const std::vector<int>& ranks);
   // The rank known at `address`, -1 for none.
   int rankAt(const std::string& address) const;
   // The addresses known here, by rank.
@@ -54,6 +60,7 @@ class PeerDirectory {
  private:
   mutable std::mutex mutex_;
   Lookup lookup_;
+  BulkLookup bulk_;
   std::unordered_map<int, std::string> byRank_;
   std::unordered_map<std::string, int> byAddress_;
 };

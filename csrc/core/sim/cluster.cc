@@ -9,36 +9,72 @@
 
 namespace ddl {
 
-// The job's store, in memory: every request counted. A key a rank reads must have been set
-// already (creation reads only keys of lower ranks, which the cluster creates first).
+// The job's store, in memory, as one server: every request counted and served in the order
+// they come (ClusterSpec::storeMicros); the rank that asks (the rank being turned, or the one
+// whose creation begins: asking()) waits for an answer, not for a set. A key a rank reads must have
+// been set already (creation reads only keys of lower ranks, which the cluster creates first).
 class SimCluster::Store : public KeyValueStore {
  public:
+  Store(SimNetwork& network, const ClusterSpec& spec)
+      : network_(network),
+        answered_(nanos(spec.storeMicros)),
+        set_(nanos(spec.storeSetMicros)),
+        perKey_(nanos(spec.storeKeyMicros)) {}
+  void asking(int rank) { asking_ = rank; }
   void set(const std::string& key, const std::string& value) override {
-    ++requests_;
+    serve(1, false);
     values_[key] = value;
   }
   std::string get(const std::string& key) override {
-    ++requests_;
+    serve();
     auto it = values_.find(key);
     if (it == values_.end()) {
       throw Error("ddl: simulated store: '" + key + "' was read before any rank set it");
     }
     return it->second;
   }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    serve(keys.size());
+    std::vector<std::string> values;
+    for (const std::string& key : keys) {
+      auto it = values_.find(key);
+      if (it == values_.end()) {
+        throw Error("ddl: simulated store: '" + key + "' was read before any rank set it");
+      }
+      values.push_back(it->second);
+    }
+    return values;
+  }
   int64_t add(const std::string& key, int64_t delta) override {
-    ++requests_;
+    serve();
     auto it = values_.find(key);
     const int64_t sum = (it == values_.end() ? 0 : std::stoll(it->second)) + delta;
     values_[key] = std::to_string(sum);
     return sum;
   }
   uint64_t nextGroupNumber() override {
-    ++requests_;
+    serve();
     return groups_++;
   }
   uint64_t requests() const { return requests_; }
 
  private:
+  static std::chrono::nanoseconds nanos(double micros) {
+    return std::chrono::nanoseconds(static_cast<int64_t>(micros * 1e3));
+  }
+  void serve(size_t keys = 1, bool answered = true) {
+    ++requests_;
+    const int rank = network_.turning() >= 0 ? network_.turning() : asking_;
+    if (rank < 0) return;
+    const TimePoint asked = network_.timeOf(rank);
+    const auto extra = perKey_ * static_cast<int64_t>(keys > 0 ? keys - 1 : 0);
+    freeAt_ = std::max(freeAt_, asked) + (answered ? answered_ + extra : set_);
+    if (answered) network_.waitUntil(rank, freeAt_);
+  }
+  SimNetwork& network_;
+  const std::chrono::nanoseconds answered_, set_, perKey_;
+  TimePoint freeAt_{};
+  int asking_ = -1;
   std::map<std::string, std::string> values_;
   uint64_t requests_ = 0;
   uint64_t groups_ = 0;
@@ -86,7 +122,7 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
   network_ = std::make_unique<SimNetwork>(std::move(layout));
   memory_ = std::make_unique<SimMemory>(*network_, spec.payload, spec.reduceBandwidth,
                                         spec.copyBandwidth);
-  store_ = std::make_shared<Store>();
+  store_ = std::make_shared<Store>(*network_, spec);
   comms_.resize(n);
   settings_ = config();
   settings_.traceFile.clear();
@@ -141,8 +177,10 @@ void SimCluster::createGroup() {
     // the first op, where a real process that cannot map them would try once and go on so.
     options.plan = spec_.plan ? *spec_.plan : planRequest();
     options.plan->hostSlots = false;
+    store_->asking(r);
     pending[r] = Creation::begin(*engines_[r], store_, r, n, options);
   }
+  store_->asking(-1);
   size_t done = 0;  // ranks before it have finished the exchange
   network_->run(
       [&] {
@@ -157,6 +195,13 @@ void SimCluster::createGroup() {
     }
     comms_[r] = pending[r]->finish();
   }
+  // What comes next starts once every rank is done creating (a rank's last turn may have taken
+  // it past the event that ended it: waiting for the store).
+  TimePoint latest = network_->now();
+  for (int r = 0; r < n; ++r) {
+    if (!network_->dead(r)) latest = std::max(latest, network_->timeOf(r));
+  }
+  network_->advanceTo(latest);
 }
 
 std::vector<Communicator*> SimCluster::members() {

@@ -30,6 +30,14 @@ struct ClusterSpec {
   std::string links;
   double reduceBandwidth = 20e9;  // bytes/s a rank reduces (0: free)
   double copyBandwidth = 20e9;    // bytes/s a rank copies (0: free)
+  // The store (torch's TCPStore): one server that answers requests one at a time. A request
+  // answered (get, add, multi_get) takes storeMicros, plus storeKeyMicros for each key past the
+  // first, and the rank waits for it; a set (TCPStore answers none) takes storeSetMicros of the
+  // server and the rank goes on (0: at once). Measured here by benchmarks/store_service.py:
+  // 31 us of the server's CPU a get, 2.2 a set, 112 a multi_get of 128 keys (docs/sim.md).
+  double storeMicros = 31;
+  double storeSetMicros = 2.2;
+  double storeKeyMicros = 0.64;
   bool payload = true;
   std::chrono::milliseconds timeout{60000};
   std::optional<PlanRequest> plan;  // default: the configuration's

@@ -156,6 +156,14 @@ void SimNetwork::charge(double seconds) {
   }
 }
 
+void SimNetwork::waitUntil(int rank, TimePoint until) {
+  if (rank == turning_) {
+    local_ = std::max(local_, ns(until));
+  } else {
+    busyUntil_.at(rank) = std::max(busyUntil_.at(rank), ns(until));
+  }
+}
+
 void SimNetwork::push(int64_t at, Kind kind, int rank, int other, uint64_t index) {
   queue_.push(Event{at, order_++, kind, rank, other, index});
 }
@@ -401,6 +409,11 @@ SimNetwork::Pair& SimNetwork::pair(int from, int to) {
                              [](const Pair& p, int rank) { return p.to < rank; });
   if (it == pairs.end() || it->to != to) it = pairs.insert(it, Pair{to, 0, kNoMessage});
   return *it;
+}
+
+void SimNetwork::advanceTo(TimePoint until) {
+  run([] { return false; }, until);
+  now_ = std::max(now_, until);
 }
 
 bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {

@@ -203,6 +203,9 @@ class SimNetwork {
   TimePoint timeOf(int rank) const;
   // Adds `seconds` of work to the rank being turned (no effect outside a turn).
   void charge(double seconds);
+  // `rank` waits until `until` (an answer from outside the network: the store's): its clock
+  // reads no earlier, in a turn or before its next one.
+  void waitUntil(int rank, TimePoint until);
   int turning() const { return turning_; }
 
   // Asks for `rank` to be turned at `at` (no earlier than now).
@@ -239,6 +242,8 @@ class SimNetwork {
   // Handles events in time order until `done()` holds (checked after each event), the queue is
   // empty, or virtual time would pass `limit`. Returns whether done() held.
   bool run(const std::function<bool()>& done, TimePoint limit);
+  // Handles the events until `until`, then is at `until` (if it was not later already).
+  void advanceTo(TimePoint until);
 
   // Transport side.
   void send(int from, int to, uint64_t tag, const void* data, size_t bytes, Request* req);

@@ -369,6 +369,43 @@ Grid gridOf(const Topology& t) {
   return grid;
 }
 
+std::vector<int> ringPartners(const Topology& t, int rank) {
+  std::vector<int> out;
+  auto add = [&](int r) {
+    if (r != rank && std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+  };
+  // The host's first rank (its leader, in the leaders' plans and trees), and for it the others.
+  const std::vector<int> mates = t.levels[0].membersOf(t.levels[0].blockOf(rank));
+  if (mates.front() == rank) {
+    for (int r : mates) add(r);
+  } else {
+    add(mates.front());
+  }
+  for (const Level& level : t.levels) {
+    if (level.interleaved() || level.runs().size() != 1) return out;
+  }
+  int stride = 1;
+  for (size_t k = 0; k <= t.levels.size(); ++k) {
+    const int block = k < t.levels.size() ? t.levels[k].runs()[0].blockSize : t.size;
+    const int extent = block / stride;
+    const int base = rank - rank % block, low = rank % stride;
+    const int position = (rank % block) / stride;
+    for (int d = 1; d < extent; d *= 2) {
+      add(base + ((position + d) % extent) * stride + low);
+      add(base + ((position - d % extent + extent) % extent) * stride + low);
+    }
+    stride = block;
+  }
+  const int host = t.levels[0].runs()[0].blockSize, hosts = t.size / host;
+  if (rank % host == 0) {
+    for (int d = 1; d < hosts; d *= 2) {
+      add((rank + d * host) % t.size);
+      add(((rank - d * host) % t.size + t.size) % t.size);
+    }
+  }
+  return out;
+}
+
 std::vector<std::vector<int>> dimensionRings(const Topology& t, const Grid& grid, int k) {
   std::map<std::vector<int>, std::vector<int>> rings;
   for (int r = 0; r < t.size; ++r) {

@@ -127,6 +127,14 @@ struct Grid {
 };
 Grid gridOf(const Topology& topology);
 
+// The ranks `rank` meets in the rings and Bruck's rounds of a regular machine's dimensions (the
+// positions of its dimension rings at distances 2^j each way, wraps included) and, on a host's
+// first rank, the other hosts' first ranks at distances 2^j (the leaders' trees), and a host's
+// first rank and its other ranks to each other: what the plans send to besides the group-wide
+// distances 2^j. The host's alone where a level is not one run of equal blocks (a rank of an
+// uneven or interleaved machine looks its other peers up as it first sends).
+std::vector<int> ringPartners(const Topology& topology, int rank);
+
 // The dimension rings of dimension k: ranks that agree on every coordinate but coordinate k,
 // each ring in order of that coordinate. Rings of one rank are left out.
 std::vector<std::vector<int>> dimensionRings(const Topology& topology, const Grid& grid, int k);
