@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "../../csrc/core/base/tag.h"
 #include "collective_checks.h"
 #include "harness.h"
 #include "values.h"
@@ -338,6 +339,21 @@ class HoldingTransport : public Transport {
   std::unique_ptr<Transport> inner_;
   std::vector<Request*> held_;
 };
+
+TEST(Collectives, AGroupLargerThanTheSourceFieldIsRefusedBeforeTheStoreIsAsked) {
+  LoopbackFabric fabric;
+  Engine engine(fabric.join());
+  auto store = std::make_shared<MemoryStore>();
+  const int size = static_cast<int>(tag::kMaxRanks) + 1;
+  try {
+    Communicator::create(engine, store, 0, size, std::chrono::milliseconds(300));
+    FAIL() << "a group of " << size << " ranks was created";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups are limited to 65536 ranks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(store->add("ddl/joined", 0), 0);  // nobody counted itself in
+}
 
 TEST(Collectives, FailedOpKeepsItsBuffersUntilTheTransportLetsGo) {
   LoopbackFabric fabric;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../base/tag.h"
 #include "../reduce/reduce.h"
 #include "message_link.h"
 
@@ -18,8 +19,10 @@ constexpr size_t kBlockBytes = 16 << 10;
 // a ring stay close together: a window of 64 steps changes nothing for rings of up to 33
 // positions (2 (n - 1) steps), and keeps a long ring's work per arrival, and the receives and
 // requests it holds, independent of its length. What arrives for a later step waits in the
-// transport until it is asked for.
+// transport until it is asked for. It also keeps the steps of a ring longer than the tag's step
+// field holds apart where they wrap (tag::kMaxRanks).
 constexpr int kExpectWindow = 64;
+static_assert(kExpectWindow < static_cast<int>(tag::kMaxSteps));
 
 }  // namespace
 

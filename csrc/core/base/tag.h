@@ -105,8 +105,14 @@ inline constexpr uint32_t source(uint64_t t) {
   return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));
 }
 
-// A flat ring of P ranks takes 2(P-1) steps, each its own slot.
-inline constexpr uint32_t kMaxRanks = kMaxSteps / 2;
+// A group's ranks are what the source field holds. A flat ring of P ranks takes 2(P-1) steps,
+// more than a step field holds above 8 192 ranks: its steps wrap (tag::slot keeps the low
+// kStepBits), so steps s and s + kMaxSteps share a slot. They cannot mix: a ring position sends
+// its steps in order to one peer, which posts its receives in order and at most 64 steps ahead
+// of the first not wholly arrived (ring_pipeline.cc), and messages of one slot between one pair
+// match in send order. Rings that share a rank within a lane (multidim and block plans) still
+// take ranges of steps apart that fit the field (plan_check.cc).
+inline constexpr uint32_t kMaxRanks = uint32_t{1} << kSourceBits;
 inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 // Ids a group may hold: all but the last, which carries the agreements that make a group out of
 // another one's ranks (shrink, split, reconfigure: group/agreement.h).
