@@ -74,6 +74,23 @@ TEST(Topology, LocalityRoundTripsAndNamesThisHost) {
 }
 
 // A group of some of a group's ranks sees the machine that creation would find for them.
+// gridDims reads a regular machine's extents off its runs; on every shape, and on large regular
+// ones (whose gridOf is O(P)), they are gridOf's.
+TEST(Topology, GridDimsAreTheGridsDims) {
+  std::vector<Topology> machines;
+  for (const Shape& shape : shapes()) machines.push_back(simulated(shape.hostOf, shape.rackOf));
+  for (int hostSize : {1, 3, 8}) {
+    for (int hostsPerRack : {1, 2, 5}) {
+      std::vector<int> hostOf, rackOf;
+      for (int r = 0; r < hostSize * hostsPerRack * 4; ++r) hostOf.push_back(r / hostSize);
+      for (int h = 0; h < hostsPerRack * 4; ++h) rackOf.push_back(h / hostsPerRack);
+      machines.push_back(simulated(hostOf, rackOf));
+      machines.push_back(simulated(hostOf));
+    }
+  }
+  for (const Topology& t : machines) EXPECT_EQ(gridDims(t), gridOf(t).dims) << t.describe();
+}
+
 TEST(Topology, ARestrictedTopologyIsWhatTheMembersWouldFind) {
   for (const Shape& shape : shapes()) {
     const int n = static_cast<int>(shape.hostOf.size());
@@ -139,6 +156,16 @@ TEST(Topology, BadRackMapsSayWhatIsWrong) {
   bad.levels.push_back(Level("rack", std::vector<int>{0, 1, 1, 1}));
   bad.levels.back().blockNames = {"a", "b"};
   EXPECT_NE(message([&] { checkTopology(bad); }).find("splits host h0"), std::string::npos);
+  // Racks of runs that straddle a host of the second run; racks that nest are taken.
+  Topology uneven = simulated({0, 0, 1, 1, 1, 2, 2, 2});
+  uneven.levels.push_back(Level("rack", std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_NE(message([&] { checkTopology(uneven); }).find("splits host h1"), std::string::npos);
+  uneven.levels.back() = Level("rack", std::vector<int>{0, 0, 0, 0, 0, 1, 1, 1});
+  EXPECT_EQ(message([&] { checkTopology(uneven); }), "no error");
+  // The shared map is parsed once per text and fails as parseRackMap does.
+  EXPECT_EQ(sharedRackMap("r0: h0 h1; r1: h2"), sharedRackMap("r0: h0 h1; r1: h2"));
+  EXPECT_EQ(*sharedRackMap("r0: h0 h1; r1: h2"), parseRackMap("r0: h0 h1; r1: h2"));
+  EXPECT_NE(message([] { sharedRackMap("r0:"); }).find("names no host"), std::string::npos);
 }
 
 TEST(Topology, ALevelHoldsRunsOfEqualBlocksOrEveryRanksBlock) {

@@ -197,8 +197,9 @@ Task exchangeHostIdentities(Op& op, Group& group, const Topology& topology, cons
 
 }  // namespace
 
-Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
-                    std::shared_ptr<Bootstrapped> out) {
+Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine,
+                    std::shared_ptr<const RackMap> rackMap, std::shared_ptr<Bootstrapped> out) {
+  const RackMap& racks = *rackMap;
   const int n = group->size, rank = group->rank;
   if (n == 1) {
     *out = machineFrom(leafSpan(0, mine, RankCard{}, racks), 1, group->id, racks);

@@ -12,9 +12,9 @@ namespace {
 
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
-Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine, RackMap racks,
-                 std::shared_ptr<Bootstrapped> bootstrapped, const Topology* given,
-                 std::string links, std::shared_ptr<Creation::Found> out) {
+Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine,
+                 std::shared_ptr<const RackMap> racks, std::shared_ptr<Bootstrapped> bootstrapped,
+                 const Topology* given, std::string links, std::shared_ptr<Creation::Found> out) {
   co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), bootstrapped);
   if (!bootstrapped->error.ok()) co_return;
   out->topology = given != nullptr ? *given : std::move(bootstrapped->topology);
@@ -123,7 +123,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   const Config& settings = engine.config();
   const std::string racks = options.racks ? *options.racks : settings.topology;
   pending->found_ = std::make_shared<Found>();
-  op->task = createGroup(*op, &engine, group, std::move(card), parseRackMap(racks),
+  op->task = createGroup(*op, &engine, group, std::move(card), sharedRackMap(racks),
                          pending->bootstrapped_, options.topology,
                          options.links ? *options.links : settings.links, pending->found_);
   engine.submit(std::move(op));

@@ -407,7 +407,7 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   std::vector<RankCard> cards;
   const int me = positionAmong(handles, handle(engine), &cards);
   const Config& settings = engine.config();
-  GroupDirectory directory = directoryFrom(cards, parseRackMap(settings.topology), 0);
+  GroupDirectory directory = directoryFrom(cards, *sharedRackMap(settings.topology), 0);
   if (!directory.error.ok()) throw Error(directory.error);
   // The members agree on what they were given and on an id, as a derived group's do, under a
   // sequence every member computes from the uuid.

@@ -236,9 +236,9 @@ Task probeHosts(Op& op, Engine& engine, const Topology& topology, LinkCosts* lin
 bool linksToProbe(const Config& settings, const Topology& topology, const LinkCosts& links) {
   if (!settings.probeLinks || topology.hosts() < 2) return false;
   if (links.at(0).origin == "default") return true;
-  const Grid grid = gridOf(topology);
-  for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
-    if (grid.dims[d] >= 2 && links.at(d).origin == "default") return true;
+  const std::vector<int> dims = gridDims(topology);
+  for (int d = 1; d < static_cast<int>(dims.size()); ++d) {
+    if (dims[d] >= 2 && links.at(d).origin == "default") return true;
   }
   return false;
 }
@@ -246,10 +246,12 @@ bool linksToProbe(const Config& settings, const Topology& topology, const LinkCo
 Task probeLinks(Op& op, Engine& engine, const Topology& topology, LinkCosts* links) {
   if (!linksToProbe(engine.config(), topology, *links)) co_return;
   co_await probeHosts(op, engine, topology, links);
-  const Grid grid = gridOf(topology);
-  for (int d = 1; d < static_cast<int>(grid.dims.size()); ++d) {
-    if (grid.dims[d] < 2 || links->at(d).origin != "default") continue;
-    std::vector<std::vector<int>> rings = dimensionRings(topology, grid, d);
+  const std::vector<int> dims = gridDims(topology);
+  std::optional<Grid> grid;  // the whole machine's coordinates, O(P): only to probe
+  for (int d = 1; d < static_cast<int>(dims.size()); ++d) {
+    if (dims[d] < 2 || links->at(d).origin != "default") continue;
+    if (!grid) grid = gridOf(topology);
+    std::vector<std::vector<int>> rings = dimensionRings(topology, *grid, d);
     if (rings.empty()) continue;
     const int measurer = rings[0][0], responder = rings[0][1];
     std::optional<LinkCost> measuredHere;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -198,16 +199,20 @@ std::string Topology::describe() const {
   return out.str();
 }
 
-RackMap parseRackMap(const std::string& spec) {
-  std::string text = spec;
-  if (!text.empty() && text[0] == '@') {
-    std::ifstream in(text.substr(1));
-    if (!in)
-      throw Error("ddl: TORCH_DDL_TOPOLOGY names " + text.substr(1) + ", which cannot be read");
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    text = buffer.str();
-  }
+namespace {
+
+// The text of a spec: itself, or the file "@path" names.
+std::string rackMapText(const std::string& spec) {
+  if (spec.empty() || spec[0] != '@') return spec;
+  std::ifstream in(spec.substr(1));
+  if (!in)
+    throw Error("ddl: TORCH_DDL_TOPOLOGY names " + spec.substr(1) + ", which cannot be read");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+RackMap parseRackMapText(const std::string& text) {
   RackMap racks;
   std::string entry;
   std::string all;
@@ -237,6 +242,26 @@ RackMap parseRackMap(const std::string& spec) {
     }
     if (count == 0) throw Error("ddl: TORCH_DDL_TOPOLOGY rack " + rack + " names no host");
   }
+  return racks;
+}
+
+}  // namespace
+
+RackMap parseRackMap(const std::string& spec) { return parseRackMapText(rackMapText(spec)); }
+
+std::shared_ptr<const RackMap> sharedRackMap(const std::string& spec) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const RackMap>> parsed;  // by text, the latest few
+  const std::string text = rackMapText(spec);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = parsed.find(text);
+    if (it != parsed.end()) return it->second;
+  }
+  auto racks = std::make_shared<const RackMap>(parseRackMapText(text));  // throws when malformed
+  std::lock_guard<std::mutex> lock(mutex);
+  if (parsed.size() >= 8) parsed.clear();
+  parsed.emplace(text, racks);
   return racks;
 }
 
@@ -315,6 +340,21 @@ void checkTopology(const Topology& t) {
                   std::to_string(level.blocks()) + " blocks");
     }
     if (!level.interleaved() && k == 0) continue;  // runs: every block holds a rank
+    if (!level.interleaved() && !t.levels[k - 1].interleaved()) {
+      // Blocks of consecutive ranks on both: nested where no inner block straddles the start of
+      // an outer one (O(blocks), where the check below is O(P)).
+      const Level& inner = t.levels[k - 1];
+      for (const Level::Run& run : level.runs()) {
+        for (int b = 0; b < run.blocks; ++b) {
+          const int start = run.firstRank + b * run.blockSize;
+          if (start > 0 && inner.blockOf(start) == inner.blockOf(start - 1)) {
+            throw Error("ddl: topology level " + level.name + " splits " + inner.name + " " +
+                        inner.blockName(inner.blockOf(start)));
+          }
+        }
+      }
+      continue;
+    }
     std::vector<int> used(level.blocks(), 0);
     std::vector<int> outerOf(k > 0 ? t.levels[k - 1].blocks() : 0, -1);  // by inner block
     for (int r = 0; r < t.size; ++r) {
@@ -367,6 +407,21 @@ Grid gridOf(const Topology& t) {
     grid.dims[k] = static_cast<int>(extent);
   }
   return grid;
+}
+
+std::vector<int> gridDims(const Topology& t) {
+  for (const Level& level : t.levels) {
+    if (level.interleaved() || level.runs().size() != 1) return gridOf(t).dims;
+  }
+  std::vector<int> dims;
+  int inner = 1;
+  for (const Level& level : t.levels) {
+    const int block = level.runs()[0].blockSize;
+    dims.push_back(block / inner);
+    inner = block;
+  }
+  dims.push_back(t.size / inner);
+  return dims;
 }
 
 std::vector<int> ringPartners(const Topology& t, int rank) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,9 @@ struct Topology {
 // between hosts); '#' starts a comment. Throws on malformed text, naming the entry.
 using RackMap = std::map<std::string, std::string>;
 RackMap parseRackMap(const std::string& spec);
+// The same, parsed once for all the groups of a process that are given the same text (a file's
+// text is read each time): a simulated cluster's thousands of ranks share one map.
+std::shared_ptr<const RackMap> sharedRackMap(const std::string& spec);
 
 // Builds the levels from every rank's locality (by group rank) and the user's rack map. Hosts
 // that the map does not name are an error when it names any (a silent rack of its own would skew
@@ -126,6 +130,9 @@ struct Grid {
   bool regular = true;  // every block of every level has the same shape
 };
 Grid gridOf(const Topology& topology);
+// Its dims alone: O(levels) on a regular machine (every level one run of equal blocks), where
+// gridOf is O(P); gridOf's otherwise.
+std::vector<int> gridDims(const Topology& topology);
 
 // The ranks `rank` meets in the rings and Bruck's rounds of a regular machine's dimensions (the
 // positions of its dimension rings at distances 2^j each way, wraps included) and, on a host's
