@@ -154,9 +154,9 @@ bool CallCheck::mark(int peer, uint8_t bit) {
     mask |= one;
     return was;
   }
-  if (flags_.empty()) flags_.assign(static_cast<size_t>(op_.size()), 0);
-  const bool was = (flags_[peer] & bit) != 0;
-  flags_[peer] |= bit;
+  uint8_t& flags = flags_[peer];  // the peers this op meets, not the group: O(log P) in most
+  const bool was = (flags & bit) != 0;
+  flags |= bit;
   return was;
 }
 

@@ -116,7 +116,7 @@ class CallCheck {
   void send(int peer);
   void ask(int peer);
   // Which peers were sent this op's print and asked for theirs: bits of the masks in groups of
-  // up to 64 ranks, kSent | kAsked by peer in larger ones.
+  // up to 64 ranks, kSent | kAsked by peer met in larger ones.
   static constexpr uint8_t kSent = 1, kAsked = 2;
   bool mark(int peer, uint8_t bit);  // sets it; whether it was set
   struct PrintIn {
@@ -129,7 +129,7 @@ class CallCheck {
   CallPrint print_;  // collective kNone: no call check
   bool started_ = false;
   uint64_t sentMask_ = 0, askedMask_ = 0;
-  std::vector<uint8_t> flags_;
+  std::unordered_map<int, uint8_t> flags_;
   std::vector<std::unique_ptr<PrintIn>> ins_;   // one per peer asked
   std::unordered_map<int, PrintIn*> inByPeer_;  // the same, by peer, in large groups
   const void* inlineData_ = nullptr;
