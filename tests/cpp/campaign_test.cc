@@ -91,6 +91,11 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " nothing meanwhile, and the rank counted its peers gone (a rank is now"
                          " turned again after each slice of work, as a progress thread yields)"},
     {0xfc802b581cc63fc2, "the same with 112 ranks"},
+    {0x6d050b4cafd7da43, "6 ranks on one host, a hostile peer's junk call prints and another"
+                         " rank's other collective in one op: the ranks that read the junk"
+                         " failed it as 'other', not a mismatch, so they did not count it, and"
+                         " the next shared-memory allreduce resynced on 4 ranks only (a timeout"
+                         " naming no fault)"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -16,7 +16,8 @@ namespace ddl {
 enum class StatusKind : uint8_t {
   kOk = 0,
   kInvalidArgument,  // a call's arguments were refused (here, or by another rank): nothing moved
-  kMismatch,         // the ranks called different things (collective, size, dtype, root, group)
+  kMismatch,         // the ranks called different things (or a peer's call check or data did
+                     // not fit this rank's call: collective, size, dtype, root, group)
   kTruncated,        // transport: a message longer than the receive posted for it
   kTimeout,          // a deadline passed; ranks: the peers still awaited
   kPeerLost,         // a peer is gone (its process, its host, the link to it); ranks: which

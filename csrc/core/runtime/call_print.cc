@@ -212,8 +212,11 @@ Status CallCheck::verdict(const Request& req) const {
   if (p != nullptr && req.receivedBytes >= sizeof(CallPrint)) {
     std::memcpy(&theirs, p->bytes, sizeof(theirs));
   }
+  // A print that cannot be read is a disagreement too: as one that differs, it fails the op on
+  // every rank (found, or told), so each counts it with the group's mismatches alike
+  // (GroupState::countMismatch) and their shared-memory windows resync at the same op.
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
-    return Status(StatusKind::kOther, rank + " sent a malformed call check", peer);
+    return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer);
   }
   if (!(theirs == print_)) {
     std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +
