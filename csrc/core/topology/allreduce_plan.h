@@ -163,6 +163,9 @@ void checkPlan(const AllreducePlan& plan, int size);
 // Whether some rank of a multidim plan talks to more than `most` distinct peers (its rings'
 // neighbours). O(P most) memory: a rank's count stops once over.
 bool talksToMoreThan(const AllreducePlan& plan, int size, int most);
+// Whether a multidim plan merges what its stages left over in a closing stage over the whole
+// group (an irregular machine's).
+bool needsClosingStage(const AllreducePlan& plan);
 // The tag steps the busiest lane of a multidim plan needs (checkPlan refuses more than
 // tag::kMaxSteps).
 uint64_t stepsNeeded(const AllreducePlan& plan);

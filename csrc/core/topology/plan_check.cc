@@ -33,6 +33,15 @@ bool talksToMoreThan(const AllreducePlan& plan, int size, int most) {
   return false;
 }
 
+bool needsClosingStage(const AllreducePlan& plan) {
+  for (const Lane& lane : plan.lanes) {
+    for (const Stage& stage : lane.stages) {
+      if (stage.dimension < 0) return true;
+    }
+  }
+  return false;
+}
+
 uint64_t stepsNeeded(const AllreducePlan& plan) {
   uint64_t most = 0;
   for (const Lane& lane : plan.lanes) {
