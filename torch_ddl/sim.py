@@ -197,7 +197,7 @@ def main(argv=None):
                    metavar="HOST:FACTOR", help="the host's NIC is FACTOR times slower")
     p.add_argument("--campaign", type=int, default=0, metavar="N",
                    help="run N scenarios drawn from --seed, checking every invariant")
-    p.add_argument("--max-ranks", type=int, default=1024,
+    p.add_argument("--max-ranks", type=int, default=8192,
                    help="a campaign passes over scenarios drawn larger")
     p.add_argument("--scenario", default=None, metavar="SEED",
                    help="replay one scenario of a campaign by its seed (hex)")

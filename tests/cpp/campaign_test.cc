@@ -110,6 +110,29 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
   }
 }
 
+// A few worlds of thousands of ranks among the many small ones: drawn apart from the rest, with
+// ops of at most 4 099 floats a rank; two of them run clean (a slow link; a rack killed, then
+// the shrink).
+TEST(Campaign, AFewWorldsOfThousandsOfRanks) {
+  int huge = 0;
+  for (uint64_t i = 0; i < 3000; ++i) {
+    const Scenario s = drawScenario(scenarioSeed(20261205, i));
+    EXPECT_LE(s.ranks(), 8192);
+    if (s.ranks() <= 1024) continue;
+    ++huge;
+    for (const SimCall& call : s.ops) EXPECT_LE(call.count, 4099u) << s.describe();
+    for (const SimCall& call : s.after) EXPECT_LE(call.count, 4099u) << s.describe();
+  }
+  EXPECT_GE(huge, 3);
+  EXPECT_LE(huge, 20);
+  for (uint64_t seed : {0x77eeb6bf967db982ull, 0x683152dfa0f99971ull}) {
+    const Scenario s = drawScenario(seed);
+    EXPECT_GT(s.ranks(), 1024);
+    const ScenarioResult r = runScenario(s);
+    EXPECT_FALSE(r.failed()) << std::hex << seed << ": " << r.why;
+  }
+}
+
 TEST(Campaign, OneSeedReplaysBitForBit) {
   const Scenario s = drawScenario(0x1b65edfaacb24d12);
   const ScenarioResult a = runScenario(s), b = runScenario(drawScenario(s.seed));

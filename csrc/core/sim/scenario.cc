@@ -160,6 +160,9 @@ uint64_t scenarioSeed(uint64_t campaignSeed, uint64_t index) {
 Scenario drawScenario(uint64_t seed) {
   constexpr int kMostRanks = 1024;
   constexpr double kBigShare = 0.02;
+  constexpr int kHugeRanks = 8192;
+  constexpr double kHugeShare = 0.003;
+  constexpr size_t kHugeCount = 4099;
   Rng rng(seed);
   Scenario s;
   s.seed = seed;
@@ -175,6 +178,17 @@ Scenario drawScenario(uint64_t seed) {
     ranks = rng.between(4, 32);
   }
   ranks = std::clamp(ranks, 4, kMostRanks);
+  // A few worlds of 1 025 - 8 192 ranks, drawn apart from the rest (every other seed's world is
+  // as it was). Their ops carry at most 4 099 floats a rank: the buffers of a scenario's ops,
+  // kept until it ends, then come to a few GB.
+  Rng apart(seed ^ 0xbb67ae8584caa73bull);
+  const bool huge = apart.uniform() < kHugeShare;
+  if (huge) {
+    ranks = static_cast<int>(
+        std::exp(std::log(kMostRanks + 1.0) +
+                 apart.uniform() * (std::log(kHugeRanks + 1.0) - std::log(kMostRanks + 1.0))));
+    ranks = std::clamp(ranks, kMostRanks + 1, kHugeRanks);
+  }
   const int perHost = rng.pick(std::vector<int>{1, 2, 4, 4, 8});
   const bool uneven = rng.chance(0.3);
   for (int left = ranks; left > 0;) {
@@ -259,6 +273,10 @@ Scenario drawScenario(uint64_t seed) {
   s.shrink = rng.chance(0.85);
   const int after = ranks > 128 ? 2 : 3;
   for (int i = 0; i < after; ++i) s.after.push_back(drawCall(rng, ranks, seed + 100 + i));
+  if (huge) {
+    for (SimCall& call : s.ops) call.count = std::min(call.count, kHugeCount);
+    for (SimCall& call : s.after) call.count = std::min(call.count, kHugeCount);
+  }
   // Long runs: ops numbered from just before a wrap, a third of the time.
   Rng paths(seed ^ 0x9e3779b97f4a7c15ull);
   const double wrap = paths.uniform();

@@ -90,12 +90,12 @@ struct Scenario {
 
 // A campaign's limits: scenarios drawn larger are passed over (the next seed is drawn).
 struct ScenarioLimits {
-  int maxRanks = 1024;
+  int maxRanks = 8192;
 };
 
 // The seed of the `index`-th draw of the campaign of `campaignSeed`. A scenario is its seed's
-// alone (most worlds small: 2 % are drawn from 129 to 1 024 ranks), so that
-// `python -m torch_ddl.sim --scenario SEED` replays it.
+// alone (most worlds small: 2 % are drawn from 129 to 1 024 ranks, 0.3 % from 1 025 to 8 192),
+// so that `python -m torch_ddl.sim --scenario SEED` replays it.
 uint64_t scenarioSeed(uint64_t campaignSeed, uint64_t index);
 Scenario drawScenario(uint64_t seed);
 
