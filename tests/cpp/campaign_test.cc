@@ -96,6 +96,11 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " failed it as 'other', not a mismatch, so they did not count it, and"
                          " the next shared-memory allreduce resynced on 4 ranks only (a timeout"
                          " naming no fault)"},
+    {0x19a1b9994408479d, "6 ranks on one host, a hostile peer's data in a barrier reached one"
+                         " rank, which failed it as a mismatch; another rank had ended it well"
+                         " before the report came, so it alone did not count the mismatch, and"
+                         " the next shared-memory allreduce resynced on 5 ranks (a timeout"
+                         " naming no fault)"},
     {0x139b48a6b36819db, "199 ranks on 99 hosts of 2 and one of 1, racks of 8, two ranks cut off:"
                          " the lone rank met 131 of 198 in the multidim plan's closing stage"},
     {0x7604c23c392dbe55, "183 ranks on 92 hosts of 2 and 1 in racks of 6: auto's multidim plan"
