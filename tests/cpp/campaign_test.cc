@@ -101,6 +101,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " before the report came, so it alone did not count the mismatch, and"
                          " the next shared-memory allreduce resynced on 5 ranks (a timeout"
                          " naming no fault)"},
+    {0x3406f8eabf31a1f5, "7 ranks on one host, rank 0 called gather to rank 2, the others to rank"
+                         " 1: ranks 2 - 6 ended it well and did not count the mismatch, and the"
+                         " next staged allreduce resynced on ranks 0 and 1 alone"},
     {0x139b48a6b36819db, "199 ranks on 99 hosts of 2 and one of 1, racks of 8, two ranks cut off:"
                          " the lone rank met 131 of 198 in the multidim plan's closing stage"},
     {0x7604c23c392dbe55, "183 ranks on 92 hosts of 2 and 1 in racks of 6: auto's multidim plan"
