@@ -175,6 +175,7 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
     double message = 0;      // the largest a first-wave ring sends in one step
     double firstReduce = 0;  // a rank's reductions in this stage, over the first waves
     int firstLanes = 0;      // first-wave lanes in this stage
+    double ringLatency = 0;  // the most a first-wave ring's step waits, on average over its edges
     for (const Lane& lane : plan.lanes) {
       if (i >= lane.stages.size()) continue;
       Loads loads(t);
@@ -195,6 +196,14 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
         if (lane.after < 0) {
           longest = std::max(longest, n);
           message = std::max(message, chunk);
+          // A step of rank p waits for p - 1's message of the step before: over the ring's
+          // steps the wait goes once round every edge, each at its own dimension's latency (a
+          // ring over hosts of several racks crosses a rack at a few of its edges only).
+          double waits = 0;
+          for (size_t p = 0; p < n; ++p) {
+            waits += links.at(edgeDimension(t, ring.order[p], ring.order[(p + 1) % n])).latency;
+          }
+          if (n > 1) ringLatency = std::max(ringLatency, waits / static_cast<double>(n));
         }
       }
       total->add(loads, 2);
@@ -210,7 +219,7 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
     // segments of every lane through the rank pass the link, then the reduction, one after
     // another (a flow shop: the busier of the two, plus the other's share of one segment).
     const double steps = static_cast<double>(longest - 1);
-    const double latency = first.latency(links);
+    const double latency = ringLatency > 0 ? ringLatency : first.latency(links);
     const double send = first.messageSeconds(links, message);
     const double part = message > 0 ? std::min(1.0, links.segmentBytes / message) : 1;
     const double reduce = reduceSeconds(links, message);

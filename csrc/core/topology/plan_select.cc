@@ -114,6 +114,16 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       out.push_back(leadersPlan(t, count, elementSize));
       out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
       if (static_cast<size_t>(dims) > 0) multiDimChoices(t, count, elementSize, dims, request, out);
+      if (t.levels.size() > 1 && request.order.empty()) {
+        // The same plans over the hosts alone, priced on the machine's links: where racks are
+        // uneven (the last one short) a grid of equal hosts is regular without them, and its
+        // plans need no closing stage.
+        Topology hostsOnly = t;
+        hostsOnly.levels.resize(1);
+        int hostDims = 0;
+        for (int d : gridOf(hostsOnly).dims) hostDims += d > 1 ? 1 : 0;
+        if (hostDims > 0) multiDimChoices(hostsOnly, count, elementSize, hostDims, request, out);
+      }
       break;
   }
   if (request.algorithm == A::kAuto) {
