@@ -157,16 +157,19 @@ uint64_t scenarioSeed(uint64_t campaignSeed, uint64_t index) {
   return rng.next();
 }
 
-Scenario drawScenario(uint64_t seed) {
+namespace {
+
+constexpr size_t kHugeCount = 4099;  // the most floats a rank an op of a huge world carries
+
+// The world's ranks: most worlds small, a few big (2 %: 129 - 1 024 ranks). A few (0.3 %) of
+// 1 025 - 8 192, drawn apart from the rest (every other seed's world is as it was); their ops
+// carry at most kHugeCount floats a rank, so that the buffers of a scenario's ops, kept until
+// it ends, come to a few GB.
+int drawRanks(Rng& rng, uint64_t seed, bool* huge) {
   constexpr int kMostRanks = 1024;
   constexpr double kBigShare = 0.02;
   constexpr int kHugeRanks = 8192;
   constexpr double kHugeShare = 0.003;
-  constexpr size_t kHugeCount = 4099;
-  Rng rng(seed);
-  Scenario s;
-  s.seed = seed;
-  // The machine: most worlds small, a few big; hosts of uneven sizes; racks half the time.
   int ranks;
   const double size = rng.uniform();
   if (size < kBigShare) {
@@ -178,17 +181,24 @@ Scenario drawScenario(uint64_t seed) {
     ranks = rng.between(4, 32);
   }
   ranks = std::clamp(ranks, 4, kMostRanks);
-  // A few worlds of 1 025 - 8 192 ranks, drawn apart from the rest (every other seed's world is
-  // as it was). Their ops carry at most 4 099 floats a rank: the buffers of a scenario's ops,
-  // kept until it ends, then come to a few GB.
   Rng apart(seed ^ 0xbb67ae8584caa73bull);
-  const bool huge = apart.uniform() < kHugeShare;
-  if (huge) {
-    ranks = static_cast<int>(
-        std::exp(std::log(kMostRanks + 1.0) +
-                 apart.uniform() * (std::log(kHugeRanks + 1.0) - std::log(kMostRanks + 1.0))));
-    ranks = std::clamp(ranks, kMostRanks + 1, kHugeRanks);
-  }
+  *huge = apart.uniform() < kHugeShare;
+  if (!*huge) return ranks;
+  ranks = static_cast<int>(
+      std::exp(std::log(kMostRanks + 1.0) +
+               apart.uniform() * (std::log(kHugeRanks + 1.0) - std::log(kMostRanks + 1.0))));
+  return std::clamp(ranks, kMostRanks + 1, kHugeRanks);
+}
+
+}  // namespace
+
+Scenario drawScenario(uint64_t seed) {
+  Rng rng(seed);
+  Scenario s;
+  s.seed = seed;
+  // The machine: its ranks; hosts of uneven sizes; racks half the time.
+  bool huge = false;
+  const int ranks = drawRanks(rng, seed, &huge);
   const int perHost = rng.pick(std::vector<int>{1, 2, 4, 4, 8});
   const bool uneven = rng.chance(0.3);
   for (int left = ranks; left > 0;) {

@@ -68,6 +68,18 @@ void multiDimChoices(const Topology& t, size_t count, size_t elementSize, int di
   }
 }
 
+// The same plans over the hosts alone, priced on the machine's links: where racks are uneven
+// (the last one short) a grid of equal hosts is regular without them, and its plans need no
+// closing stage.
+void hostsOnlyChoices(const Topology& t, size_t count, size_t elementSize,
+                      const PlanRequest& request, std::vector<AllreducePlan>& out) {
+  Topology hostsOnly = t;
+  hostsOnly.levels.resize(1);
+  int dims = 0;
+  for (int d : gridOf(hostsOnly).dims) dims += d > 1 ? 1 : 0;
+  if (dims > 0) multiDimChoices(hostsOnly, count, elementSize, dims, request, out);
+}
+
 }  // namespace
 
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
@@ -115,14 +127,7 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
       out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
       if (static_cast<size_t>(dims) > 0) multiDimChoices(t, count, elementSize, dims, request, out);
       if (t.levels.size() > 1 && request.order.empty()) {
-        // The same plans over the hosts alone, priced on the machine's links: where racks are
-        // uneven (the last one short) a grid of equal hosts is regular without them, and its
-        // plans need no closing stage.
-        Topology hostsOnly = t;
-        hostsOnly.levels.resize(1);
-        int hostDims = 0;
-        for (int d : gridOf(hostsOnly).dims) hostDims += d > 1 ? 1 : 0;
-        if (hostDims > 0) multiDimChoices(hostsOnly, count, elementSize, hostDims, request, out);
+        hostsOnlyChoices(t, count, elementSize, request, out);
       }
       break;
   }
