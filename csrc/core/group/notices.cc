@@ -459,7 +459,8 @@ void Notices::ended(Op& op, const Status& error, Ending ending, const std::strin
   if (error.ok()) return;
   if (op.callCheck().on() && op.group().notices != nullptr) {
     GroupNotices& control = *op.group().notices;
-    if (error.kind == StatusKind::kMismatch) control.noteMismatch(op.sequence());  // (Runtime)
+    // Counted by Runtime::finishOp; a later report of the same op is not counted again.
+    if (error.kind == StatusKind::kMismatch) control.noteMismatch(op.sequence());
     // The others learn what ended it here; the messages they sent it are discarded. (A lost
     // peer is told by the news, to every group that has it; a timeout another rank reported
     // reached every rank already.)

@@ -23,18 +23,20 @@ int edgeDimension(const Topology& t, int a, int b) {
 class Loads {
  public:
   explicit Loads(const Topology& t) : t_(t) {}
-  void transfer(int from, int to, double bytes) {
-    int k = edgeDimension(t_, from, to);
+  // Returns the message's dimension.
+  int transfer(int from, int to, double bytes) {
+    const int k = edgeDimension(t_, from, to);
     dimensions_ |= 1u << std::min(k, 31);
     if (k == 0) {
       bytes_[{0, from, true}] += bytes;
       bytes_[{0, to, false}] += bytes;
-      return;
+      return k;
     }
     for (int j = 1; j <= k; ++j) {
       bytes_[{j, t_.levels[j - 1].blockOf(from), true}] += bytes;
       bytes_[{j, t_.levels[j - 1].blockOf(to), false}] += bytes;
     }
+    return k;
   }
   void add(const Loads& other, double factor) {
     for (auto& [key, b] : other.bytes_) bytes_[key] += b * factor;
@@ -189,20 +191,18 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
         }
         piece *= static_cast<double>(plan.elementSize);
         chunk *= static_cast<double>(plan.elementSize);
+        // A step of rank p waits for p - 1's message of the step before: over the ring's steps
+        // the wait goes once round every edge, each at its own dimension's latency (a ring over
+        // hosts of several racks crosses a rack at a few of its edges only).
+        double waits = 0;
         for (size_t p = 0; p < n; ++p) {
-          loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
+          const int k = loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
+          waits += links.at(k).latency;
         }
         laneReduce = std::max(laneReduce, (n - 1) * reduceSeconds(links, chunk));
         if (lane.after < 0) {
           longest = std::max(longest, n);
           message = std::max(message, chunk);
-          // A step of rank p waits for p - 1's message of the step before: over the ring's
-          // steps the wait goes once round every edge, each at its own dimension's latency (a
-          // ring over hosts of several racks crosses a rack at a few of its edges only).
-          double waits = 0;
-          for (size_t p = 0; p < n; ++p) {
-            waits += links.at(edgeDimension(t, ring.order[p], ring.order[(p + 1) % n])).latency;
-          }
           if (n > 1) ringLatency = std::max(ringLatency, waits / static_cast<double>(n));
         }
       }

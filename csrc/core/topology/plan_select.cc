@@ -140,13 +140,11 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCost
     // leaders serve such a machine. So does it pass over one whose irregular closing stage
     // needs more tag steps than a tag holds (798 ranks on 323 uneven hosts, shrunk: 16 386).
     //
-    // It passes over every multidim plan that needs a closing stage at all. Where a short host
-    // breaks the grid, the closing stage merges a large share of the buffer (half of it on 9 hosts
-    // of 8 and one of 7) in many small rings that meet on the short host's ranks, after the
-    // other stages, and the cost model prices it at a fraction of what it takes: the simulation
-    // ran such plans 1.3 - 43 times longer than predicted and up to 22 times longer than
-    // the flat ring (Sim.UnevenMachinesTakeNoSlowerPlanThanTheRing), whose time it predicts within
-    // 5%.
+    // It passes over every plan that needs a closing stage at all: where a short host breaks
+    // the grid, that stage merges up to half the buffer in many small rings meeting on the short
+    // host's ranks, after the other stages, and the simulation ran such plans 1.3 - 43 times
+    // longer than the model predicted and up to 22 times longer than the flat ring
+    // (Sim.UnevenMachinesTakeNoSlowerPlanThanTheRing).
     std::erase_if(out, [&](const AllreducePlan& plan) {
       if (plan.algorithm != A::kMultiDim) return false;
       if (needsClosingStage(plan)) return true;
