@@ -17,7 +17,7 @@ MessageLink::MessageLink(Op& op, int prev, int next, uint32_t phase, uint32_t st
 
 MessageLink::~MessageLink() {
   for (StepQueue& q : inFlight_) {
-    for (size_t i = q.head; i < q.items.size(); ++i) q.items[i].request->consumer = nullptr;
+    for (Posted& p : q) p.request->consumer = nullptr;
   }
   for (Request* r : sends_) r->consumer = nullptr;
 }
@@ -56,7 +56,7 @@ bool MessageLink::expect(int step, size_t segment, char* home, size_t bytes, boo
     };
     r->consumerContext = this;
   }
-  posted.items.push_back(Posted{r, segment, target, slot});
+  posted.push_back(Posted{r, segment, target, slot});
   if (lowest_ == highest_) lowest_ = highest_ = step;  // nothing posted: start afresh here
   lowest_ = std::min(lowest_, step);
   highest_ = std::max(highest_, step + 1);
@@ -73,7 +73,7 @@ bool MessageLink::arrival(Arrival* out) {
     if (posted.empty() || !posted.front().request->done) continue;
     const Posted p = posted.front();
     *out = Arrival{s, p.segment, p.target, static_cast<uint64_t>(p.slot + 1)};
-    posted.pop();
+    posted.pop_front();
     while (lowest_ < highest_ && queueOf(lowest_).empty()) ++lowest_;  // see inFlight_
     --ready_;
     op_.recycle(p.request);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "../base/fifo.h"
 #include "../runtime/op.h"
 #include "link.h"
 
@@ -42,20 +43,7 @@ class MessageLink : public Link {
     char* target;
     int slot;  // scratch slot, -1 in place
   };
-  // The receives posted for one step, oldest first.
-  struct StepQueue {
-    std::vector<Posted> items;
-    size_t head = 0;
-    bool empty() const { return head == items.size(); }
-    size_t size() const { return items.size() - head; }
-    const Posted& front() const { return items[head]; }
-    void pop() {
-      if (++head == items.size()) {
-        items.clear();
-        head = 0;
-      }
-    }
-  };
+  using StepQueue = Fifo<Posted>;  // the receives posted for one step, oldest first
   StepQueue& queueOf(int step) { return inFlight_[static_cast<size_t>(step) % inFlight_.size()]; }
   void reap();  // gives back the sends that have left
 

@@ -22,11 +22,11 @@
 // of its own (a reduction then reads the buffer and the arrival and writes the next inbox).
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "../base/fifo.h"
 #include "../base/task.h"
 #include "../base/types.h"
 #include "../runtime/op.h"
@@ -104,7 +104,7 @@ class RingPipeline {
   int takenFrom_ = 0;               // the first step whose segments have not all arrived
   size_t injected_ = 0;             // segments of step 0 posted
   size_t handled_ = 0;              // arrivals handled, all steps
-  std::deque<Arrival> waiting_;     // arrivals whose forward waits for room in the outbox
+  Fifo<Arrival> waiting_;           // arrivals whose forward waits for room in the outbox
 };
 
 // Advances pipelines that run at once until every one is done; the coroutine sleeps until any of

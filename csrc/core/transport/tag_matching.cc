@@ -9,13 +9,13 @@
 namespace ddl {
 namespace {
 
-using Index = std::unordered_map<uint64_t, std::deque<uint64_t>>;
+using Index = std::unordered_map<uint64_t, Fifo<uint64_t>>;
 
 // The first arrival in `index` under `key` still waiting (entries taken another way dropped).
 uint64_t front(Index& index, uint64_t key, const std::map<uint64_t, Delivered>& waiting) {
   auto it = index.find(key);
   if (it == index.end()) return UINT64_MAX;
-  std::deque<uint64_t>& q = it->second;
+  Fifo<uint64_t>& q = it->second;
   while (!q.empty() && !waiting.count(q.front())) q.pop_front();
   if (q.empty()) {
     index.erase(it);

@@ -10,11 +10,11 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <unordered_map>
 #include <vector>
 
+#include "../base/fifo.h"
 #include "transport.h"
 
 namespace ddl {
@@ -57,7 +57,7 @@ class TagMatcher {
   std::map<uint64_t, Delivered>::iterator findWaiting(uint64_t tag, uint64_t mask);
   void take(std::map<uint64_t, Delivered>::iterator it);
   // Posted receives: exact tags by tag (in post order), masked ones in post order.
-  std::unordered_map<uint64_t, std::deque<Posted>> exact_;
+  std::unordered_map<uint64_t, Fifo<Posted>> exact_;
   std::unordered_map<Request*, uint64_t> exactTag_;  // the tag each exact receive waits under
   std::vector<Posted> masked_;
   uint64_t posts_ = 0;
@@ -66,8 +66,7 @@ class TagMatcher {
   // (entries of messages taken another way are dropped when met).
   std::map<uint64_t, Delivered> waiting_;
   uint64_t arrivals_ = 0;
-  std::unordered_map<uint64_t, std::deque<uint64_t>> byTag_, byAnySource_, byGroupSlot_,
-      byGroupSequence_;
+  std::unordered_map<uint64_t, Fifo<uint64_t>> byTag_, byAnySource_, byGroupSlot_, byGroupSequence_;
 };
 
 }  // namespace ddl
