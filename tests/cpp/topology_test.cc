@@ -225,6 +225,29 @@ TEST(Plan, EveryShapeColourAndRingCountReplaysToOneFullSum) {
   }
 }
 
+// The index a checked plan carries names, for every rank, the rings a look at every ring finds,
+// in the same order, on even and uneven machines (the closing stage of uneven hosts included).
+TEST(Plan, MemberIndexFindsTheRingsTheScanFinds) {
+  for (const std::vector<int>& hosts :
+       {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 0, 1, 1, 2, 2, 2, 2},
+        std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3, 4}}) {
+    const Topology t = simulated(hosts);
+    AllreducePlan plan = planMultiDim(t, 1001, 4, 2, 2, {}, 2);
+    AllreducePlan indexed = plan;
+    indexMembers(indexed, t.size);
+    for (size_t l = 0; l < plan.lanes.size(); ++l) {
+      for (size_t s = 0; s < plan.lanes[l].stages.size(); ++s) {
+        const Stage& scanned = plan.lanes[l].stages[s];
+        ASSERT_TRUE(scanned.memberFrom.empty());
+        for (int r = 0; r < t.size; ++r) {
+          EXPECT_EQ(ringsWith(indexed.lanes[l].stages[s], r), ringsWith(scanned, r))
+              << "lane " << l << " stage " << s << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(Plan, RegularGridStagesCarryWhatSurvivedTheLevelBelow) {
   Topology t = simulated({0, 0, 1, 1});
   AllreducePlan plan = planMultiDim(t, 1000, 4, 1, 1);

@@ -61,27 +61,28 @@ int firstWave(const AllreducePlan& plan, int lane) {
 
 std::vector<HostRing> hostRings(const AllreducePlan& plan, int rank) {
   std::vector<HostRing> out;
-  uint32_t index = 0;
+  uint32_t index = 0;  // the plan's host rings before this stage's, each twice (both halves)
   for (int l = 0; l < static_cast<int>(plan.lanes.size()); ++l) {
     const Lane& lane = plan.lanes[l];
     for (int s = 0; s < static_cast<int>(lane.stages.size()); ++s) {
       const Stage& stage = lane.stages[s];
       if (stage.dimension != 0) continue;
-      for (int r = 0; r < static_cast<int>(stage.rings.size()); ++r) {
+      for (const uint32_t r : ringsWith(stage, rank)) {
         const std::vector<int>& order = stage.rings[r].order;
+        if (order.size() < 2) continue;
         for (bool gathering : {false, true}) {
-          const uint32_t step = kFirstSetUpStep + 3 * index++;
-          if (step + 3 > kResyncStep) {
-            throw Error("a plan of more host rings than the shared phase's tag steps hold");
-          }
-          if (order.size() < 2 || RingPlan{order}.positionOf(rank) < 0) continue;
+          const uint32_t step = kFirstSetUpStep + 3 * (index + 2 * r + (gathering ? 1 : 0));
           std::string key = std::to_string(firstWave(plan, l)) + (gathering ? "g" : "r") +
                             std::to_string(r) + ":";
           for (int member : order) key += std::to_string(member) + ",";
-          out.push_back(HostRing{l, s, r, gathering, std::move(key), step});
+          out.push_back(HostRing{l, s, static_cast<int>(r), gathering, std::move(key), step});
         }
       }
+      index += 2 * static_cast<uint32_t>(stage.rings.size());
     }
+  }
+  if (kFirstSetUpStep + 3 * index > kResyncStep) {
+    throw Error("a plan of more host rings than the shared phase's tag steps hold");
   }
   return out;
 }
@@ -152,8 +153,9 @@ class LaneRun {
     stuckAt_ = -1;
     const size_t es = elementSize(type_);
     const std::vector<StageRing>& rings = lane_.stages[stage].rings;
-    for (int r = 0; r < static_cast<int>(rings.size()); ++r) {
-      const StageRing& ring = rings[r];
+    for (const uint32_t index : ringsWith(lane_.stages[stage], op_.rank())) {
+      const int r = static_cast<int>(index);
+      const StageRing& ring = rings[index];
       const int position = RingPlan{ring.order}.positionOf(op_.rank());
       if (position < 0) continue;
       const int n = static_cast<int>(ring.order.size());

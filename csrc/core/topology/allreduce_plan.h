@@ -50,7 +50,14 @@ struct StageRing {
 struct Stage {
   int dimension = 0;  // -1: the closing stage over the whole group
   std::vector<StageRing> rings;
+  // Where the plan is checked (AllreducePlan::checked): by rank, the rings it is a member of,
+  // in ring order, rings [memberFrom[r], memberFrom[r + 1]) of memberRings (indexMembers).
+  std::vector<uint32_t> memberFrom;
+  std::vector<uint32_t> memberRings;
 };
+// The rings of `stage` that `rank` is a member of, in ring order: from the index where there is
+// one, by looking at every ring where not (a plan built by hand, not yet checked).
+std::vector<uint32_t> ringsWith(const Stage& stage, int rank);
 struct Lane {
   Range range;  // elements
   uint32_t phase = 0;
@@ -98,8 +105,8 @@ struct AllreducePlan {
   bool adopts = false;
   bool offersAdoption = false;
   double predicted = 0;  // seconds, by the cost model
-  // Made by the planner, which checks what it makes (a plan built by hand is checked by the
-  // communicator it is given to).
+  // Made by the planner, which checks what it makes and indexes its stages' members (a plan
+  // built by hand is checked by the communicator it is given to, and not indexed).
   bool checked = false;
 
   // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
@@ -159,6 +166,9 @@ std::vector<AllreducePlan> allreduceCandidates(const Topology& topology, const L
 // lanes tile [0, count), and replaying the plan leaves every element with one holder of the sum
 // over every rank.
 void checkPlan(const AllreducePlan& plan, int size);
+// Fills every stage's member index (Stage::memberFrom) for a group of `size` ranks: a rank then
+// finds its rings in O(its rings), not O(the group's), on every op.
+void indexMembers(AllreducePlan& plan, int size);
 
 // Whether some rank of a multidim plan talks to more than `most` distinct peers (its rings'
 // neighbours). O(P most) memory: a rank's count stops once over.

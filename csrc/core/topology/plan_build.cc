@@ -152,4 +152,35 @@ AllreducePlan planMultiDim(const Topology& t, size_t count, size_t elementSize, 
   return plan;
 }
 
+void indexMembers(AllreducePlan& plan, int size) {
+  for (Lane& lane : plan.lanes) {
+    for (Stage& stage : lane.stages) {
+      std::vector<uint32_t> count(static_cast<size_t>(size) + 1, 0);
+      for (const StageRing& ring : stage.rings) {
+        for (int r : ring.order) ++count[static_cast<size_t>(r) + 1];
+      }
+      for (size_t r = 1; r < count.size(); ++r) count[r] += count[r - 1];
+      stage.memberFrom = count;
+      stage.memberRings.assign(count.back(), 0);
+      for (uint32_t i = 0; i < stage.rings.size(); ++i) {  // in ring order
+        for (int r : stage.rings[i].order) stage.memberRings[count[static_cast<size_t>(r)]++] = i;
+      }
+    }
+  }
+}
+
+std::vector<uint32_t> ringsWith(const Stage& stage, int rank) {
+  const size_t r = static_cast<size_t>(rank);
+  if (r + 1 < stage.memberFrom.size()) {
+    return std::vector<uint32_t>(stage.memberRings.begin() + stage.memberFrom[r],
+                                 stage.memberRings.begin() + stage.memberFrom[r + 1]);
+  }
+  std::vector<uint32_t> rings;
+  for (uint32_t i = 0; i < stage.rings.size(); ++i) {
+    const std::vector<int>& order = stage.rings[i].order;
+    if (std::find(order.begin(), order.end(), rank) != order.end()) rings.push_back(i);
+  }
+  return rings;
+}
+
 }  // namespace ddl

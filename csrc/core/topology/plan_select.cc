@@ -186,7 +186,10 @@ AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t co
   std::vector<AllreducePlan> candidates =
       allreduceCandidates(t, links, count, elementSize, request);
   AllreducePlan plan = std::move(candidates.front());
-  if (plan.algorithm == AllreduceAlgorithm::kMultiDim) checkPlan(plan, t.size);
+  if (plan.algorithm == AllreduceAlgorithm::kMultiDim) {
+    checkPlan(plan, t.size);
+    indexMembers(plan, t.size);
+  }
   plan.checked = true;
   return plan;
 }
