@@ -59,16 +59,25 @@ constexpr AllreduceEntry kAllreduceTable[] = {
     {AllreduceAlgorithm::kRecursiveDoubling, &recursiveDoublingBody},
     {AllreduceAlgorithm::kLeaders, &leadersBody},
     {AllreduceAlgorithm::kRing, &ringBody},
-    {AllreduceAlgorithm::kMultiDim, &multiDimBody},
-    {AllreduceAlgorithm::kShared, &sharedBody},
-    {AllreduceAlgorithm::kSharedRing, &sharedBody},
-    {AllreduceAlgorithm::kDirect, &sharedBody},
-    {AllreduceAlgorithm::kStaged, &sharedBody},
+    {AllreduceAlgorithm::kMultiDim, &multiDimBody, true},
+    {AllreduceAlgorithm::kShared, &sharedBody, true},
+    {AllreduceAlgorithm::kSharedRing, &sharedBody, true},
+    {AllreduceAlgorithm::kDirect, &sharedBody, true},
+    {AllreduceAlgorithm::kStaged, &sharedBody, true},
 };
 
 }  // namespace
 
 std::span<const AllreduceEntry> allreduceTable() { return kAllreduceTable; }
+
+bool resyncsSharedWindows(const AllreducePlan& plan, MemoryKind memory) {
+  if (memory != MemoryKind::kHost) return false;
+  if (plan.algorithm == AllreduceAlgorithm::kMultiDim && !plan.hostSlots) return false;
+  for (const AllreduceEntry& e : kAllreduceTable) {
+    if (e.algorithm == plan.algorithm) return e.sharesWindows;
+  }
+  return false;
+}
 
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan) {

@@ -33,8 +33,16 @@ struct AllreduceCall {
 struct AllreduceEntry {
   AllreduceAlgorithm algorithm;
   Task (*body)(Op& op, AllreduceCall call);
+  // Over host memory, the body may use the group's shared-memory windows, and so resync them
+  // after a mismatch (shm/shared_ring.h); the multi-dimensional plan where its host level does.
+  bool sharesWindows = false;
 };
 std::span<const AllreduceEntry> allreduceTable();
+
+// Whether an allreduce of `plan` over `memory` may resync the group's shared-memory windows
+// after a mismatch (the table's sharesWindows): its call print then carries the mismatches
+// counted (CallCheck::carryMismatches).
+bool resyncsSharedWindows(const AllreducePlan& plan, MemoryKind memory);
 
 // allreduce by the plan's algorithm, from the table (AVG divides at the end).
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,

@@ -219,7 +219,10 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
                        options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), options,
-      [=](Op& op) { return allreduceTask(op, data, count, type, reduce, adoptable, plan); },
+      [=](Op& op) {
+        if (resyncsSharedWindows(*plan, options.memory)) op.callCheck().carryMismatches();
+        return allreduceTask(op, data, count, type, reduce, adoptable, plan);
+      },
       carried ? data : nullptr, carried ? bytes : 0);
 }
 

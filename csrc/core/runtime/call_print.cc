@@ -9,7 +9,8 @@ namespace ddl {
 
 bool CallPrint::operator==(const CallPrint& other) const {
   return magic == other.magic && sequence == other.sequence && collective == other.collective &&
-         type == other.type && reduce == other.reduce && root == other.root && count == other.count;
+         type == other.type && reduce == other.reduce && root == other.root &&
+         count == other.count && mismatches == other.mismatches;
 }
 
 const char* collectiveName(Collective collective) {
@@ -136,6 +137,10 @@ const char* CallCheck::inlinePayload(int peer) const {
 
 void CallCheck::start() {
   const int n = op_.size();
+  if (carries_ && op_.group().state) {
+    mismatchesAtStart_ = op_.group().state->mismatches();
+    print_.mismatches = static_cast<uint8_t>(mismatchesAtStart_);
+  }
   if (inlined()) {
     out_.resize(sizeof(CallPrint) + inlineBytes_);
     std::memcpy(out_.data(), &print_, sizeof(CallPrint));
@@ -217,6 +222,19 @@ Status CallCheck::verdict(const Request& req) const {
   // (GroupState::countMismatch) and their shared-memory windows resync at the same op.
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
     return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer);
+  }
+  CallPrint same = theirs;
+  same.mismatches = print_.mismatches;
+  if (same == print_ && theirs.mismatches != print_.mismatches) {
+    return Status(StatusKind::kMismatch,
+                  "the ranks started this op knowing of different numbers of the group's earlier "
+                  "mismatched ops: " +
+                      rank + " of " + std::to_string(theirs.mismatches) + ", rank " +
+                      std::to_string(op_.rank()) + " of " + std::to_string(print_.mismatches) +
+                      " (mod 256; the news of one had not reached every rank): the op fails on "
+                      "every rank, so that the next allreduce resyncs their shared-memory windows "
+                      "at the same op",
+                  peer);
   }
   if (!(theirs == print_)) {
     std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +

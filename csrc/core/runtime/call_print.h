@@ -53,7 +53,11 @@ struct CallPrint {
   Collective collective = Collective::kNone;
   uint8_t type = kUnset;    // DataType
   uint8_t reduce = kUnset;  // ReduceOp
-  uint8_t reserved = 0;
+  // An allreduce's (CallCheck::carryMismatches): the group's mismatched ops this rank had counted
+  // when the op started, mod 256 (GroupState::mismatches). Ranks that differ would resync their
+  // shared-memory windows at different ops (shm/shared_ring.h), so a difference fails the op as a
+  // mismatch. 0 for other collectives.
+  uint8_t mismatches = 0;
   int32_t root = -1;
   uint64_t count = 0;  // elements (per rank where each rank has a block)
 
@@ -92,6 +96,14 @@ class CallCheck {
   static constexpr size_t kInlineMax = 1024;
   void setInline(const void* data, size_t bytes);
   bool inlined() const { return inlineBytes_ > 0; }
+  // The op's body may resync the group's shared-memory windows after a mismatch (an allreduce):
+  // its print carries the mismatches counted when it starts, which the resync goes by
+  // (resyncDue). Set before the op starts.
+  void carryMismatches() { carries_ = true; }
+  // The group's mismatched ops counted here when the op started (0 before it has, or where its
+  // print carries none).
+  uint64_t mismatchesAtStart() const { return mismatchesAtStart_; }
+  bool carriesMismatches() const { return carries_ && started_; }
   // Sends this rank's print to the next rank and asks for the previous rank's.
   void start();
   // Whether every print sent and asked for so far is done (the op completes once they are).
@@ -128,6 +140,8 @@ class CallCheck {
   Op& op_;
   CallPrint print_;  // collective kNone: no call check
   bool started_ = false;
+  bool carries_ = false;
+  uint64_t mismatchesAtStart_ = 0;
   uint64_t sentMask_ = 0, askedMask_ = 0;
   std::unordered_map<int, uint8_t> flags_;
   std::vector<std::unique_ptr<PrintIn>> ins_;   // one per peer asked

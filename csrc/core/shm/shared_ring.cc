@@ -257,8 +257,19 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
   }
 }
 
+namespace {
+
+// The group's mismatched ops the resync goes by: those the op's print carries, the same on every
+// rank where the op does not fail as a mismatch.
+uint64_t mismatchesKnown(const Op& op) {
+  if (op.callCheck().carriesMismatches()) return op.callCheck().mismatchesAtStart();
+  return op.group().state ? op.group().state->mismatches() : 0;
+}
+
+}  // namespace
+
 bool resyncDue(const Op& op, const SharedRing& ring) {
-  return op.group().state && op.group().state->mismatches() != ring.mismatchesSynced;
+  return mismatchesKnown(op) != ring.mismatchesSynced;
 }
 
 namespace {
@@ -284,7 +295,7 @@ Holding holdingOf(const SharedRing& ring) {
 }  // namespace
 
 Task resyncAfterMismatch(Op& op, SharedRing& ring, const std::vector<int>& members) {
-  const uint64_t mismatches = op.group().state->mismatches();
+  const uint64_t mismatches = mismatchesKnown(op);
   Transport& transport = op.group().runtime->transport();
   // Setups the mismatch cut short: nobody heard their verdict.
   if (ring.state == SharedRing::State::kUnknown) {

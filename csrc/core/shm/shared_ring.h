@@ -146,8 +146,10 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
 // [firstStep, firstStep + 3) of the shared phase. Holding the turn.
 Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t firstStep);
 
-// Whether an op that wants the group's one-host windows must first resync them: a mismatched op
-// ended here since the last resync.
+// Whether an op that wants the group's one-host windows must first resync them: the group's
+// mismatched ops it started knowing of (its call print carries them, so that ranks that knew of
+// different numbers fail it as a mismatch instead of deciding differently) are not those of the
+// last resync.
 bool resyncDue(const Op& op, const SharedRing& ring);
 
 // The round after a mismatch among `members` (the ranks that share memory with this one: every
