@@ -114,6 +114,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " 0 - 2 ended it well and started the next allreduce before the news,"
                          " skipped the resync the others held, and it timed out naming ranks"
                          " not at fault (the prints now carry the mismatches counted)"},
+    {0x610657748a4c7f6a, "114 ranks, 48 - 101 cut off, then 9 - 58 moved to their side: rank 11"
+                         " passed on that it counted 61 and 93 gone, and ranks 59 - 64 failed"
+                         " naming 61 gone in words about 93 (news now names each one's witness)"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -43,9 +43,9 @@ const Scenario kScenarios[] = {
   {"scatter", {}, 40, 4, 4, "scatter", A::kAuto, 4 * 131, -1, false, 0xffcd206ea1883b0eull},
   {"alltoall", {}, 40, 4, 4, "alltoall", A::kAuto, 4 * 131, -1, false, 0x7986b876a44b0aa6ull},
   {"barrier", {}, 40, 4, 4, "barrier", A::kAuto, 0, -1, false, 0x2c322399e8aff78bull},
-  {"rank 17 killed halfway", {}, 64, 4, 4, "allreduce", A::kAuto, 1 << 20, 17, false, 0xffa0f787e7c2c1c3ull},
-  {"rank 5 killed in an allgather", {}, 48, 4, 0, "allgather", A::kAuto, 4 * 1031, 5, false, 0x3cd8fe3b5b622be8ull},
-  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x81c2e83234b8c901ull},
+  {"rank 17 killed halfway", {}, 64, 4, 4, "allreduce", A::kAuto, 1 << 20, 17, false, 0xa1d16fe349a5849full},
+  {"rank 5 killed in an allgather", {}, 48, 4, 0, "allgather", A::kAuto, 4 * 1031, 5, false, 0x0bd1d5677ee48394ull},
+  {"rank 5 killed, then the shrink", {}, 64, 4, 0, "allreduce", A::kAuto, 1 << 20, 5, true, 0x452286b0015b4f17ull},
 };
 // clang-format on
 

@@ -262,6 +262,60 @@ TEST(Wire, NoticesBoundTheRanksTheyName) {
   EXPECT_FALSE(Notice::decode(patch(5, 0).data(), good.size()).has_value());
 }
 
+// News names, for each rank it says is gone, the rank that counted it gone (group/notice.h):
+// runs of witnesses after the ranges, the sender's own left out; too many to fit leave their
+// ranks to the sender, and runs that name more ranks than the news, or none, are refused.
+TEST(Wire, NewsNamesWhoCountedEachRankGone) {
+  Notice n;
+  n.type = Notice::Type::kNews;
+  n.from = 7;
+  n.gone = {2, 3, 4, 9, 10};
+  n.witnesses = {11, 11, 7, 12, 7};
+  n.text = "rank 2 is gone: it sent no heartbeat";
+  const std::string bytes = n.encode();
+  std::optional<Notice> back = Notice::decode(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->gone, n.gone);
+  EXPECT_EQ(back->witnesses, (std::vector<int>{11, 11, 7, 12}));  // the last: the sender
+  EXPECT_EQ(back->text, n.text);
+  // All the sender's: no runs at all, as news was before it named witnesses.
+  n.witnesses.assign(n.gone.size(), 7);
+  Notice none = n;
+  none.witnesses.clear();
+  EXPECT_EQ(n.encode(), none.encode());
+  // A partition's worth, every rank counted gone by another witness: cut to fit, never dropped.
+  Notice wide;
+  wide.type = Notice::Type::kNews;
+  wide.from = 0;
+  for (int r = 1; r < 4000; ++r) {
+    wide.gone.push_back(r);
+    wide.witnesses.push_back(4000 + r);
+  }
+  const std::string cut = wide.encode();
+  EXPECT_LE(cut.size(), Notice::kMaxBytes);
+  back = Notice::decode(cut.data(), cut.size());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->gone, wide.gone);
+  ASSERT_FALSE(back->witnesses.empty());
+  EXPECT_LT(back->witnesses.size(), wide.gone.size());
+  for (size_t i = 0; i < back->witnesses.size(); ++i) EXPECT_EQ(back->witnesses[i], 4001 + int(i));
+  // A run past the news's ranks, or of none: refused.
+  Notice one;
+  one.type = Notice::Type::kNews;
+  one.from = 0;
+  one.gone = {5};
+  one.witnesses = {3};
+  const std::string good = one.encode();  // header, range (5, 1), run (3, 1)
+  auto patch = [&](uint16_t count) {
+    std::string b = good;
+    std::memcpy(b.data() + b.size() - sizeof(uint16_t), &count, sizeof(count));
+    return b;
+  };
+  EXPECT_TRUE(Notice::decode(patch(1).data(), good.size()).has_value());
+  EXPECT_FALSE(Notice::decode(patch(2).data(), good.size()).has_value());
+  EXPECT_FALSE(Notice::decode(patch(0).data(), good.size()).has_value());
+}
+
 std::string sparseBlock(std::vector<int64_t> header, size_t payload) {
   std::string b(header.size() * sizeof(int64_t) + payload, '\0');
   std::memcpy(b.data(), header.data(), header.size() * sizeof(int64_t));

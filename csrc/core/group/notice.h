@@ -33,6 +33,9 @@ struct Notice {
   // The ranks it says are gone, ascending (travel as ranges: a host, a rack or one side of a
   // partition is a few); a tree passes around them (Notices::relayNotice).
   std::vector<int> gone;
+  // kNews: for each of `gone` (in order), the rank that counted it gone from what it saw itself
+  // (the sender, where it did or where this is shorter: cut to fit).
+  std::vector<int> witnesses;
   StatusKind kind = StatusKind::kOther;  // of the failure it reports
   std::string text;
 

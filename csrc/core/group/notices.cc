@@ -1,6 +1,7 @@
 #include "notices.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -291,6 +292,25 @@ void Notices::applyNotice(GroupNotices& control, const Notice& notice) {
   }
 }
 
+namespace {
+
+// Why rank r is gone, as news from rank `from` tells: the witness's words where they are about r
+// (a notice's words are those of the first rank its sender told of).
+std::string goneWords(int r, int witness, int from, const std::string& text) {
+  const std::string subject = "rank " + std::to_string(r) + " is gone";
+  const bool about = text.compare(0, subject.size(), subject) == 0 &&
+                     (text.size() == subject.size() ||
+                      !std::isdigit(static_cast<unsigned char>(text[subject.size()])));
+  if (witness == from && about) return "rank " + std::to_string(from) + " reports: " + text;
+  std::string words = "rank " + std::to_string(witness) + " counts it gone";
+  if (witness != from) {
+    words += " (news from rank " + std::to_string(from) + (about ? ": " + text : "") + ")";
+  }
+  return words;
+}
+
+}  // namespace
+
 void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   // From a rank counted gone here: it stalled and came back, or speaks from the other side of
@@ -310,9 +330,15 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
     refusalsPending_ = true;
     return;
   }
-  const std::string why = "rank " + std::to_string(notice.from) + " reports: " + notice.text;
-  for (int r : notice.gone) {
+  for (size_t i = 0; i < notice.gone.size(); ++i) {
+    const int r = notice.gone[i];
     if (r < 0 || r >= group.size || r == group.rank || control.newsOf.count(r)) continue;
+    // Who counted it gone: the sender, or a witness it heard of, which is named (it may have
+    // been cut off from a rank this one still hears).
+    int witness = i < notice.witnesses.size() ? notice.witnesses[i] : notice.from;
+    if (witness < 0 || witness >= group.size || witness == group.rank) witness = notice.from;
+    const std::string why = goneWords(r, witness, notice.from, notice.text);
+    noteGone(control, r, why, notice.text, witness);
     // The process is counted gone for every group that knows it; this group counts the rank
     // gone whether or not this rank knows where it was.
     const std::string address = group.directory->known(r);
@@ -320,7 +346,6 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
       runtime_.markLost(address, why, true);
       learnGone(address, why, notice.text);
     }
-    noteGone(control, r, why, notice.text);
   }
   floodPendingNews();
 }
@@ -333,6 +358,7 @@ void Notices::floodNews(GroupNotices& control) {
   notice.tree = false;
   notice.kind = StatusKind::kPeerLost;
   notice.gone = group.state->gone();
+  notice.witnesses = group.state->witnesses(group.rank);
   notice.text = control.newsWhy;
   const std::string bytes = notice.encode();
   // To the nearest rank not known gone at distance 2^k or more, each way: the survivors stay
@@ -549,13 +575,13 @@ void Notices::learnGone(const std::string& address, const std::string& why,
 }
 
 void Notices::noteGone(GroupNotices& control, int r, const std::string& why,
-                       const std::string& heard) {
+                       const std::string& heard, int witness) {
   std::shared_ptr<const Group> alive = control.owner.lock();
   if (!control.open || !alive) return;
   const Group& g = *alive;
   if (r == g.rank || !control.newsOf.insert(r).second) return;
   const std::string words = "rank " + std::to_string(r) + " is gone: " + why;
-  g.state->noteGone(r, runtime_.clock().now());
+  g.state->noteGone(r, runtime_.clock().now(), witness);
   g.state->fail(Status(StatusKind::kPeerLost, g.name + ": " + words, {r}));
   refusalsPending_ = true;
   if (control.newsWhy.empty()) control.newsWhy = heard.empty() ? words : heard;

@@ -148,8 +148,9 @@ class Notices : public Runtime::Supervisor {
   // and fails; its news is to be spread (in the words `heard` from another rank, if it was).
   void learnGone(const std::string& address, const std::string& why, const std::string& heard);
   // Group rank `r` of `control`'s group is gone: the group fails (once per rank), and its news
-  // is due.
-  void noteGone(GroupNotices& control, int r, const std::string& why, const std::string& heard);
+  // is due. `witness`: the rank that counted it gone itself, where news told of it (-1: this one).
+  void noteGone(GroupNotices& control, int r, const std::string& why, const std::string& heard,
+                int witness = -1);
   // News: a rank that learns ranks are gone sends all it knows gone to its successors at
   // distances 1, 2, 4, ... (not to ranks gone), and passes news on when what it knows grew.
   // Every rank hears from log2(P) predecessors, so dead relays (a whole host, a rack) cut no

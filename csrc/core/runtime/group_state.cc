@@ -36,9 +36,20 @@ void GroupState::fail(const Status& status, bool remote) {
   if (refusal_.ok()) refusal_ = status.withDetail("the group failed earlier: " + status.detail);
 }
 
-void GroupState::noteGone(int rank, TimePoint when) {
+void GroupState::noteGone(int rank, TimePoint when, int witness) {
   std::lock_guard<std::mutex> lock(mutex_);
-  gone_.emplace(rank, when);
+  if (gone_.emplace(rank, when).second && witness >= 0) witnesses_.emplace(rank, witness);
+}
+
+std::vector<int> GroupState::witnesses(int self) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> ranks;
+  ranks.reserve(gone_.size());
+  for (const auto& [rank, when] : gone_) {
+    auto it = witnesses_.find(rank);
+    ranks.push_back(it == witnesses_.end() ? self : it->second);
+  }
+  return ranks;
 }
 
 std::vector<int> GroupState::gone() const {

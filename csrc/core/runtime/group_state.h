@@ -39,9 +39,12 @@ class GroupState {
   void fail(const Status& status, bool remote = false);
   Status refusal() const;  // why ops fail at once (ok while the group is usable)
   // The ranks of the group known to be gone: found here, or named by another rank's notice, and
-  // when each was first known (the runtime's clock).
-  void noteGone(int rank, TimePoint when);
+  // when each was first known (the runtime's clock). `witness`: the rank that counted it gone
+  // from what it saw itself, where news told of it (-1: this rank, or not known).
+  void noteGone(int rank, TimePoint when, int witness = -1);
   std::vector<int> gone() const;
+  // For each of gone(), its witness (`self` where this rank counted it gone itself).
+  std::vector<int> witnesses(int self) const;
   std::optional<TimePoint> goneSince(int rank) const;
   // Collectives of the group that ended here because the ranks called different things. A
   // mismatch fails its op on every rank (found, or told by the rank that found it), so the count
@@ -54,6 +57,7 @@ class GroupState {
   Failure first_;
   Status refusal_;
   std::map<int, TimePoint> gone_;
+  std::map<int, int> witnesses_;  // of the gone ranks news told of, where known
   uint64_t mismatches_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstdlib>
 
 #include "../base/tag.h"
 
@@ -324,6 +325,26 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
   for (uint32_t step = 0; step < 2 && (sends & Scenario::kData); ++step) {
     send(next, tag::make(group, sequence, tag::slot(0, step), h), junk(5));
   }
+}
+
+std::vector<std::pair<int, int>> countedGoneBy(const Status& status) {
+  std::vector<std::pair<int, int>> pairs;
+  const std::string& s = status.detail;
+  const std::string gone = " is gone: rank ";
+  for (size_t at = s.find(gone); at != std::string::npos; at = s.find(gone, at + 1)) {
+    // "rank G is gone: rank W counts it gone", or "... rank W reports: rank G is gone".
+    const size_t g = s.rfind("rank ", at);
+    const size_t w = at + gone.size();
+    const size_t after = s.find_first_not_of("0123456789", w);
+    if (g == std::string::npos || after == std::string::npos || after == w) continue;
+    const int gr = std::atoi(s.c_str() + g + 5);
+    const std::string again = " reports: rank " + std::to_string(gr) + " is gone";
+    if (s.compare(after, 15, " counts it gone") == 0 ||
+        s.compare(after, again.size(), again) == 0) {
+      pairs.emplace_back(gr, std::atoi(s.c_str() + w));
+    }
+  }
+  return pairs;
 }
 
 bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf) {

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../group/window.h"
@@ -61,5 +62,9 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
 // Whether `status` names cluster rank `rank`: among its ranks (group ranks, mapped by
 // `clusterOf`), or in its words.
 bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf);
+
+// The (gone, witness) group ranks `status`'s words name as news passed on names them ("rank G
+// is gone: rank W counts it gone", group/notices.cc).
+std::vector<std::pair<int, int>> countedGoneBy(const Status& status);
 
 }  // namespace ddl
