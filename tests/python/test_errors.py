@@ -147,6 +147,37 @@ def test_mismatched_calls_raise_on_every_rank(size):
     run_ranks(_mismatched, size, timeout=120)
 
 
+def _rooted_mismatch_then_allreduce(rank, size):
+    # The last rank broadcasts from another root: ranks whose tree does not meet it finish the
+    # broadcast well and may start the next allreduce (staged, or the shared-memory ring) before
+    # the news of the mismatch. That allreduce returns the right sum or raises naming the
+    # mismatch, at once on every rank (not at the timeout), and the ones after are right.
+    group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
+    for trial in range(6):
+        start = time.monotonic()
+        try:
+            dist.broadcast(torch.ones(7), src=(1 if rank == size - 1 else 0), group=group)
+        except RuntimeError as error:
+            assert "calls differ" in str(error), (trial, str(error))
+        count = (7, 1 << 15)[trial % 2]
+        t = torch.ones(count)
+        try:
+            dist.all_reduce(t, group=group)
+            assert torch.equal(t, torch.full((count,), float(size))), trial
+        except RuntimeError as error:
+            assert "calls differ" in str(error) or "earlier mismatched ops" in str(error), \
+                (trial, str(error))
+        assert time.monotonic() - start < 5, trial
+        for n in (5, 1 << 15, 1 << 19):
+            t = torch.ones(n)
+            dist.all_reduce(t, group=group)
+            assert torch.equal(t, torch.full((n,), float(size))), (trial, n)
+
+
+def test_a_rooted_mismatch_then_an_allreduce_never_waits_out_the_timeout():
+    run_ranks(_rooted_mismatch_then_allreduce, 4, timeout=120)
+
+
 def _refused_on_one_rank(rank, size):
     # Arguments refused on one rank end the op on every rank at once, and the group goes on.
     group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
