@@ -219,8 +219,8 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
                        options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), options,
-      [=](Op& op) {
-        if (resyncsSharedWindows(*plan, options.memory)) op.callCheck().carryMismatches();
+      [=, carries = resyncsSharedWindows(*plan, options.memory)](Op& op) {
+        if (carries) op.callCheck().carryMismatches();
         return allreduceTask(op, data, count, type, reduce, adoptable, plan);
       },
       carried ? data : nullptr, carried ? bytes : 0);
