@@ -103,12 +103,27 @@ class SimCalendar {
  private:
   static constexpr int kShift = 10;  // 1 024 ns a bucket
   static constexpr size_t kBuckets = 16384;
+  static constexpr size_t kKept = 256;   // events a drained bucket keeps room for
+  static constexpr size_t kSpares = 64;  // larger rooms kept for the buckets that fill up
+  // A full bucket about to grow past kKept takes a spare room larger than its own.
+  void grow(std::vector<Event>& bucket);
   std::vector<std::vector<Event>> buckets_ = std::vector<std::vector<Event>>(kBuckets);
-  std::vector<Event> later_;  // a heap: beyond the buckets
-  int64_t current_ = 0;       // the bucket being taken, by time >> kShift
-  bool heaped_ = false;       // the current bucket is a heap
+  std::vector<Event> later_;               // a heap: beyond the buckets
+  std::vector<std::vector<Event>> spare_;  // rooms drained buckets gave up, for later bursts
+  int64_t current_ = 0;                    // the bucket being taken, by time >> kShift
+  bool heaped_ = false;                    // the current bucket is a heap
   size_t inBuckets_ = 0, size_ = 0;
 };
+
+template <typename Event>
+inline void SimCalendar<Event>::grow(std::vector<Event>& bucket) {
+  if (bucket.size() < bucket.capacity() || bucket.capacity() < kKept || spare_.empty()) return;
+  if (spare_.back().capacity() <= bucket.capacity()) return;
+  std::vector<Event> room = std::move(spare_.back());
+  spare_.pop_back();
+  room.assign(bucket.begin(), bucket.end());
+  bucket.swap(room);
+}
 
 template <typename Event>
 inline void SimCalendar<Event>::push(const Event& e) {
@@ -116,11 +131,14 @@ inline void SimCalendar<Event>::push(const Event& e) {
   const int64_t bucket = e.at >> kShift;
   if (bucket <= current_) {  // the current bucket (or earlier than it: first of all)
     std::vector<Event>& heap = buckets_[static_cast<size_t>(current_) % kBuckets];
+    grow(heap);
     heap.push_back(e);
     if (heaped_) std::push_heap(heap.begin(), heap.end(), std::greater<Event>());
     ++inBuckets_;
   } else if (bucket < current_ + static_cast<int64_t>(kBuckets)) {
-    buckets_[static_cast<size_t>(bucket) % kBuckets].push_back(e);
+    std::vector<Event>& b = buckets_[static_cast<size_t>(bucket) % kBuckets];
+    grow(b);
+    b.push_back(e);
     ++inBuckets_;
   } else {
     later_.push_back(e);
@@ -140,7 +158,14 @@ inline const Event& SimCalendar<Event>::top() {
       return heap.front();
     }
     // On to the next bucket (straight to the next later event when the buckets are empty),
-    // taking in the later events that now fall within the buckets.
+    // taking in the later events that now fall within the buckets. A bucket drained of a burst
+    // gives its room to the spares (room for the next burst, whichever bucket it falls in):
+    // each bucket is taken again every kBuckets microseconds, and kept at the most it ever
+    // held they came to gigabytes (3.8 GB at 3 072 ranks).
+    if (heap.capacity() > kKept) {
+      if (spare_.size() < kSpares) spare_.push_back(std::move(heap));
+      heap = std::vector<Event>();
+    }
     heaped_ = false;
     current_ = inBuckets_ == 0 ? later_.front().at >> kShift : current_ + 1;
     while (!later_.empty() &&
