@@ -30,20 +30,6 @@ bool among(const std::vector<int>& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
 }
 
-// Whether cut, partition or stall `f` kept ranks a and b apart: on the two sides, or one stalled.
-bool separates(const Fault& f, int a, int b) {
-  switch (f.kind) {
-    case Fault::Kind::kCut:
-      return (f.ranks[0] == a && f.ranks[1] == b) || (f.ranks[0] == b && f.ranks[1] == a);
-    case Fault::Kind::kPartition:
-      return among(f.ranks, a) != among(f.ranks, b);
-    case Fault::Kind::kStall:
-      return f.ranks[0] == a || f.ranks[0] == b;
-    default:
-      return false;
-  }
-}
-
 class Run {
  public:
   explicit Run(const Scenario& s) : s_(s), cluster_(s.cluster) {
@@ -227,15 +213,7 @@ class Run {
           }
           // News from a witness this fault kept from the rank it counts gone (a rank cut off,
           // then heard again from the other side, passes on what it counted there).
-          if (k == StatusKind::kPeerLost) {
-            for (auto [gone, witness] : countedGoneBy(status)) {
-              if (gone < 0 || witness < 0 || gone >= static_cast<int>(clusterOf.size()) ||
-                  witness >= static_cast<int>(clusterOf.size())) {
-                continue;
-              }
-              if (separates(f, clusterOf[gone], clusterOf[witness])) return true;
-            }
-          }
+          if (k == StatusKind::kPeerLost && keptFromWitness(f, status, clusterOf)) return true;
           break;
         }
         case Fault::Kind::kDisagree:

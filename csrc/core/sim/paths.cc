@@ -347,6 +347,33 @@ std::vector<std::pair<int, int>> countedGoneBy(const Status& status) {
   return pairs;
 }
 
+namespace {
+
+// Whether cut, partition or stall `f` kept ranks a and b apart: on the two sides, or one stalled.
+bool separates(const Fault& f, int a, int b) {
+  switch (f.kind) {
+    case Fault::Kind::kCut:
+      return (f.ranks[0] == a && f.ranks[1] == b) || (f.ranks[0] == b && f.ranks[1] == a);
+    case Fault::Kind::kPartition:
+      return among(f.ranks, a) != among(f.ranks, b);
+    case Fault::Kind::kStall:
+      return f.ranks[0] == a || f.ranks[0] == b;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool keptFromWitness(const Fault& f, const Status& status, const std::vector<int>& clusterOf) {
+  const int n = static_cast<int>(clusterOf.size());
+  for (auto [gone, witness] : countedGoneBy(status)) {
+    if (gone < 0 || witness < 0 || gone >= n || witness >= n) continue;
+    if (separates(f, clusterOf[gone], clusterOf[witness])) return true;
+  }
+  return false;
+}
+
 bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf) {
   for (int q : status.ranks) {
     if (q >= 0 && q < static_cast<int>(clusterOf.size()) && clusterOf[q] == rank) return true;

@@ -67,4 +67,8 @@ bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf
 // is gone: rank W counts it gone", group/notices.cc).
 std::vector<std::pair<int, int>> countedGoneBy(const Status& status);
 
+// Whether cut, partition or stall `f` kept a rank `status` names gone from its witness in the
+// words (countedGoneBy; group ranks mapped by `clusterOf`).
+bool keptFromWitness(const Fault& f, const Status& status, const std::vector<int>& clusterOf);
+
 }  // namespace ddl
