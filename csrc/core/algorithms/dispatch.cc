@@ -66,6 +66,14 @@ constexpr AllreduceEntry kAllreduceTable[] = {
     {AllreduceAlgorithm::kStaged, &sharedBody, true},
 };
 
+// The table's entry for `algorithm` (nullptr: none).
+const AllreduceEntry* entryOf(AllreduceAlgorithm algorithm) {
+  for (const AllreduceEntry& e : kAllreduceTable) {
+    if (e.algorithm == algorithm) return &e;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::span<const AllreduceEntry> allreduceTable() { return kAllreduceTable; }
@@ -73,18 +81,13 @@ std::span<const AllreduceEntry> allreduceTable() { return kAllreduceTable; }
 bool resyncsSharedWindows(const AllreducePlan& plan, MemoryKind memory) {
   if (memory != MemoryKind::kHost) return false;
   if (plan.algorithm == AllreduceAlgorithm::kMultiDim && !plan.hostSlots) return false;
-  for (const AllreduceEntry& e : kAllreduceTable) {
-    if (e.algorithm == plan.algorithm) return e.sharesWindows;
-  }
-  return false;
+  const AllreduceEntry* entry = entryOf(plan.algorithm);
+  return entry != nullptr && entry->sharesWindows;
 }
 
 Task allreduceTask(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    Adoptable adoptable, std::shared_ptr<const AllreducePlan> plan) {
-  const AllreduceEntry* entry = nullptr;
-  for (const AllreduceEntry& e : kAllreduceTable) {
-    if (e.algorithm == plan->algorithm) entry = &e;
-  }
+  const AllreduceEntry* entry = entryOf(plan->algorithm);
   if (entry == nullptr) {
     throw Error(std::string("ddl: no allreduce runs a plan of ") + algorithmName(plan->algorithm));
   }

@@ -223,20 +223,22 @@ Status CallCheck::verdict(const Request& req) const {
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
     return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer);
   }
-  CallPrint same = theirs;
-  same.mismatches = print_.mismatches;
-  if (same == print_ && theirs.mismatches != print_.mismatches) {
-    return Status(StatusKind::kMismatch,
-                  "the ranks started this op knowing of different numbers of the group's earlier "
-                  "mismatched ops: " +
-                      rank + " of " + std::to_string(theirs.mismatches) + ", rank " +
-                      std::to_string(op_.rank()) + " of " + std::to_string(print_.mismatches) +
-                      " (mod 256; the news of one had not reached every rank): the op fails on "
-                      "every rank, so that the next allreduce resyncs their shared-memory windows "
-                      "at the same op",
-                  peer);
-  }
   if (!(theirs == print_)) {
+    // Only the mismatches counted differ: the same call, started knowing of different ones.
+    CallPrint same = theirs;
+    same.mismatches = print_.mismatches;
+    if (same == print_) {
+      return Status(
+          StatusKind::kMismatch,
+          "the ranks started this op knowing of different numbers of the group's earlier "
+          "mismatched ops: " +
+              rank + " of " + std::to_string(theirs.mismatches) + ", rank " +
+              std::to_string(op_.rank()) + " of " + std::to_string(print_.mismatches) +
+              " (mod 256; the news of one had not reached every rank): the op fails on "
+              "every rank, so that the next allreduce resyncs their shared-memory windows "
+              "at the same op",
+          peer);
+    }
     std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +
                         ", rank " + std::to_string(op_.rank()) + " called " + print_.describe();
     if (theirs.sequence != print_.sequence) {

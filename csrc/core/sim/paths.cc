@@ -4,6 +4,7 @@
 #include <array>
 #include <cctype>
 #include <cstdlib>
+#include <utility>
 
 #include "../base/tag.h"
 
@@ -327,6 +328,9 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
   }
 }
 
+namespace {
+
+// The (gone, witness) group ranks `status`'s words name as news passed on names them.
 std::vector<std::pair<int, int>> countedGoneBy(const Status& status) {
   std::vector<std::pair<int, int>> pairs;
   const std::string& s = status.detail;
@@ -346,8 +350,6 @@ std::vector<std::pair<int, int>> countedGoneBy(const Status& status) {
   }
   return pairs;
 }
-
-namespace {
 
 // Whether cut, partition or stall `f` kept ranks a and b apart: on the two sides, or one stalled.
 bool separates(const Fault& f, int a, int b) {

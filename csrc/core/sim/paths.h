@@ -4,7 +4,6 @@
 
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "../group/window.h"
@@ -63,12 +62,9 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
 // `clusterOf`), or in its words.
 bool namesRank(const Status& status, int rank, const std::vector<int>& clusterOf);
 
-// The (gone, witness) group ranks `status`'s words name as news passed on names them ("rank G
-// is gone: rank W counts it gone", group/notices.cc).
-std::vector<std::pair<int, int>> countedGoneBy(const Status& status);
-
 // Whether cut, partition or stall `f` kept a rank `status` names gone from its witness in the
-// words (countedGoneBy; group ranks mapped by `clusterOf`).
+// words ("rank G is gone: rank W counts it gone", group/notices.cc; group ranks mapped by
+// `clusterOf`).
 bool keptFromWitness(const Fault& f, const Status& status, const std::vector<int>& clusterOf);
 
 }  // namespace ddl
