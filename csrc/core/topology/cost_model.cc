@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include "../base/types.h"
 
@@ -19,7 +20,18 @@ int edgeDimension(const Topology& t, int a, int b) {
   return static_cast<int>(t.levels.size());
 }
 
-// Bytes through each link (dimension, block it leaves or enters, direction).
+// A link: its dimension, the block it leaves or enters, the direction (out of the block).
+using LinkKey = std::tuple<int, int, bool>;
+struct LinkKeyHash {
+  size_t operator()(const LinkKey& k) const {
+    return std::hash<uint64_t>()(static_cast<uint64_t>(std::get<0>(k)) << 40 ^
+                                 static_cast<uint64_t>(static_cast<uint32_t>(std::get<1>(k))) << 1 ^
+                                 static_cast<uint64_t>(std::get<2>(k)));
+  }
+};
+
+// Bytes through each link. Every question of it is a sum or a most over the links, which no
+// order changes: a hash map (a ring of 8 192 ranks touches thousands of links per stage).
 class Loads {
  public:
   explicit Loads(const Topology& t) : t_(t) {}
@@ -66,7 +78,7 @@ class Loads {
     return slowest;
   }
   // Adds to `busy` each link's time in this load: its bytes over its bandwidth.
-  using Busy = std::map<std::tuple<int, int, bool>, double>;
+  using Busy = std::map<LinkKey, double>;  // in order: the bottleneck's ties break by it
   void occupy(const LinkCosts& links, Busy& busy) const {
     for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth;
   }
@@ -74,7 +86,7 @@ class Loads {
  private:
   const Topology& t_;
   uint32_t dimensions_ = 0;  // bit k: a message crosses dimension k
-  std::map<std::tuple<int, int, bool>, double> bytes_;
+  std::unordered_map<LinkKey, double, LinkKeyHash> bytes_;
 };
 
 // A flat ring in `order` carrying `bytes` (2(P-1) steps of bytes/P).

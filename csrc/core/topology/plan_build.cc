@@ -32,14 +32,22 @@ Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, i
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    // Each interval between cuts: the members holding it, in member order, with their weights.
+    // A member's ranges are disjoint and their ends are cuts, so each covers a run of intervals:
+    // O(what the members hold), where asking every member of every interval was O(members x
+    // intervals), O(P^2) for the closing stage over the whole group.
     using Key = std::vector<std::pair<int, int64_t>>;
+    std::vector<Key> keys(cuts.empty() ? 0 : cuts.size() - 1);
+    for (int r : members) {
+      for (const Held& h : holdings[r]) {
+        const auto from = std::lower_bound(cuts.begin(), cuts.end(), h.begin) - cuts.begin();
+        const auto to = std::lower_bound(cuts.begin(), cuts.end(), h.end) - cuts.begin();
+        for (auto i = from; i < to; ++i) keys[static_cast<size_t>(i)].emplace_back(r, h.weight);
+      }
+    }
     std::vector<std::pair<Range, Key>> pieces;
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-      Key key;
-      for (int r : members) {
-        int64_t w = weightOver(holdings[r], cuts[i], cuts[i + 1]);
-        if (w >= 0) key.emplace_back(r, w);
-      }
+      Key& key = keys[i];
       Range range{cuts[i], cuts[i + 1] - cuts[i]};
       if (!pieces.empty() && pieces.back().second == key &&
           pieces.back().first.offset + pieces.back().first.length == range.offset) {
