@@ -104,12 +104,20 @@ struct AllreducePlan {
   bool doublesUnshared = false;
   bool adopts = false;
   bool offersAdoption = false;
+  // kMultiDim over the machine with these dimensions split in two (splitDimension, topology.h),
+  // innermost first. The lanes' orders and stages count the dimensions of the split machine.
+  struct Split {
+    int dimension;  // of the machine
+    int inner;      // blocks of its first rings
+    int outer;      // blocks of its second rings
+  };
+  std::vector<Split> splits;
   double predicted = 0;  // seconds, by the cost model
   // Made by the planner, which checks what it makes and indexes its stages' members (a plan
   // built by hand is checked by the communicator it is given to, and not indexed).
   bool checked = false;
 
-  // "multidim colors=2 rings=1 waves=4 order=0,1" etc.
+  // "multidim colors=2 rings=1 waves=4 order=0,1" etc. (and " split2=16x16" for each split)
   std::string describe() const;
 };
 

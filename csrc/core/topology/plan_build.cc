@@ -90,6 +90,9 @@ std::string AllreducePlan::describe() const {
         out << (i ? "," : "") << lanes[0].order[i];
       }
     }
+    for (const Split& s : splits) {
+      out << " split" << s.dimension << "=" << s.inner << "x" << s.outer;
+    }
   }
   return out.str();
 }

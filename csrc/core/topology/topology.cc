@@ -326,6 +326,41 @@ Topology restrictTopology(const Topology& topology, const std::vector<int>& memb
   return t;
 }
 
+int splitInner(int extent) {
+  constexpr int kSplitFrom = 16;
+  int inner = 0;
+  for (int a = 2; extent >= kSplitFrom && a * a <= extent; ++a) {
+    if (extent % a == 0) inner = a;
+  }
+  return inner;
+}
+
+Topology splitDimension(const Topology& topology, int k, int inner) {
+  const int levels = static_cast<int>(topology.levels.size());
+  for (const Level& level : topology.levels) {
+    if (level.interleaved() || level.runs().size() != 1) {
+      throw Error("ddl: only a machine of equal blocks at every level splits a dimension");
+    }
+  }
+  if (k < 1 || k > levels) {
+    throw Error("ddl: dimension " + std::to_string(k) + " is not a network dimension of " +
+                std::to_string(levels + 1));
+  }
+  const int below = topology.levels[k - 1].runs()[0].blockSize;
+  const int above = k < levels ? topology.levels[k].runs()[0].blockSize : topology.size;
+  const int extent = above / below;
+  if (inner < 2 || inner >= extent || extent % inner != 0) {
+    throw Error("ddl: dimension " + std::to_string(k) + " of " + std::to_string(extent) +
+                " does not split into rings of " + std::to_string(inner));
+  }
+  Topology split = topology;
+  const Level level(topology.levels[k - 1].name + "x" + std::to_string(inner),
+                    std::vector<Level::Run>{{0, below * inner, topology.size / (below * inner)}});
+  split.levels.insert(split.levels.begin() + k, level);
+  checkTopology(split);
+  return split;
+}
+
 void checkTopology(const Topology& t) {
   if (t.levels.empty()) throw Error("ddl: a topology needs a host level");
   for (size_t k = 0; k < t.levels.size(); ++k) {
@@ -448,6 +483,15 @@ std::vector<int> ringPartners(const Topology& t, int rank) {
     for (int d = 1; d < extent; d *= 2) {
       add(base + ((position + d) % extent) * stride + low);
       add(base + ((position - d % extent + extent) % extent) * stride + low);
+    }
+    // The dimension split in two (splitDimension): its short rings' wraps, its long rings'
+    // neighbours.
+    if (const int inner = k > 0 ? splitInner(extent) : 0; inner > 0) {
+      const int group = position - position % inner;
+      add(base + (group + (position % inner + 1) % inner) * stride + low);
+      add(base + (group + (position % inner + inner - 1) % inner) * stride + low);
+      add(base + ((position + inner) % extent) * stride + low);
+      add(base + ((position - inner + extent) % extent) * stride + low);
     }
     stride = block;
   }

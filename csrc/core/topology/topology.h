@@ -119,6 +119,18 @@ Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks 
 // hosts that no longer groups anything is left out, as buildTopology does.
 Topology restrictTopology(const Topology& topology, const std::vector<int>& members);
 
+// Where the planner also weighs a network dimension of `extent` blocks split in two (racks in the
+// group, hosts in a rack; allreduceCandidates): the blocks of its first rings, the divisor of
+// `extent` nearest its square root from below, from 16 blocks on; 0 where it does not.
+int splitInner(int extent);
+
+// The same machine with network dimension k (1 <= k <= levels, topology.h's grid) seen as two: a
+// level inserted below level k (above the last level for k = levels) groups `inner` consecutive
+// blocks of level k-1, so that dimension k's rings of d blocks become rings of `inner` blocks,
+// then rings of d / inner. Only for a machine whose every level is one run of equal blocks, and
+// `inner` a divisor of d strictly between 1 and d; throws ddl::Error otherwise.
+Topology splitDimension(const Topology& topology, int k, int inner);
+
 // Throws ddl::Error unless the levels are nested partitions of [0, size).
 void checkTopology(const Topology& topology);
 
@@ -135,7 +147,8 @@ Grid gridOf(const Topology& topology);
 std::vector<int> gridDims(const Topology& topology);
 
 // The ranks `rank` meets in the rings and Bruck's rounds of a regular machine's dimensions (the
-// positions of its dimension rings at distances 2^j each way, wraps included) and, on a host's
+// positions of its dimension rings at distances 2^j each way, wraps included, and those of the
+// rings of a dimension split in two: splitInner) and, on a host's
 // first rank, the other hosts' first ranks at distances 2^j (the leaders' trees), and a host's
 // first rank and its other ranks to each other: what the plans send to besides the group-wide
 // distances 2^j. The host's alone where a level is not one run of equal blocks (a rank of an
