@@ -120,7 +120,7 @@ class Allreduce:
                 hosts_per_rack=machine.get("hosts_per_rack", 0),
                 links=machine["links"], reduce_bw=machine["reduce_bw"],
                 copy_bw=machine["reduce_bw"], payload=False, timeout_ms=600000,
-                collective="allreduce", bytes=nbytes, seed=1, kill_rank=-1, kill_fraction=0.5,
+                collective="allreduce", bytes=nbytes, seed=1, kill_ranks=[], kill_fraction=0.5,
                 **self.PLANS[plan]))
             self.cache[key] = (r["sim_us"] * 1e-6, r["model_us"] * 1e-6, r["algo"])
             if self.path:

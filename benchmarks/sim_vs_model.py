@@ -40,7 +40,7 @@ def main():
         return _C.simulate(dict(
             host_sizes=[], ranks=ranks, ranks_per_host=per_host, hosts_per_rack=per_rack,
             links=args.links, reduce_bw=20e9, copy_bw=20e9, payload=False, timeout_ms=600000,
-            collective="allreduce", bytes=int(float(mib) * (1 << 20)), seed=1, kill_rank=-1,
+            collective="allreduce", bytes=int(float(mib) * (1 << 20)), seed=1, kill_ranks=[],
             kill_fraction=0.5, algo=algo, colors=colors, rings=rings, waves=waves))
 
     print(f"links {args.links}, reductions 20 GB/s")
