@@ -158,6 +158,27 @@ TEST(PeerDirectory, KnowsWhatItLearnedAndLooksUpTheRestOnce) {
             (std::vector<std::pair<int, std::string>>{{0, "a"}, {2, "c"}}));
 }
 
+// A store that fails (its server gone as the job ends: torch's DistNetworkError) fails a lookup
+// with a ddl::Error naming the rank, the one error its callers take: the progress thread's news
+// flood, which passes over a peer it cannot reach, took the store's own exception for none and
+// ended the process (16 emulated hosts of 2, make scale-real, at faea519).
+TEST(PeerDirectory, AStoreThatFailsFailsTheLookupNamingTheRank) {
+  auto directory = std::make_shared<PeerDirectory>(
+      [](int) -> std::string { throw std::runtime_error("Failed to recv\nframe #0: ..."); },
+      [](const std::vector<int>&) -> std::vector<std::string> {
+        throw std::runtime_error("Connection reset");
+      });
+  try {
+    directory->address(9);
+    ADD_FAILURE() << "a failed lookup returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ddl: the address of rank 9 could not be looked up in the store: Failed to recv");
+  }
+  EXPECT_THROW(directory->prefetch({3, 4}), Error);
+  EXPECT_EQ(directory->known(9), "");
+}
+
 TEST(Config, MalformedValuesNameTheVariable) {
   ScopedEnv ok({{"TORCH_DDL_SEGMENT_BYTES", "4096"}});
   EXPECT_EQ(config().segmentBytes, 4096u);

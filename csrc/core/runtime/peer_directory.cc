@@ -1,6 +1,9 @@
 #include "peer_directory.h"
 
 #include <algorithm>
+#include <exception>
+
+#include "../base/status.h"
 
 namespace ddl {
 
@@ -12,6 +15,25 @@ std::shared_ptr<PeerDirectory> PeerDirectory::of(const std::vector<std::string>&
   return directory;
 }
 
+namespace {
+
+// Runs a lookup in the store, whose failures (torch's own exceptions where the store is torch's)
+// become a ddl::Error naming the ranks: the one error the directory's callers take.
+template <typename Lookup>
+auto inStore(const std::string& ranks, Lookup lookup) {
+  try {
+    return lookup();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();  // the first line: torch's carry a backtrace
+    throw Error("ddl: the address of " + ranks +
+                " could not be looked up in the store: " + what.substr(0, what.find('\n')));
+  }
+}
+
+}  // namespace
+
 std::string PeerDirectory::address(int rank) {
   Lookup lookup;
   {
@@ -21,7 +43,8 @@ std::string PeerDirectory::address(int rank) {
     lookup = lookup_;
   }
   if (!lookup) return "";
-  std::string found = lookup(rank);  // outside the lock: it may wait for the store
+  // Outside the lock: it may wait for the store.
+  std::string found = inStore("rank " + std::to_string(rank), [&] { return lookup(rank); });
   learn(rank, found);
   return found;
 }
@@ -61,7 +84,8 @@ void PeerDirectory::prefetch(const std::vector<int>& ranks) {
     for (int r : missing) address(r);
     return;
   }
-  const std::vector<std::string> found = bulk(missing);
+  const std::vector<std::string> found =
+      inStore(std::to_string(missing.size()) + " ranks", [&] { return bulk(missing); });
   for (size_t i = 0; i < missing.size() && i < found.size(); ++i) learn(missing[i], found[i]);
 }
 
