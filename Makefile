@@ -333,10 +333,12 @@ bench-scaling: build
 	  | tee benchmarks/results/scaling.txt
 
 # 32 real ranks on 4 emulated hosts of 8 (root): creation against gloo's, every collective
-# against gloo, the endpoints each rank opened (about 10 minutes).
+# against gloo, the endpoints each rank opened (about 10 minutes); then 32 on 16 hosts of 2,
+# whose allreduces take the host level split in two, against gloo's.
 scale-real: build $(CLUSTER_TOOLS)
 	DDL_SCALE=1 $(PY) -m pytest -q -s -p no:cacheprovider \
-	  "tests/python/test_cluster.py::test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it"
+	  "tests/python/test_cluster.py::test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it" \
+	  "tests/python/test_cluster.py::test_sixteen_hosts_take_their_level_split_in_two_and_match_gloo"
 
 bench-reference: build peers build/bench/core_bench
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference --pin

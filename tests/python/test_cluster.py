@@ -238,3 +238,20 @@ def test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it():
     # the plan's rings and the ranks of its own host; all_to_all then talks to every rank.
     assert report["endpoints_after_allreduce"] <= 16, report
     assert report["endpoints_after_all"] == 31, report
+
+
+@pytest.mark.skipif(os.environ.get("DDL_SCALE") != "1",
+                    reason="32 processes on 16 emulated hosts: make scale-real (DDL_SCALE=1)")
+def test_sixteen_hosts_take_their_level_split_in_two_and_match_gloo():
+    worker = str(Path(__file__).with_name("split_worker.py"))
+    base = dict(os.environ, OMP_NUM_THREADS="1")
+    base.pop("TORCH_DDL_ALLREDUCE_ALGO", None)
+    with Cluster(16, 2, rate="1gbit") as cluster:
+        results = cluster.launch([sys.executable, worker], env=base, timeout=1500)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+    report = json.loads([line for line in results[0][1].splitlines()
+                         if line.startswith("REPORT ")][0][len("REPORT "):])
+    print(report)
+    assert report["world"] == 32 and report["topology"].startswith("16 hosts")
+    assert any("split1=4x4" in plan for plan in report["plans"].values()), report

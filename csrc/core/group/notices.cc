@@ -350,8 +350,7 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   floodPendingNews();
 }
 
-void Notices::floodNews(GroupNotices& control) {
-  const Group& group = *control.group;
+void Notices::floodNews(GroupNotices& control, const Group& group) {
   control.newsPending = false;
   control.lastFlood = runtime_.clock().now();
   Notice notice = control.notice(Notice::Type::kNews, control.started);
@@ -591,9 +590,10 @@ void Notices::noteGone(GroupNotices& control, int r, const std::string& why,
 void Notices::floodPendingNews() {
   const TimePoint now = runtime_.clock().now();
   for (const auto& control : controls_) {
-    if (!control->newsPending || !control->open) continue;
+    std::shared_ptr<const Group> alive = control->owner.lock();  // held while the news goes out
+    if (!control->newsPending || !control->open || !alive) continue;
     if (control->lastFlood != TimePoint::min() && now - control->lastFlood < kNewsPeriod) continue;
-    floodNews(*control);
+    floodNews(*control, *alive);
   }
 }
 

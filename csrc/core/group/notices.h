@@ -159,7 +159,7 @@ class Notices : public Runtime::Supervisor {
   // few floods per rank however many ranks die at once.
   static constexpr std::chrono::milliseconds kNewsPeriod{50};
   void floodPendingNews();
-  void floodNews(GroupNotices& control);
+  void floodNews(GroupNotices& control, const Group& group);  // the group held alive
   // News from a rank this one counts gone: it is told so (it stalled, or sits on the other side
   // of a partition), at most once a second.
   void tellGone(GroupNotices& control, int rank);
