@@ -219,19 +219,26 @@ def test_random_rank_of_two_hosts_dies_then_the_survivors_shrink_and_go_on(trial
         print(f"rank {rank}:", [line for line in out.splitlines() if "SHRUNK" in line][0])
 
 
-@pytest.mark.skipif(os.environ.get("DDL_SCALE") != "1",
-                    reason="32 processes on 4 emulated hosts: make scale (DDL_SCALE=1)")
-def test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it():
-    worker = str(Path(__file__).with_name("scale_worker.py"))
+def scale_report(worker, hosts, per_host):
+    """Runs `worker` on every rank of `hosts` emulated hosts of `per_host` at 1 Gbit/s, the plan
+    auto's; every rank must exit 0. Returns rank 0's REPORT."""
     base = dict(os.environ, OMP_NUM_THREADS="1")
     base.pop("TORCH_DDL_ALLREDUCE_ALGO", None)
-    with Cluster(4, 8, rate="1gbit") as cluster:
-        results = cluster.launch([sys.executable, worker], env=base, timeout=1500)
+    with Cluster(hosts, per_host, rate="1gbit") as cluster:
+        results = cluster.launch([sys.executable, str(Path(__file__).with_name(worker))],
+                                 env=base, timeout=1500)
     for rank, (code, out) in enumerate(results):
         assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
     report = json.loads([line for line in results[0][1].splitlines()
                          if line.startswith("REPORT ")][0][len("REPORT "):])
     print(report)
+    return report
+
+
+@pytest.mark.skipif(os.environ.get("DDL_SCALE") != "1",
+                    reason="32 processes on 4 emulated hosts: make scale (DDL_SCALE=1)")
+def test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it():
+    report = scale_report("scale_worker.py", 4, 8)
     assert report["world"] == 32 and report["topology"].startswith("4 hosts")
     assert report["create_ddl_s"] <= report["create_gloo_s"], report
     # After group creation and an allreduce: the creation tree (at most log2(32) + 1 peers),
@@ -243,15 +250,6 @@ def test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it():
 @pytest.mark.skipif(os.environ.get("DDL_SCALE") != "1",
                     reason="32 processes on 16 emulated hosts: make scale-real (DDL_SCALE=1)")
 def test_sixteen_hosts_take_their_level_split_in_two_and_match_gloo():
-    worker = str(Path(__file__).with_name("split_worker.py"))
-    base = dict(os.environ, OMP_NUM_THREADS="1")
-    base.pop("TORCH_DDL_ALLREDUCE_ALGO", None)
-    with Cluster(16, 2, rate="1gbit") as cluster:
-        results = cluster.launch([sys.executable, worker], env=base, timeout=1500)
-    for rank, (code, out) in enumerate(results):
-        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
-    report = json.loads([line for line in results[0][1].splitlines()
-                         if line.startswith("REPORT ")][0][len("REPORT "):])
-    print(report)
+    report = scale_report("split_worker.py", 16, 2)
     assert report["world"] == 32 and report["topology"].startswith("16 hosts")
     assert any("split1=4x4" in plan for plan in report["plans"].values()), report
