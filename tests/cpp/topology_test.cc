@@ -308,6 +308,26 @@ TEST(Plan, AWideLevelSplitInTwoCarriesTheSameBytesInFewerSteps) {
   EXPECT_TRUE(uneven.splits.empty());
 }
 
+// The planner prices the candidates one at a time and keeps only the cheapest whole (it let the
+// others' stages go); its pick is the first of every candidate held whole, stages and all.
+TEST(Plan, ThePlannersPickIsTheFirstOfTheCandidatesHeldWhole) {
+  const LinkCosts links = parseLinks("0:2us:20GB,1:5us:12.5GB,2:8us:6GB");
+  for (const Topology& t : {regular(256, 2, 16), regular(512, 4, 8), regular(64, 8, 2)}) {
+    for (size_t count : {size_t{1031}, size_t{1} << 18, size_t{1} << 22}) {
+      const AllreducePlan pick = planAllreduce(t, links, count, 4, PlanRequest{});
+      const AllreducePlan first = allreduceCandidates(t, links, count, 4, PlanRequest{}).front();
+      SCOPED_TRACE(t.describe() + ", " + std::to_string(count) + ": " + pick.describe());
+      EXPECT_EQ(pick.describe(), first.describe());
+      EXPECT_EQ(pick.predicted, first.predicted);
+      ASSERT_EQ(pick.lanes.size(), first.lanes.size());
+      for (size_t l = 0; l < pick.lanes.size(); ++l) {
+        EXPECT_EQ(pick.lanes[l].stages.size(), first.lanes[l].stages.size());
+      }
+      if (pick.algorithm == AllreduceAlgorithm::kMultiDim) checkPlan(pick, t.size);
+    }
+  }
+}
+
 TEST(Plan, EveryShapeColourAndRingCountReplaysToOneFullSum) {
   for (const Shape& shape : shapes()) {
     Topology t = simulated(shape.hostOf, shape.rackOf);

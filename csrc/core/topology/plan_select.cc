@@ -1,6 +1,10 @@
 // The planner's choice: every candidate for a size, each priced by the cost model, the cheapest
 // first (allreduce_plan.h).
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
 
 #include "../base/config.h"
 #include "../base/tag.h"
@@ -42,10 +46,88 @@ AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
   return plan;
 }
 
+// Where the candidates go, one at a time: each is made, passed over where auto would not run it
+// (`passedOver`), and priced. Where only the cheapest is wanted whole (the planner's choice), a
+// multidim plan lets its lanes go once priced and keeps how it was made, so that one plan's
+// stages are held at a time: every candidate held whole took 7 GB at 65 536 ranks.
+class Candidates {
+ public:
+  Candidates(const Topology& t, const LinkCosts& links, bool autoPlan, int dims, bool whole)
+      : t_(t), links_(links), auto_(autoPlan), dims_(dims), whole_(whole) {}
+
+  void add(std::function<AllreducePlan()> make) {
+    AllreducePlan plan = make();
+    if (passedOver(plan)) return;
+    plan.predicted = predictSeconds(plan, t_, links_);
+    if (!whole_ && !plan.lanes.empty()) {
+      plan.lanes = {};
+      makers_.emplace(plans_.size(), std::move(make));
+    }
+    plans_.push_back(std::move(plan));
+  }
+  void add(AllreducePlan plan) {
+    add([plan = std::move(plan)] { return plan; });
+  }
+
+  // The cheapest first; among equals the earlier (simpler) one.
+  std::vector<size_t> order() const {
+    std::vector<size_t> order(plans_.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [this](size_t a, size_t b) {
+      return plans_[a].predicted < plans_[b].predicted * 0.999;
+    });
+    return order;
+  }
+  std::vector<AllreducePlan> sorted() {
+    std::vector<AllreducePlan> out;
+    for (size_t i : order()) out.push_back(std::move(plans_[i]));
+    return out;
+  }
+  AllreducePlan cheapest() {
+    const size_t first = order().front();
+    auto maker = makers_.find(first);
+    if (maker == makers_.end()) return std::move(plans_[first]);
+    AllreducePlan plan = maker->second();
+    plan.predicted = plans_[first].predicted;
+    return plan;
+  }
+
+ private:
+  // Auto passes over a multidim plan in which a rank talks to more peers than two a lane and
+  // level and a few: on an irregular machine the closing stage's rings can run through a
+  // scattered rank of each block, a different one for each piece, and one rank then opens an
+  // endpoint to most of the group (245 of 273 on 137 hosts of 2 and 1 in racks of 4: a
+  // campaign's finding). The cost model does not price endpoints; the flat ring or the
+  // leaders serve such a machine. So does it pass over one whose irregular closing stage
+  // needs more tag steps than a tag holds (798 ranks on 323 uneven hosts, shrunk: 16 386).
+  //
+  // It passes over every plan that needs a closing stage at all: where a short host breaks
+  // the grid, that stage merges up to half the buffer in many small rings meeting on the short
+  // host's ranks, after the other stages, and the simulation ran such plans 1.3 - 43 times
+  // longer than the model predicted and up to 22 times longer than the flat ring
+  // (Sim.UnevenMachinesTakeNoSlowerPlanThanTheRing).
+  bool passedOver(const AllreducePlan& plan) const {
+    if (!auto_ || plan.algorithm != AllreduceAlgorithm::kMultiDim) return false;
+    if (needsClosingStage(plan)) return true;
+    if (stepsNeeded(plan) > tag::kMaxSteps) return true;
+    const int most = 2 * static_cast<int>(plan.lanes.size()) * (dims_ + 1) + 16;
+    return talksToMoreThan(plan, t_.size, most);
+  }
+
+  const Topology& t_;
+  const LinkCosts& links_;
+  const bool auto_;
+  const int dims_;
+  const bool whole_;
+  std::vector<AllreducePlan> plans_;
+  std::map<size_t, std::function<AllreducePlan()>> makers_;  // by plan, where its lanes went
+};
+
 // The multidim plans weighed: 1..dims colours, 1..2 rings and 1, 2, 4 or 8 waves, as far as the
-// request leaves them open and the tag's phases hold them.
-void multiDimChoices(const Topology& t, size_t count, size_t elementSize, int dims,
-                     const PlanRequest& request, std::vector<AllreducePlan>& out) {
+// request leaves them open and the tag's phases hold them; over `t` with these dimensions split.
+void multiDimChoices(std::shared_ptr<const Topology> t, size_t count, size_t elementSize, int dims,
+                     const PlanRequest& request, Candidates& out,
+                     std::vector<AllreducePlan::Split> splits = {}) {
   std::vector<int> colorChoices, ringChoices;
   for (int c = 1; c <= std::max(dims, 1); ++c) {
     if (request.colors == 0 || request.colors == c) colorChoices.push_back(c);
@@ -61,8 +143,13 @@ void multiDimChoices(const Topology& t, size_t count, size_t elementSize, int di
     for (int r : ringChoices) {
       for (int w : waveChoices) {
         if (c * r * w > static_cast<int>(tag::kPlanPhases)) continue;
-        out.push_back(planMultiDim(t, count, elementSize, c, r, request.order, w));
-        out.back().hostSlots = request.hostSlots;
+        out.add([t, count, elementSize, c, r, w, order = request.order,
+                 hostSlots = request.hostSlots, splits] {
+          AllreducePlan plan = planMultiDim(*t, count, elementSize, c, r, order, w);
+          plan.hostSlots = hostSlots;
+          plan.splits = splits;
+          return plan;
+        });
       }
     }
   }
@@ -72,11 +159,11 @@ void multiDimChoices(const Topology& t, size_t count, size_t elementSize, int di
 // (the last one short) a grid of equal hosts is regular without them, and its plans need no
 // closing stage.
 void hostsOnlyChoices(const Topology& t, size_t count, size_t elementSize,
-                      const PlanRequest& request, std::vector<AllreducePlan>& out) {
-  Topology hostsOnly = t;
-  hostsOnly.levels.resize(1);
+                      const PlanRequest& request, Candidates& out) {
+  auto hostsOnly = std::make_shared<Topology>(t);
+  hostsOnly->levels.resize(1);
   int dims = 0;
-  for (int d : gridOf(hostsOnly).dims) dims += d > 1 ? 1 : 0;
+  for (int d : gridOf(*hostsOnly).dims) dims += d > 1 ? 1 : 0;
   if (dims > 0) multiDimChoices(hostsOnly, count, elementSize, dims, request, out);
 }
 
@@ -87,7 +174,7 @@ void hostsOnlyChoices(const Topology& t, size_t count, size_t elementSize,
 // rack stages of 65 536 ranks is 400 KB), the steps' latencies are most of the stage. Regular
 // machines only (a level of uneven blocks keeps its rings whole).
 void splitChoices(const Topology& t, size_t count, size_t elementSize, const PlanRequest& request,
-                  std::vector<AllreducePlan>& out) {
+                  Candidates& out) {
   for (const Level& level : t.levels) {
     if (level.interleaved() || level.runs().size() != 1) return;
   }
@@ -104,9 +191,71 @@ void splitChoices(const Topology& t, size_t count, size_t elementSize, const Pla
   if (splits.empty()) return;
   int splitDims = 0;
   for (int d : gridDims(split)) splitDims += d > 1 ? 1 : 0;
-  const size_t first = out.size();
-  multiDimChoices(split, count, elementSize, splitDims, request, out);
-  for (size_t i = first; i < out.size(); ++i) out[i].splits = splits;
+  multiDimChoices(std::make_shared<Topology>(std::move(split)), count, elementSize, splitDims,
+                  request, out, std::move(splits));
+}
+
+// Every candidate the request leaves for this size.
+void fill(const Topology& t, size_t count, size_t elementSize, int dims, const PlanRequest& request,
+          Candidates& out) {
+  using A = AllreduceAlgorithm;
+  // The machine, not owned: the candidates are made while the caller holds it.
+  const std::shared_ptr<const Topology> machine(std::shared_ptr<void>(), &t);
+  const size_t bytes = count * elementSize;
+  switch (request.algorithm) {
+    case A::kRecursiveDoubling:
+      out.add(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
+      break;
+    case A::kLeaders:
+      out.add(leadersPlan(t, count, elementSize));
+      break;
+    case A::kRing:
+      out.add(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
+      break;
+    case A::kShared:
+    case A::kSharedRing:
+    case A::kDirect:
+    case A::kStaged:
+      out.add(sharedPlan(request.algorithm, count, elementSize, request));
+      break;
+    case A::kMultiDim:
+      multiDimChoices(machine, count, elementSize, dims, request, out);
+      break;
+    case A::kAuto:
+    case A::kTrivial:  // (not a request: the planner's choice)
+      if (t.hosts() == 1) {
+        out.add(bytes <= request.smallBytes
+                    ? simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize)
+                    : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request));
+        break;
+      }
+      out.add(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
+      out.add(leadersPlan(t, count, elementSize));
+      out.add(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
+      if (dims > 0) multiDimChoices(machine, count, elementSize, dims, request, out);
+      if (t.levels.size() > 1 && request.order.empty()) {
+        hostsOnlyChoices(t, count, elementSize, request, out);
+      }
+      if (request.order.empty()) splitChoices(t, count, elementSize, request, out);
+      break;
+  }
+}
+
+// The candidates for this size, made and priced one at a time.
+template <typename Take>
+auto weigh(const Topology& t, const LinkCosts& links, size_t count, size_t elementSize,
+           const PlanRequest& request, bool whole, Take take) {
+  int dims = 0;
+  if (t.size > 1 && count > 0) {
+    for (int d : gridOf(t).dims) dims += d > 1 ? 1 : 0;
+  }
+  Candidates out(t, links, request.algorithm == AllreduceAlgorithm::kAuto, dims, whole);
+  if (t.size == 1 || count == 0) {
+    out.add(simplePlan(AllreduceAlgorithm::kTrivial, count, elementSize));
+  } else {
+    fill(t, count, elementSize, dims, request, out);
+  }
+  return take(out);
 }
 
 }  // namespace
@@ -114,81 +263,8 @@ void splitChoices(const Topology& t, size_t count, size_t elementSize, const Pla
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request) {
-  using A = AllreduceAlgorithm;
-  std::vector<AllreducePlan> out;
-  if (t.size == 1 || count == 0) {
-    out.push_back(simplePlan(AllreduceAlgorithm::kTrivial, count, elementSize));
-    return out;
-  }
-  const size_t bytes = count * elementSize;
-  const Grid grid = gridOf(t);
-  int dims = 0;
-  for (int d : grid.dims) dims += d > 1 ? 1 : 0;
-  switch (request.algorithm) {
-    case A::kRecursiveDoubling:
-      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
-      break;
-    case A::kLeaders:
-      out.push_back(leadersPlan(t, count, elementSize));
-      break;
-    case A::kRing:
-      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
-      break;
-    case A::kShared:
-    case A::kSharedRing:
-    case A::kDirect:
-    case A::kStaged:
-      out.push_back(sharedPlan(request.algorithm, count, elementSize, request));
-      break;
-    case A::kMultiDim:
-      multiDimChoices(t, count, elementSize, dims, request, out);
-      break;
-    case A::kAuto:
-    case A::kTrivial:  // (not a request: the planner's choice)
-      if (t.hosts() == 1) {
-        out.push_back(bytes <= request.smallBytes
-                          ? simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize)
-                          : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request));
-        break;
-      }
-      out.push_back(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
-      out.push_back(leadersPlan(t, count, elementSize));
-      out.push_back(simplePlan(AllreduceAlgorithm::kRing, count, elementSize, request.ringRings));
-      if (static_cast<size_t>(dims) > 0) multiDimChoices(t, count, elementSize, dims, request, out);
-      if (t.levels.size() > 1 && request.order.empty()) {
-        hostsOnlyChoices(t, count, elementSize, request, out);
-      }
-      if (request.order.empty()) splitChoices(t, count, elementSize, request, out);
-      break;
-  }
-  if (request.algorithm == A::kAuto) {
-    // Auto passes over a multidim plan in which a rank talks to more peers than two a lane and
-    // level and a few: on an irregular machine the closing stage's rings can run through a
-    // scattered rank of each block, a different one for each piece, and one rank then opens an
-    // endpoint to most of the group (245 of 273 on 137 hosts of 2 and 1 in racks of 4: a
-    // campaign's finding). The cost model does not price endpoints; the flat ring or the
-    // leaders serve such a machine. So does it pass over one whose irregular closing stage
-    // needs more tag steps than a tag holds (798 ranks on 323 uneven hosts, shrunk: 16 386).
-    //
-    // It passes over every plan that needs a closing stage at all: where a short host breaks
-    // the grid, that stage merges up to half the buffer in many small rings meeting on the short
-    // host's ranks, after the other stages, and the simulation ran such plans 1.3 - 43 times
-    // longer than the model predicted and up to 22 times longer than the flat ring
-    // (Sim.UnevenMachinesTakeNoSlowerPlanThanTheRing).
-    std::erase_if(out, [&](const AllreducePlan& plan) {
-      if (plan.algorithm != A::kMultiDim) return false;
-      if (needsClosingStage(plan)) return true;
-      if (stepsNeeded(plan) > tag::kMaxSteps) return true;
-      const int most = 2 * static_cast<int>(plan.lanes.size()) * (dims + 1) + 16;
-      return talksToMoreThan(plan, t.size, most);
-    });
-  }
-  for (AllreducePlan& plan : out) plan.predicted = predictSeconds(plan, t, links);
-  // The cheapest first; among equals the earlier (simpler) one.
-  std::stable_sort(out.begin(), out.end(), [](const AllreducePlan& a, const AllreducePlan& b) {
-    return a.predicted < b.predicted * 0.999;
-  });
-  return out;
+  return weigh(t, links, count, elementSize, request, true,
+               [](Candidates& out) { return out.sorted(); });
 }
 
 PlanRequest planRequest(const Config& c) {
@@ -213,9 +289,8 @@ PlanRequest planRequest() { return planRequest(config()); }
 
 AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t count,
                             size_t elementSize, const PlanRequest& request) {
-  std::vector<AllreducePlan> candidates =
-      allreduceCandidates(t, links, count, elementSize, request);
-  AllreducePlan plan = std::move(candidates.front());
+  AllreducePlan plan = weigh(t, links, count, elementSize, request, false,
+                             [](Candidates& out) { return out.cheapest(); });
   if (plan.algorithm == AllreduceAlgorithm::kMultiDim) {
     checkPlan(plan, t.size);
     indexMembers(plan, t.size);
