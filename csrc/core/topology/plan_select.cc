@@ -175,9 +175,7 @@ void hostsOnlyChoices(const Topology& t, size_t count, size_t elementSize,
 // machines only (a level of uneven blocks keeps its rings whole).
 void splitChoices(const Topology& t, size_t count, size_t elementSize, const PlanRequest& request,
                   Candidates& out) {
-  for (const Level& level : t.levels) {
-    if (level.interleaved() || level.runs().size() != 1) return;
-  }
+  if (!everyLevelOneRun(t)) return;
   const std::vector<int> dims = gridDims(t);
   Topology split = t;
   std::vector<AllreducePlan::Split> splits;
@@ -241,10 +239,9 @@ void fill(const Topology& t, size_t count, size_t elementSize, int dims, const P
   }
 }
 
-// The candidates for this size, made and priced one at a time.
-template <typename Take>
-auto weigh(const Topology& t, const LinkCosts& links, size_t count, size_t elementSize,
-           const PlanRequest& request, bool whole, Take take) {
+// The candidates for this size, made and priced one at a time (`whole`: each held whole).
+Candidates weigh(const Topology& t, const LinkCosts& links, size_t count, size_t elementSize,
+                 const PlanRequest& request, bool whole) {
   int dims = 0;
   if (t.size > 1 && count > 0) {
     for (int d : gridOf(t).dims) dims += d > 1 ? 1 : 0;
@@ -255,7 +252,7 @@ auto weigh(const Topology& t, const LinkCosts& links, size_t count, size_t eleme
   } else {
     fill(t, count, elementSize, dims, request, out);
   }
-  return take(out);
+  return out;
 }
 
 }  // namespace
@@ -263,8 +260,7 @@ auto weigh(const Topology& t, const LinkCosts& links, size_t count, size_t eleme
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
                                                size_t count, size_t elementSize,
                                                const PlanRequest& request) {
-  return weigh(t, links, count, elementSize, request, true,
-               [](Candidates& out) { return out.sorted(); });
+  return weigh(t, links, count, elementSize, request, true).sorted();
 }
 
 PlanRequest planRequest(const Config& c) {
@@ -289,8 +285,7 @@ PlanRequest planRequest() { return planRequest(config()); }
 
 AllreducePlan planAllreduce(const Topology& t, const LinkCosts& links, size_t count,
                             size_t elementSize, const PlanRequest& request) {
-  AllreducePlan plan = weigh(t, links, count, elementSize, request, false,
-                             [](Candidates& out) { return out.cheapest(); });
+  AllreducePlan plan = weigh(t, links, count, elementSize, request, false).cheapest();
   if (plan.algorithm == AllreduceAlgorithm::kMultiDim) {
     checkPlan(plan, t.size);
     indexMembers(plan, t.size);

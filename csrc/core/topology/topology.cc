@@ -326,6 +326,12 @@ Topology restrictTopology(const Topology& topology, const std::vector<int>& memb
   return t;
 }
 
+bool everyLevelOneRun(const Topology& t) {
+  return std::all_of(t.levels.begin(), t.levels.end(), [](const Level& level) {
+    return !level.interleaved() && level.runs().size() == 1;
+  });
+}
+
 int splitInner(int extent) {
   constexpr int kSplitFrom = 16;
   int inner = 0;
@@ -337,10 +343,8 @@ int splitInner(int extent) {
 
 Topology splitDimension(const Topology& topology, int k, int inner) {
   const int levels = static_cast<int>(topology.levels.size());
-  for (const Level& level : topology.levels) {
-    if (level.interleaved() || level.runs().size() != 1) {
-      throw Error("ddl: only a machine of equal blocks at every level splits a dimension");
-    }
+  if (!everyLevelOneRun(topology)) {
+    throw Error("ddl: only a machine of equal blocks at every level splits a dimension");
   }
   if (k < 1 || k > levels) {
     throw Error("ddl: dimension " + std::to_string(k) + " is not a network dimension of " +
@@ -445,9 +449,7 @@ Grid gridOf(const Topology& t) {
 }
 
 std::vector<int> gridDims(const Topology& t) {
-  for (const Level& level : t.levels) {
-    if (level.interleaved() || level.runs().size() != 1) return gridOf(t).dims;
-  }
+  if (!everyLevelOneRun(t)) return gridOf(t).dims;
   std::vector<int> dims;
   int inner = 1;
   for (const Level& level : t.levels) {
@@ -471,9 +473,7 @@ std::vector<int> ringPartners(const Topology& t, int rank) {
   } else {
     add(mates.front());
   }
-  for (const Level& level : t.levels) {
-    if (level.interleaved() || level.runs().size() != 1) return out;
-  }
+  if (!everyLevelOneRun(t)) return out;
   int stride = 1;
   for (size_t k = 0; k <= t.levels.size(); ++k) {
     const int block = k < t.levels.size() ? t.levels[k].runs()[0].blockSize : t.size;

@@ -119,6 +119,10 @@ Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks 
 // hosts that no longer groups anything is left out, as buildTopology does.
 Topology restrictTopology(const Topology& topology, const std::vector<int>& members);
 
+// Every level one run of equal blocks of consecutive ranks: a regular machine, whose grid is known
+// from its levels alone (gridDims, ringPartners, splitDimension).
+bool everyLevelOneRun(const Topology& topology);
+
 // Where the planner also weighs a network dimension of `extent` blocks split in two (racks in the
 // group, hosts in a rack; allreduceCandidates): the blocks of its first rings, the divisor of
 // `extent` nearest its square root from below, from 16 blocks on; 0 where it does not.
