@@ -69,14 +69,10 @@ class Candidates {
     add([plan = std::move(plan)] { return plan; });
   }
 
-  // The cheapest first; among equals the earlier (simpler) one.
   std::vector<size_t> order() const {
-    std::vector<size_t> order(plans_.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [this](size_t a, size_t b) {
-      return plans_[a].predicted < plans_[b].predicted * 0.999;
-    });
-    return order;
+    std::vector<double> predicted;
+    for (const AllreducePlan& plan : plans_) predicted.push_back(plan.predicted);
+    return cheapestFirst(predicted);
   }
   std::vector<AllreducePlan> sorted() {
     std::vector<AllreducePlan> out;
@@ -256,6 +252,21 @@ Candidates weigh(const Topology& t, const LinkCosts& links, size_t count, size_t
 }
 
 }  // namespace
+
+std::vector<size_t> cheapestFirst(const std::vector<double>& predicted) {
+  std::vector<size_t> left(predicted.size()), order;
+  std::iota(left.begin(), left.end(), size_t{0});
+  while (!left.empty()) {
+    double cheapest = predicted[left.front()];
+    for (size_t i : left) cheapest = std::min(cheapest, predicted[i]);
+    auto first = std::find_if(left.begin(), left.end(),
+                              [&](size_t i) { return !(cheapest < predicted[i] * 0.999); });
+    if (first == left.end()) first = left.begin();  // no prediction compares (NaN)
+    order.push_back(*first);
+    left.erase(first);
+  }
+  return order;
+}
 
 std::vector<AllreducePlan> allreduceCandidates(const Topology& t, const LinkCosts& links,
                                                size_t count, size_t elementSize,
