@@ -33,16 +33,19 @@ void Heartbeat::unbeat(const std::string& address) {
 }
 
 void Heartbeat::watch(const std::string& address, TimePoint now) {
-  auto [it, added] = watched_.emplace(idOf(address), Watched{address, now, 0, false, away_});
-  ++it->second.uses;
-  if (!it->second.reported) {
-    nextSilence_ = std::min(nextSilence_, now + timeout_ - silence(it->second, now));
+  const uint64_t id = idOf(address);
+  auto it = std::lower_bound(watched_.begin(), watched_.end(), id,
+                             [](const Watched& w, uint64_t id) { return w.id < id; });
+  if (it == watched_.end() || it->id != id) {
+    it = watched_.insert(it, Watched{id, address, now, 0, false, away_});
   }
+  ++it->uses;
+  if (!it->reported) nextSilence_ = std::min(nextSilence_, now + timeout_ - silence(*it, now));
 }
 
 void Heartbeat::unwatch(const std::string& address) {
-  auto it = watched_.find(idOf(address));
-  if (it != watched_.end() && --it->second.uses <= 0) watched_.erase(it);
+  auto it = findWatched(idOf(address));
+  if (it != watched_.end() && --it->uses <= 0) watched_.erase(it);
 }
 
 void Heartbeat::receive(Transport& transport, TimePoint now) {
@@ -50,20 +53,25 @@ void Heartbeat::receive(Transport& transport, TimePoint now) {
     if (receiving_) {
       if (!receiving_->done) return;  // still arriving
       if (!receiving_->failed() && receiving_->receivedBytes == sizeof(inbox_)) {
-        auto it = watched_.find(inbox_);
-        if (it != watched_.end() && now >= it->second.heard) {
-          it->second.heard = now;
-          it->second.awayAtHeard = away_;
+        auto it = findWatched(inbox_);
+        if (it != watched_.end() && now >= it->heard) {
+          it->heard = now;
+          it->awayAtHeard = away_;
         }
       }
       receiving_.reset();
     }
-    auto req = std::make_unique<Request>();
+    // A request kept from a look that found nothing: most ticks find no beat.
+    if (spare_) {
+      *spare_ = Request{};
+    } else {
+      spare_ = std::make_unique<Request>();
+    }
     if (!transport.receiveArrived(kBeatTag, tag::kGroupAndSlot, &inbox_, sizeof(inbox_),
-                                  req.get())) {
+                                  spare_.get())) {
       return;
     }
-    receiving_ = std::move(req);
+    receiving_ = std::move(spare_);
   }
 }
 
@@ -87,7 +95,7 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
     }
   }
   nextSilence_ = TimePoint::max();
-  for (auto& [id, w] : watched_) {
+  for (Watched& w : watched_) {
     if (w.reported) continue;
     const std::chrono::nanoseconds silentFor = silence(w, now);
     if (silentFor < timeout_) {
@@ -121,9 +129,9 @@ void Heartbeat::stop(Transport& transport) {
 }
 
 std::optional<TimePoint> Heartbeat::heard(const std::string& address) const {
-  auto it = watched_.find(idOf(address));
+  auto it = findWatched(idOf(address));
   if (it == watched_.end()) return std::nullopt;
-  return it->second.heard;
+  return it->heard;
 }
 
 }  // namespace ddl

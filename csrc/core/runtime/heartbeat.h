@@ -26,6 +26,7 @@
 // posted for them) once per housekeeping period.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -88,6 +89,7 @@ class Heartbeat {
   };
   std::map<std::string, Target> targets_;  // by address
   struct Watched {
+    uint64_t id;  // idOf(address)
     std::string address;
     TimePoint heard;
     int uses;
@@ -98,7 +100,17 @@ class Heartbeat {
   std::chrono::nanoseconds silence(const Watched& w, TimePoint now) const {
     return now - w.heard - (away_ - w.awayAtHeard);
   }
-  std::map<uint64_t, Watched> watched_;  // by id
+  // Sorted by id. A vector, not a map: every tick walks it, and at 65 536 simulated ranks the
+  // walk through a map's nodes was a fifth of the simulator's time.
+  std::vector<Watched> watched_;
+  std::vector<Watched>::iterator findWatched(uint64_t id) {
+    auto it = std::lower_bound(watched_.begin(), watched_.end(), id,
+                               [](const Watched& w, uint64_t id) { return w.id < id; });
+    return it != watched_.end() && it->id == id ? it : watched_.end();
+  }
+  std::vector<Watched>::const_iterator findWatched(uint64_t id) const {
+    return const_cast<Heartbeat*>(this)->findWatched(id);
+  }
   TimePoint nextBeat_ = TimePoint::min();
   TimePoint nextSilence_ = TimePoint::max();  // the earliest a watched peer may fall silent
   TimePoint due_ = TimePoint::max();          // when the last tick asked for the next
@@ -111,6 +123,7 @@ class Heartbeat {
   std::vector<std::unique_ptr<Sent>> sent_;
   uint64_t inbox_ = 0;
   std::unique_ptr<Request> receiving_;
+  std::unique_ptr<Request> spare_;  // not posted: for the next look
 };
 
 }  // namespace ddl
