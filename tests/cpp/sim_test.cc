@@ -398,6 +398,31 @@ TEST(Sim, CreationMakesFewStoreRequestsAndFewEndpoints) {
   EXPECT_LE(r.creationMessages, (4u * 9 + 8) * 512);
 }
 
+// An all_to_all (and a scatter's root) reaches every rank, most of them peers it has never
+// looked up. Looked up one by one, 512 ranks put 261 632 requests before the store's one server
+// (8 s of it); a rank waiting its turn there sends no heartbeat, and its watchers counted it gone
+// 2 s later (a false death that failed the group). One bulk lookup a rank: 512 requests.
+TEST(Sim, AnAlltoallOfFiveHundredRanksLooksItsPeersUpAtOnceAndNobodyIsCountedGone) {
+  for (const char* collective : {"alltoall", "scatter"}) {
+    SCOPED_TRACE(collective);
+    SimRequest q = request(512, 4, 8, 4 * 31);
+    q.collective = collective;
+    SimReport r = simulate(q);
+    expectRight(r);
+    EXPECT_LT(r.simMicros, 1e6);
+  }
+  // The same in the group the survivors of a host's death shrink to, whose directory looks up
+  // through the first group's: its all_to_all (the 9th of the 20 collectives after the shrink)
+  // looked its peers up one by one there too, and failed on a false death.
+  SimRequest q = request(512, 4, 8, 1 << 20);
+  q.cluster.payload = false;
+  q.killRanks = {256, 257, 258, 259};
+  q.shrink = true;
+  SimReport r = simulate(q);
+  EXPECT_EQ(r.shrinkGroups, 1);
+  EXPECT_EQ(r.shrinkOpsOk, SimRequest::kShrinkOps) << r.shrinkError;
+}
+
 TEST(Sim, EverySurvivorNamesAKilledRankSoonWithFewMessages) {
   const int ranks = 256;
   for (int killed : {0, 77, 255}) {

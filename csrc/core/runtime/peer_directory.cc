@@ -32,6 +32,17 @@ auto inStore(const std::string& ranks, Lookup lookup) {
   }
 }
 
+// A derived directory's bulk lookup: the parent's ranks `asked` in one request of the parent's
+// (its own bulk lookup), then each of `ranks` as the parent knows it at `there(rank)` ("" for -1).
+template <typename There>
+std::vector<std::string> throughParent(PeerDirectory& parent, const std::vector<int>& ranks,
+                                       const std::vector<int>& asked, There there) {
+  parent.prefetch(asked);
+  std::vector<std::string> found;
+  for (int r : ranks) found.push_back(there(r) >= 0 ? parent.known(there(r)) : std::string());
+  return found;
+}
+
 }  // namespace
 
 std::string PeerDirectory::address(int rank) {
@@ -112,6 +123,15 @@ std::shared_ptr<PeerDirectory> PeerDirectory::only(const std::shared_ptr<PeerDir
     return std::binary_search(kept->begin(), kept->end(), rank) ? parent->address(rank)
                                                                 : std::string();
   };
+  view->bulk_ = [parent, kept](const std::vector<int>& ranks) {
+    std::vector<int> asked;
+    for (int r : ranks) {
+      if (std::binary_search(kept->begin(), kept->end(), r)) asked.push_back(r);
+    }
+    return throughParent(*parent, ranks, asked, [kept](int r) {
+      return std::binary_search(kept->begin(), kept->end(), r) ? r : -1;
+    });
+  };
   return view;
 }
 
@@ -125,6 +145,16 @@ std::shared_ptr<PeerDirectory> PeerDirectory::renumbered(
   view->lookup_ = [parent, order](int rank) {
     return rank >= 0 && static_cast<size_t>(rank) < order->size() ? parent->address((*order)[rank])
                                                                   : std::string();
+  };
+  view->bulk_ = [parent, order](const std::vector<int>& ranks) {
+    auto there = [order](int r) {
+      return r >= 0 && static_cast<size_t>(r) < order->size() ? (*order)[r] : -1;
+    };
+    std::vector<int> asked;
+    for (int r : ranks) {
+      if (there(r) >= 0) asked.push_back(there(r));
+    }
+    return throughParent(*parent, ranks, asked, there);
   };
   return view;
 }
