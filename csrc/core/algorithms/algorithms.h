@@ -38,6 +38,18 @@ Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void
 Task copyInTurns(Op& op, void* dst, const void* src, size_t bytes);
 Task averageInTurns(Op& op, DataType type, void* data, size_t count, size_t divisor);
 
+// Every other rank's address in one bulk lookup, before an algorithm sends to all of them (an
+// all_to_all, a scatter's root): looked up one by one, the ranks of a group of 512 queued P^2
+// requests at the store's one server (8 s), and a rank waiting its turn there sent no
+// heartbeat, so that its watchers counted it gone.
+inline void lookUpEveryPeer(Op& op) {
+  std::vector<int> peers;
+  for (int r = 0; r < op.size(); ++r) {
+    if (r != op.rank()) peers.push_back(r);
+  }
+  op.group().directory->prefetch(peers);
+}
+
 // allreduce_ring.cc: data split across `rings` rings; each runs reduce-scatter then allgather.
 Task allreduceRing(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                    PipelineSettings settings);

@@ -25,12 +25,7 @@ Task alltoallPairwise(Op& op, const void* in, void* out, AlltoallLayout layout) 
     requests.push_back(
         op.recv(from, tag::slot(0, 0), dst + layout.recvOffsets[from], layout.recvBytes[from]));
   }
-  // Every peer's address in one bulk lookup, not one store request a peer: all ranks looking
-  // up every peer one by one queued P^2 requests at the store's one server (8 s at 512 ranks),
-  // and a rank waiting its turn there sent no heartbeat, so that its watchers counted it gone.
-  std::vector<int> peers;
-  for (int i = 1; i < n; ++i) peers.push_back((me + i) % n);
-  op.group().directory->prefetch(peers);
+  lookUpEveryPeer(op);
   for (int i = 1; i < n; ++i) {
     int to = (me + i) % n;
     requests.push_back(

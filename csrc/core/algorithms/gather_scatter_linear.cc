@@ -38,11 +38,7 @@ Task scatterLinear(Op& op, const void* in, void* out, size_t bytes, int root) {
     co_await copyInTurns(op, out, base + root * bytes, bytes);
   }
   if (bytes == 0) co_return;
-  std::vector<int> peers;  // their addresses in one bulk lookup (alltoall_pairwise.cc)
-  for (int r = 0; r < n; ++r) {
-    if (r != root) peers.push_back(r);
-  }
-  op.group().directory->prefetch(peers);
+  lookUpEveryPeer(op);
   std::vector<Request*> departures;
   for (int r = 0; r < n; ++r) {
     if (r != root) departures.push_back(op.send(r, tag::slot(0, 0), base + r * bytes, bytes));

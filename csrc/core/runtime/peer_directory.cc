@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
 
 #include "../base/status.h"
 
@@ -32,15 +33,23 @@ auto inStore(const std::string& ranks, Lookup lookup) {
   }
 }
 
-// A derived directory's bulk lookup: the parent's ranks `asked` in one request of the parent's
-// (its own bulk lookup), then each of `ranks` as the parent knows it at `there(rank)` ("" for -1).
-template <typename There>
-std::vector<std::string> throughParent(PeerDirectory& parent, const std::vector<int>& ranks,
-                                       const std::vector<int>& asked, There there) {
-  parent.prefetch(asked);
-  std::vector<std::string> found;
-  for (int r : ranks) found.push_back(there(r) >= 0 ? parent.known(there(r)) : std::string());
-  return found;
+// The lookups of a directory derived from `parent`, whose rank r is `there(r)` there (-1: one
+// it may not reach): one rank at a time, or all at once in one bulk request of the parent's.
+void lookUpThrough(const std::shared_ptr<PeerDirectory>& parent, std::function<int(int)> there,
+                   PeerDirectory::Lookup* lookup, PeerDirectory::BulkLookup* bulk) {
+  *lookup = [parent, there](int rank) {
+    return there(rank) >= 0 ? parent->address(there(rank)) : std::string();
+  };
+  *bulk = [parent, there](const std::vector<int>& ranks) {
+    std::vector<int> asked;
+    for (int r : ranks) {
+      if (there(r) >= 0) asked.push_back(there(r));
+    }
+    parent->prefetch(asked);
+    std::vector<std::string> found;
+    for (int r : ranks) found.push_back(there(r) >= 0 ? parent->known(there(r)) : std::string());
+    return found;
+  };
 }
 
 }  // namespace
@@ -119,19 +128,9 @@ std::shared_ptr<PeerDirectory> PeerDirectory::only(const std::shared_ptr<PeerDir
   auto view = std::make_shared<PeerDirectory>();
   for (int m : members) view->learn(m, parent->known(m));
   auto kept = std::make_shared<const std::vector<int>>(std::move(members));
-  view->lookup_ = [parent, kept](int rank) {
-    return std::binary_search(kept->begin(), kept->end(), rank) ? parent->address(rank)
-                                                                : std::string();
-  };
-  view->bulk_ = [parent, kept](const std::vector<int>& ranks) {
-    std::vector<int> asked;
-    for (int r : ranks) {
-      if (std::binary_search(kept->begin(), kept->end(), r)) asked.push_back(r);
-    }
-    return throughParent(*parent, ranks, asked, [kept](int r) {
-      return std::binary_search(kept->begin(), kept->end(), r) ? r : -1;
-    });
-  };
+  lookUpThrough(
+      parent, [kept](int r) { return std::binary_search(kept->begin(), kept->end(), r) ? r : -1; },
+      &view->lookup_, &view->bulk_);
   return view;
 }
 
@@ -142,20 +141,12 @@ std::shared_ptr<PeerDirectory> PeerDirectory::renumbered(
     view->learn(static_cast<int>(i), parent->known(members[i]));
   }
   auto order = std::make_shared<const std::vector<int>>(std::move(members));
-  view->lookup_ = [parent, order](int rank) {
-    return rank >= 0 && static_cast<size_t>(rank) < order->size() ? parent->address((*order)[rank])
-                                                                  : std::string();
-  };
-  view->bulk_ = [parent, order](const std::vector<int>& ranks) {
-    auto there = [order](int r) {
-      return r >= 0 && static_cast<size_t>(r) < order->size() ? (*order)[r] : -1;
-    };
-    std::vector<int> asked;
-    for (int r : ranks) {
-      if (there(r) >= 0) asked.push_back(there(r));
-    }
-    return throughParent(*parent, ranks, asked, there);
-  };
+  lookUpThrough(
+      parent,
+      [order](int r) {
+        return r >= 0 && static_cast<size_t>(r) < order->size() ? (*order)[r] : -1;
+      },
+      &view->lookup_, &view->bulk_);
   return view;
 }
 
