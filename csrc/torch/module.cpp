@@ -163,6 +163,14 @@ void bindPlans(Backend& backend) {
                    pg.communicator()->planBook().allgatherSchedule(static_cast<size_t>(nbytes))));
              });
            })
+      // How the group's all_to_all runs: pairwise or bruck.
+      .def("alltoall_schedule",
+           [](const ddl::ProcessGroupDDL& pg) {
+             return pg.communicator()->planBook().alltoallSchedule() ==
+                            ddl::AlltoallSchedule::kBruck
+                        ? "bruck"
+                        : "pairwise";
+           })
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
           // What the group's own planner settings make of each size (its request is the one in

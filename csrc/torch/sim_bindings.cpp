@@ -166,6 +166,7 @@ py::dict campaignDict(const CampaignReport& report) {
   kinds.append(py::make_tuple("two_groups", report.twoGroups, report.failedTwoGroups));
   kinds.append(py::make_tuple("slow_reduce", report.slowReductions, report.failedSlowReductions));
   kinds.append(py::make_tuple("hostile", report.hostile, report.failedHostile));
+  kinds.append(py::make_tuple("alltoall_bruck", report.alltoallBruck, report.failedAlltoallBruck));
   out["stale_used"] = report.stale;
   out["early_signal"] = report.earlySignals;
   out["kinds"] = kinds;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 #include "../../csrc/core/base/tag.h"
 #include "collective_checks.h"
@@ -170,6 +171,81 @@ TEST_P(WorldSize, ReduceGatherScatter) {
       }
     }
   });
+}
+
+// Both schedules (TORCH_DDL_ALLTOALL_ALGO) on layouts that Bruck's forwarding must carry: blocks
+// of sizes only their sender and receiver know (some empty, some of a few KiB), blocks all of one
+// size, and no bytes at all.
+TEST_P(WorldSize, AlltoallPairwiseAndBruckCarryEveryLayout) {
+  const int size = GetParam();
+  for (const char* schedule : {"pairwise", "bruck"}) {
+    SCOPED_TRACE(schedule);
+    ScopedEnv env({{"TORCH_DDL_ALLTOALL_ALGO", schedule}});
+    runRanks(size, [&](Communicator& comm) {
+      const int me = comm.rank();
+      const std::vector<std::function<size_t(int, int)>> layouts = {
+          [](int from, int to) { return static_cast<size_t>((from * 7 + to * 3) % 5) * 997; },
+          [](int, int) { return size_t{1031}; },
+          [](int, int) { return size_t{0}; },
+      };
+      for (const auto& bytesOf : layouts) {
+        AlltoallLayout layout;
+        size_t sendTotal = 0, recvTotal = 0;
+        for (int p = 0; p < size; ++p) {
+          layout.sendOffsets.push_back(sendTotal);
+          layout.sendBytes.push_back(bytesOf(me, p));
+          sendTotal += bytesOf(me, p);
+          layout.recvOffsets.push_back(recvTotal);
+          layout.recvBytes.push_back(bytesOf(p, me));
+          recvTotal += bytesOf(p, me);
+        }
+        std::vector<uint8_t> in(sendTotal + 1), out(recvTotal + 1, 0xEE);
+        for (int p = 0; p < size; ++p) {
+          for (size_t b = 0; b < layout.sendBytes[p]; ++b) {
+            in[layout.sendOffsets[p] + b] = static_cast<uint8_t>(me * 31 + p * 5 + b);
+          }
+        }
+        check(comm.alltoall(in.data(), out.data(), layout));
+        for (int p = 0; p < size; ++p) {
+          for (size_t b = 0; b < layout.recvBytes[p]; ++b) {
+            ASSERT_EQ(out[layout.recvOffsets[p] + b], static_cast<uint8_t>(p * 31 + me * 5 + b))
+                << "block from rank " << p << ", byte " << b;
+          }
+        }
+        ASSERT_EQ(out[recvTotal], 0xEE) << "written past the output";
+      }
+    });
+  }
+}
+
+// A rank that expects a block of another size than its sender sends: both schedules fail its op
+// as a mismatch naming the sender, and the group goes on.
+TEST_P(WorldSize, AlltoallOfSplitsThatDisagreeFailsNamingTheSender) {
+  const int size = GetParam();
+  if (size < 2) return;
+  for (const char* schedule : {"pairwise", "bruck"}) {
+    SCOPED_TRACE(schedule);
+    ScopedEnv env({{"TORCH_DDL_ALLTOALL_ALGO", schedule}});
+    runRanks(size, [&](Communicator& comm) {
+      const int me = comm.rank(), last = size - 1;
+      AlltoallLayout layout;
+      for (int p = 0; p < size; ++p) {
+        layout.sendOffsets.push_back(p * 16);
+        layout.sendBytes.push_back(8);
+        layout.recvOffsets.push_back(p * 16);
+        layout.recvBytes.push_back(me == 0 && p == last ? 12 : 8);  // rank 0 expects 12 of the last
+      }
+      std::vector<uint8_t> in(size * 16, 1), out(size * 16, 0);
+      std::shared_ptr<Work> work = comm.alltoall(in.data(), out.data(), layout);
+      work->wait();
+      if (me == 0) {  // the others may have received all they expect before it failed
+        EXPECT_TRUE(work->failed());
+        EXPECT_NE(work->error().find("rank " + std::to_string(last) + " sent"), std::string::npos)
+            << work->error();
+      }
+      EXPECT_EQ(allreduceOnes(comm), size) << "the group goes on";
+    });
+  }
 }
 
 TEST_P(WorldSize, AlltoallUnevenAndPointToPoint) {

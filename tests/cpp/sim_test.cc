@@ -423,6 +423,24 @@ TEST(Sim, AnAlltoallOfFiveHundredRanksLooksItsPeersUpAtOnceAndNobodyIsCountedGon
   EXPECT_EQ(r.shrinkOpsOk, SimRequest::kShrinkOps) << r.shrinkError;
 }
 
+// From 1 024 ranks an all_to_all runs Bruck's rounds (PlanBook::alltoallSchedule): each rank
+// talks to the ranks r +- 2^k only. The pairwise exchange's bulk lookup of every rank still queued
+// P^2 keys at the store's one server: at 2 048 ranks 2.75 s, past the heartbeat's 2 s, and live
+// ranks were counted gone (the same run with TORCH_DDL_ALLTOALL_ALGO=pairwise: "rank 1709 is
+// gone: rank 173 counts it gone", after 13.6 GB and nearly 4 minutes).
+TEST(Sim, AnAlltoallOfTwoThousandRanksTakesBrucksRoundsAndNobodyIsCountedGone) {
+  const int ranks = 2048;
+  SimRequest q = request(ranks, 4, 8, 4);
+  q.collective = "alltoall";
+  SimReport r = simulate(q);
+  expectRight(r);
+  EXPECT_LT(r.simMicros, 1e5);
+  const uint64_t rounds = 11;  // ceil(log2 2048)
+  // Each round's data and sizes, and a call print to each of the round's peers.
+  EXPECT_LE(r.opMessages, 3 * rounds * ranks);
+  EXPECT_LE(r.maxEndpoints, 32);
+}
+
 TEST(Sim, EverySurvivorNamesAKilledRankSoonWithFewMessages) {
   const int ranks = 256;
   for (int killed : {0, 77, 255}) {

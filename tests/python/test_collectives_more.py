@@ -101,6 +101,53 @@ def _gather_scatter_alltoall(rank, size):
         assert_same(outs[p], torch.full((p + rank + 1,), float(10 * p + rank)), f"all_to_all {p}")
 
 
+def _all_to_all_schedules(rank, size):
+    import os
+
+    import torch_ddl
+
+    groups = {}
+    for algo in ("pairwise", "bruck", "auto"):
+        os.environ["TORCH_DDL_ALLTOALL_ALGO"] = algo
+        torch_ddl._C.check_config()
+        groups[algo] = dist.new_group(backend="ddl")
+    del os.environ["TORCH_DDL_ALLTOALL_ALGO"]
+    torch_ddl._C.check_config()
+    gloo = dist.new_group(backend="gloo")
+    schedule = {a: g._get_backend(torch.device("cpu")).alltoall_schedule() for a, g in groups.items()}
+    assert schedule == {"pairwise": "pairwise", "bruck": "bruck", "auto": "pairwise"}, schedule
+    for dtype in (torch.float32, torch.int64, torch.uint8, torch.bfloat16):
+        for n in (0, 1, 7, 1031):
+            inp = ((torch.arange(size * n) * (rank + 3) + rank) % 251).to(dtype)
+            want = torch.empty_like(inp)
+            dist.all_to_all_single(want, inp, group=gloo)
+            for algo, group in groups.items():
+                got = torch.full_like(inp, 7)
+                dist.all_to_all_single(got, inp, group=group)
+                assert_same(got, want, f"all_to_all_single {algo} {dtype} n={n}")
+    # Splits that differ per pair (some empty), and the list form.
+    send_splits = [(rank * 7 + p * 3) % 5 * 3 for p in range(size)]
+    recv_splits = [(p * 7 + rank * 3) % 5 * 3 for p in range(size)]
+    inp = torch.arange(sum(send_splits), dtype=torch.float32) + 1000 * rank
+    want = torch.full((sum(recv_splits),), -1.0)
+    dist.all_to_all_single(want, inp, recv_splits, send_splits, group=gloo)
+    for algo, group in groups.items():
+        got = torch.full((sum(recv_splits),), -2.0)
+        dist.all_to_all_single(got, inp, recv_splits, send_splits, group=group)
+        assert_same(got, want, f"all_to_all_single uneven {algo}")
+        ins = [torch.full((rank + p + 1,), float(10 * rank + p)) for p in range(size)]
+        outs = [torch.zeros(p + rank + 1) for p in range(size)]
+        dist.all_to_all(outs, ins, group=group)
+        for p in range(size):
+            assert_same(outs[p], torch.full((p + rank + 1,), float(10 * p + rank)),
+                        f"all_to_all {algo} {p}")
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_all_to_all_pairwise_and_bruck_match_gloo(size):
+    run_ranks(_all_to_all_schedules, size)
+
+
 def _point_to_point(rank, size):
     if size == 1:
         return

@@ -162,5 +162,8 @@ struct AlltoallLayout {
   std::vector<size_t> sendOffsets, sendBytes, recvOffsets, recvBytes;
 };
 Task alltoallPairwise(Op& op, const void* in, void* out, AlltoallLayout layout);
+// alltoall_bruck.cc: the same in ceil(log2 P) rounds, each block forwarded through the ranks
+// between its sender and receiver (PlanBook::alltoallSchedule).
+Task alltoallBruck(Op& op, const void* in, void* out, AlltoallLayout layout);
 
 }  // namespace ddl

@@ -118,6 +118,9 @@ const std::vector<ConfigEntry> kTable = {
      "copied there behind the caller's stream's earlier work, reduced by the host algorithms, "
      "copied back before its Work completes (UCX's device-memory messages cost about 150 us "
      "each whatever their size); 0: never (every CUDA allreduce moves device memory)"},
+    {"TORCH_DDL_ALLTOALL_ALGO", "auto",
+     "all_to_all algorithm: auto, pairwise or bruck (auto: pairwise below 1 024 ranks, Bruck's "
+     "ceil(log2 P) rounds from there; pairwise: every pair at once, an endpoint to every rank)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -217,6 +220,12 @@ Config read() {
   c.metricsAddress = configValue(kTable[27]);
   c.allgatherAlgorithm = configValue(kTable[28]);
   c.deviceStageBytes = parseSize(kTable[29], 0);
+  c.alltoallAlgorithm = configValue(kTable[30]);
+  if (c.alltoallAlgorithm != "auto" && c.alltoallAlgorithm != "pairwise" &&
+      c.alltoallAlgorithm != "bruck") {
+    throw Error("ddl: TORCH_DDL_ALLTOALL_ALGO=" + c.alltoallAlgorithm +
+                " is not one of auto, pairwise, bruck");
+  }
   if (c.allgatherAlgorithm != "auto" && c.allgatherAlgorithm != "ring" &&
       c.allgatherAlgorithm != "bruck") {
     throw Error("ddl: TORCH_DDL_ALLGATHER_ALGO=" + c.allgatherAlgorithm +

@@ -41,6 +41,7 @@ struct Config {
   size_t metricsPort = 0;           // Prometheus metrics on this port + local rank (0: none)
   std::string metricsAddress;       // where the metrics port binds
   std::string allgatherAlgorithm = "auto";  // auto, ring or bruck
+  std::string alltoallAlgorithm = "auto";   // auto, pairwise or bruck
   size_t deviceStageBytes = 0;  // CUDA allreduces up to this large go through host memory
 };
 

@@ -8,7 +8,8 @@
 // sequence: the operation's number within its group, taken in program order.
 // slot:     which message of the operation: phase (6 bits) and step (14 bits). Phases
 //           0..kPlanPhases-1 are handed out by an operation's plan (one per ring x colour running
-//           at once: topology/allreduce_plan.h); kControlPhase carries call prints and notices;
+//           at once: topology/allreduce_plan.h); kControlPhase carries call prints, notices and
+//           what an algorithm's messages say of their sizes;
 //           kSharedPhase is the shared-memory ring's and the direct path's; kWindowPhase
 //           carries the signals of one-sided windows; the top
 //           kPointToPointPhases carry point-to-point tags. Messages of one
@@ -127,5 +128,10 @@ inline constexpr uint32_t kProbeStep = 5;
 inline constexpr uint32_t kProbeSteps = 6;
 // Heartbeats (runtime/heartbeat.h), under the agreements' group id and sequence 0.
 inline constexpr uint32_t kHeartbeatStep = kProbeStep + kProbeSteps;
+// Bruck's all-to-all (algorithms/alltoall_bruck.cc): round k's block sizes at step kSizesStep + k,
+// under the op's sequence (in the control phase, so that a simulation without payload carries
+// them).
+inline constexpr uint32_t kSizesStep = kHeartbeatStep + 1;
+inline constexpr uint32_t kSizesSteps = 32;  // rounds: ceil(log2 P) <= 32
 
 }  // namespace ddl::tag

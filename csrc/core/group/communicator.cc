@@ -347,7 +347,12 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out, Alltoall
     refuse(name, "the layout must name one block per rank");
   }
   return start(callPrint(Collective::kAlltoall), options,
-               [=](Op& op) { return alltoallPairwise(op, in, out, layout); });
+               [=, schedule = book_->alltoallSchedule()](Op& op) {
+                 if (schedule == AlltoallSchedule::kBruck) {
+                   return alltoallBruck(op, in, out, layout);
+                 }
+                 return alltoallPairwise(op, in, out, layout);
+               });
 }
 
 std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int peer, uint32_t userTag,

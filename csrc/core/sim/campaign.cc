@@ -580,6 +580,7 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
     count(s.twoGroups, report.twoGroups, report.failedTwoGroups);
     count(s.slowReducer >= 0, report.slowReductions, report.failedSlowReductions);
     count(s.hostile >= 0, report.hostile, report.failedHostile);
+    count(s.alltoallBruck, report.alltoallBruck, report.failedAlltoallBruck);
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];
       report.failedWithKind[k] += kinds[k] && r.failed();

@@ -62,10 +62,11 @@ struct CampaignReport {
   int refusedFirst = 0, failedRefusedFirst = 0;
   // Scenarios with a group lifecycle after the shrink, and those failed.
   int lifecycles = 0, failedLifecycles = 0;
-  // Scenarios with windows, two groups, a slow reduction, a hostile peer; and of them those
-  // that failed.
+  // Scenarios with windows, two groups, a slow reduction, a hostile peer, all_to_alls by Bruck's
+  // rounds; and of them those that failed.
   int windowed = 0, failedWindowed = 0, twoGroups = 0, failedTwoGroups = 0, slowReductions = 0,
-      failedSlowReductions = 0, hostile = 0, failedHostile = 0;
+      failedSlowReductions = 0, hostile = 0, failedHostile = 0, alltoallBruck = 0,
+      failedAlltoallBruck = 0;
   int earlySignals = 0;
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;

@@ -314,8 +314,9 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   }
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
-  if (phase != tag::kControlPhase ||
-      ((tag >> tag::kSlotShift) & (tag::kMaxSteps - 1)) == tag::kPrintStep) {
+  const uint64_t step = (tag >> tag::kSlotShift) & (tag::kMaxSteps - 1);
+  if (phase != tag::kControlPhase || step == tag::kPrintStep ||
+      (step >= tag::kSizesStep && step < tag::kSizesStep + tag::kSizesSteps)) {
     ++byOp_[tag >> tag::kSequenceShift];
   }
   if (from == recorded_ && sentByRecorded_.size() < 4096)

@@ -304,8 +304,8 @@ class SimNetwork {
   uint64_t events() const { return events_; }
   // Messages whose tag slot is `slot` (e.g. the notices' slot).
   uint64_t messagesOfSlot(uint64_t slot) const;
-  // Messages of one op: its group's id and its sequence number in the tag (data and call prints;
-  // not the group's creation, heartbeats or notices).
+  // Messages of one op: its group's id and its sequence number in the tag (data, call prints and
+  // sizes; not the group's creation, heartbeats or notices).
   uint64_t messagesOfOp(uint32_t group, uint32_t sequence) const;
   // A digest of every message delivered (time, sender, receiver, tag, size), in order.
   uint64_t digest() const { return digest_; }

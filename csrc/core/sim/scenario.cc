@@ -69,6 +69,21 @@ SimCall drawCall(Rng& rng, int ranks, uint64_t seed) {
   return call;
 }
 
+// Half the scenarios with an all_to_all run it by Bruck's rounds, which auto takes from 1 024
+// ranks only, drawn from a stream of the seed's own (the rest of the scenario is unchanged).
+void drawAlltoallSchedule(Scenario& s) {
+  auto anAlltoall = [](const std::vector<SimCall>& calls) {
+    return std::any_of(calls.begin(), calls.end(),
+                       [](const SimCall& c) { return c.collective == "alltoall"; });
+  };
+  Rng schedules(s.seed ^ 0x3c6ef372fe94f82bull);
+  if ((anAlltoall(s.ops) || anAlltoall(s.after)) && schedules.chance(0.5)) {
+    s.alltoallBruck = true;
+    s.cluster.plan = planRequest();
+    s.cluster.plan->alltoall = AlltoallSchedule::kBruck;
+  }
+}
+
 }  // namespace
 
 const char* faultKindName(Fault::Kind kind) {
@@ -137,6 +152,7 @@ std::string Scenario::describe() const {
          std::to_string(lateSignaler) + "'s signal of round " + std::to_string(lateRound) + " late";
   }
   if (twoGroups) s += "; every op also on a second group at once";
+  if (alltoallBruck) s += "; all_to_all by Bruck's rounds";
   if (slowReducer >= 0) {
     s += "; rank " + std::to_string(slowReducer) + " reduces " +
          std::to_string(static_cast<int>(slowReduction)) + "x slower";
@@ -306,6 +322,7 @@ Scenario drawScenario(uint64_t seed) {
     s.lateRound = paths.between(0, s.windowRounds - 2);
   }
   s.twoGroups = ranks <= 128 && paths.chance(0.2);
+  drawAlltoallSchedule(s);
   if (paths.chance(0.15)) {
     s.slowReducer = paths.between(0, ranks - 1);
     s.slowReduction = std::exp(std::log(1e3) + paths.uniform() * (std::log(1e5) - std::log(1e3)));

@@ -82,6 +82,9 @@ struct Scenario {
   // heartbeats), kData (the op's data slots).
   enum : int { kReplays = 1, kPrints = 2, kControl = 4, kData = 8 };
   int hostileSends = 0;
+  // Where an all_to_all is among the ops: half the time it runs Bruck's rounds
+  // (cluster.plan->alltoall), which auto takes from 1 024 ranks only. Drawn apart from the rest.
+  bool alltoallBruck = false;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;

@@ -125,6 +125,9 @@ struct AllreducePlan {
 // level-by-level rings of the grid, Bruck's logarithmic rounds over all ranks, or Bruck's rounds
 // level by level over the grid.
 enum class AllgatherSchedule { kRing, kGrid, kBruck, kGridBruck };
+// How an all_to_all runs: every pair at once (algorithms/alltoall_pairwise.cc), or Bruck's
+// ceil(log2 P) rounds (alltoall_bruck.cc).
+enum class AlltoallSchedule { kPairwise, kBruck };
 
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
@@ -146,6 +149,8 @@ struct PlanRequest {
   // kGridBruck (TORCH_DDL_ALLGATHER_ALGO ring and bruck) run flat where there are no block
   // stages; kRing and kBruck run flat whatever the machine.
   std::optional<AllgatherSchedule> allgather;
+  // All-to-alls: the schedule forced (TORCH_DDL_ALLTOALL_ALGO), else PlanBook::alltoallSchedule.
+  std::optional<AlltoallSchedule> alltoall;
 };
 // What the configuration asks of the planner (the process's configuration by default): the one
 // place that reads the settings that choose an allreduce.

@@ -26,7 +26,8 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
          (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + "," +
          std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + "," +
          std::to_string(r.stagedBytes) + "," +
-         (r.allgather ? std::to_string(static_cast<int>(*r.allgather)) : "auto") + ":";
+         (r.allgather ? std::to_string(static_cast<int>(*r.allgather)) : "auto") + "," +
+         (r.alltoall ? std::to_string(static_cast<int>(*r.alltoall)) : "auto") + ":";
   for (int d : r.order) key += std::to_string(d) + ",";
   return key;
 }
@@ -92,6 +93,12 @@ std::shared_ptr<const AllgatherCosts> PlanBook::gatherCosts() {
 
 double PlanBook::allgatherPredicted(AllgatherSchedule schedule, size_t bytes, bool reduceScatter) {
   return allgatherSeconds(schedule, *gatherCosts(), static_cast<double>(bytes), reduceScatter);
+}
+
+AlltoallSchedule PlanBook::alltoallSchedule() const {
+  if (request_.alltoall) return *request_.alltoall;
+  return topology_.size >= kBruckAlltoallRanks ? AlltoallSchedule::kBruck
+                                               : AlltoallSchedule::kPairwise;
 }
 
 AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes, bool reduceScatter) {

@@ -43,6 +43,14 @@ class PlanBook {
   AllgatherSchedule allgatherSchedule(size_t bytes, bool reduceScatter = false);
   // What the cost model prices that schedule at, in seconds.
   double allgatherPredicted(AllgatherSchedule schedule, size_t bytes, bool reduceScatter = false);
+  // How an all_to_all runs: what the request forces, else Bruck's rounds from kBruckAlltoallRanks
+  // ranks. Its layout may differ per rank, so the choice goes by the group's size alone, which
+  // every rank agrees on. From there the pairwise exchange's endpoint to every rank and its P - 1
+  // lookups each (P^2 keys at the store's one server: 2.6 s at 2 048 ranks, past the
+  // heartbeat's timeout) cost more than Bruck's bytes, which cross ceil(log2 P) / 2 times as many
+  // links.
+  static constexpr int kBruckAlltoallRanks = 1024;
+  AlltoallSchedule alltoallSchedule() const;
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 

@@ -285,6 +285,8 @@ PlanRequest planRequest(const Config& c) {
   request.smallBytes = c.smallBytes;
   if (c.allgatherAlgorithm == "bruck") request.allgather = AllgatherSchedule::kGridBruck;
   if (c.allgatherAlgorithm == "ring") request.allgather = AllgatherSchedule::kGrid;
+  if (c.alltoallAlgorithm == "pairwise") request.alltoall = AlltoallSchedule::kPairwise;
+  if (c.alltoallAlgorithm == "bruck") request.alltoall = AlltoallSchedule::kBruck;
   request.hostSlots = c.hostSlots;
   request.directMinBytes = c.directMinBytes;
   request.shareTensors = c.shareTensors;
