@@ -117,6 +117,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0x610657748a4c7f6a, "114 ranks, 48 - 101 cut off, then 9 - 58 moved to their side: rank 11"
                          " passed on that it counted 61 and 93 gone, and ranks 59 - 64 failed"
                          " naming 61 gone in words about 93 (news now names each one's witness)"},
+    {0xd6cecbacef2e255d, "8 ranks, all_to_all by Bruck's rounds, a hostile peer's junk block"
+                         " sizes: the next rank made room for what they summed to and failed with"
+                         " std::bad_alloc, naming no one (a sum past 1 TiB now names the sender)"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <new>
+#include <numeric>
 #include <vector>
 
 #include "../base/tag.h"
@@ -55,6 +57,30 @@ struct Positions {
     ++users[r];
   }
 };
+
+// Room for what rank `from` says its round's blocks come to. The sizes are a peer's word: a sum
+// past 1 TiB (or past 2^64) fails the op naming it, as does one this process cannot allocate.
+std::shared_ptr<char> landing(Op& op, int from, const std::vector<uint64_t>& sizes) {
+  constexpr uint64_t kMost = uint64_t{1} << 40;
+  uint64_t total = 0;
+  for (uint64_t s : sizes) {
+    if (s > kMost - total) {
+      op.raise(Error(Status(StatusKind::kMismatch,
+                            "rank " + std::to_string(from) + " says its blocks of " + op.name() +
+                                " come to more than 1 TiB",
+                            {from})));
+    }
+    total += s;
+  }
+  try {
+    return op.memory().allocate(total);
+  } catch (const std::bad_alloc&) {
+    op.raise(Error(Status(StatusKind::kOther,
+                          "no memory for the " + std::to_string(total) + " bytes rank " +
+                              std::to_string(from) + "'s blocks of " + op.name() + " come to",
+                          {from})));
+  }
+}
 
 // Positions [first, last) hold their final blocks (no bit of theirs is left to move): into the
 // output, each checked against the size this rank expects from its sender.
@@ -138,10 +164,9 @@ Task alltoallBruck(Op& op, const void* in, void* out, AlltoallLayout layout) {
               " sizes: the ranks called " + op.name() + " in groups of different sizes",
           {from})));
     }
-    uint64_t incoming = 0;
-    for (uint64_t s : heard) incoming += s;
-    held.landed.push_back(memory.allocate(incoming));
+    held.landed.push_back(landing(op, from, heard));
     held.users.push_back(0);
+    const uint64_t incoming = std::accumulate(heard.begin(), heard.end(), uint64_t{0});
     char* q = held.landed.back().get();
     requests.push_back(op.recv(from, tag::slot(0, round), q, incoming));
     co_await op.all(std::move(requests));

@@ -325,6 +325,9 @@ void sendHostile(SimCluster& cluster, const Scenario& s,
   }
   for (uint32_t step = 0; step < 2 && (sends & Scenario::kData); ++step) {
     send(next, tag::make(group, sequence, tag::slot(0, step), h), junk(5));
+    // Block sizes of Bruck's all_to_all (one size for every block, or a few), any of them huge.
+    send(next, tag::make(group, sequence, tag::slot(kControlPhase, tag::kSizesStep + step), h),
+         junk(8 + 16 * step));
   }
 }
 
