@@ -174,6 +174,21 @@ def random_fault(trial, shapes):
     return seed, shape, size, op, how, victim, before, pause_us
 
 
+def ddl_groups_with(setting, values):
+    """One ddl group per value of `setting`, each made while the environment holds that value (a
+    group reads its settings as it is made); the setting is unset afterwards."""
+    import torch_ddl
+
+    groups = {}
+    for value in values:
+        os.environ[setting] = value
+        torch_ddl._C.check_config()
+        groups[value] = dist.new_group(backend="ddl")
+    del os.environ[setting]
+    torch_ddl._C.check_config()
+    return groups
+
+
 def make_input(dtype, op, rank, size, n):
     """Small integers, exact in every dtype, whose reductions over 4 ranks cannot overflow."""
     g = torch.Generator().manual_seed(1000 * rank + 17 * size + n)

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddl_testing import (ALL_TYPES, OPS, SIZES, WORLD_SIZES, assert_same, glibc_block,
-                         make_input, reference, run_ranks, valid)
+from ddl_testing import (ALL_TYPES, OPS, SIZES, WORLD_SIZES, assert_same, ddl_groups_with,
+                         glibc_block, make_input, reference, run_ranks, valid)
 
 
 def _allreduce_all(rank, size):
@@ -261,17 +261,7 @@ def test_broadcast_and_all_gather_match_gloo(size):
 
 
 def _all_gather_schedules(rank, size):
-    import os
-
-    import torch_ddl
-
-    groups = {}
-    for algo in ("ring", "bruck", "auto"):
-        os.environ["TORCH_DDL_ALLGATHER_ALGO"] = algo
-        torch_ddl._C.check_config()
-        groups[algo] = dist.new_group(backend="ddl")
-    del os.environ["TORCH_DDL_ALLGATHER_ALGO"]
-    torch_ddl._C.check_config()
+    groups = ddl_groups_with("TORCH_DDL_ALLGATHER_ALGO", ("ring", "bruck", "auto"))
     gloo = dist.new_group(backend="gloo")
     schedule = {a: g._get_backend(torch.device("cpu")).allgather_schedule for a, g in groups.items()}
     # auto: Bruck's rounds for blocks up to 64 KiB from 4 ranks on one host (at 3 its 2 rounds

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddl_testing import WORLD_SIZES, assert_same, make_input, reference, run_ranks, valid
+from ddl_testing import (WORLD_SIZES, assert_same, ddl_groups_with, make_input, reference,
+                         run_ranks, valid)
 
 TYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int32,
          torch.int64, torch.uint8, torch.bool]
@@ -102,17 +103,7 @@ def _gather_scatter_alltoall(rank, size):
 
 
 def _all_to_all_schedules(rank, size):
-    import os
-
-    import torch_ddl
-
-    groups = {}
-    for algo in ("pairwise", "bruck", "auto"):
-        os.environ["TORCH_DDL_ALLTOALL_ALGO"] = algo
-        torch_ddl._C.check_config()
-        groups[algo] = dist.new_group(backend="ddl")
-    del os.environ["TORCH_DDL_ALLTOALL_ALGO"]
-    torch_ddl._C.check_config()
+    groups = ddl_groups_with("TORCH_DDL_ALLTOALL_ALGO", ("pairwise", "bruck", "auto"))
     gloo = dist.new_group(backend="gloo")
     schedule = {a: g._get_backend(torch.device("cpu")).alltoall_schedule() for a, g in groups.items()}
     assert schedule == {"pairwise": "pairwise", "bruck": "bruck", "auto": "pairwise"}, schedule
