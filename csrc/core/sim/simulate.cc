@@ -135,6 +135,10 @@ void describePlan(Communicator& comm, const std::string& collective, size_t coun
     const AllgatherSchedule schedule = book.allgatherSchedule(bytes, reduceScatter);
     report.algorithm = collective + ":" + allgatherScheduleName(schedule);
     report.modelMicros = book.allgatherPredicted(schedule, bytes, reduceScatter) * 1e6;
+  } else if (collective == "alltoall" &&
+             comm.planBook().alltoallSchedule() == AlltoallSchedule::kBruck) {
+    report.algorithm = "alltoall:bruck";
+    report.modelMicros = comm.planBook().alltoallBruckPredicted(count * sizeof(float)) * 1e6;
   } else {
     report.algorithm = collective;
   }

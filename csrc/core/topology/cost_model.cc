@@ -439,6 +439,18 @@ AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) 
   return costs;
 }
 
+double alltoallBruckSeconds(const AllgatherCosts& costs, double bytes) {
+  double seconds = 0;
+  const int n = costs.size;
+  int d = 1;
+  for (const AllgatherCosts::Round& round : costs.bruck) {
+    const int count = n / (2 * d) * d + std::max(0, n % (2 * d) - d);  // i < n with bit d
+    seconds += round.latency + count * bytes * (round.secondsPerByte + costs.copySecondsPerByte);
+    d *= 2;
+  }
+  return seconds;
+}
+
 double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
                         bool reduceScatter) {
   if (costs.size <= 1) return 0;

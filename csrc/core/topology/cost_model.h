@@ -60,5 +60,8 @@ AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links);
 // rounds it packs each round's blocks and reduces what it receives, neither under the messages.
 double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
                         bool reduceScatter = false);
+// Bruck's all_to_all of `bytes` a block (algorithms/alltoall_bruck.cc): the allgather's rounds,
+// each with the positions whose bit it is (about P / 2 blocks), packed before it leaves.
+double alltoallBruckSeconds(const AllgatherCosts& costs, double bytes);
 
 }  // namespace ddl

@@ -95,6 +95,10 @@ double PlanBook::allgatherPredicted(AllgatherSchedule schedule, size_t bytes, bo
   return allgatherSeconds(schedule, *gatherCosts(), static_cast<double>(bytes), reduceScatter);
 }
 
+double PlanBook::alltoallBruckPredicted(size_t bytes) {
+  return alltoallBruckSeconds(*gatherCosts(), static_cast<double>(bytes));
+}
+
 AlltoallSchedule PlanBook::alltoallSchedule() const {
   if (request_.alltoall) return *request_.alltoall;
   return topology_.size >= kBruckAlltoallRanks ? AlltoallSchedule::kBruck

@@ -51,6 +51,8 @@ class PlanBook {
   // links.
   static constexpr int kBruckAlltoallRanks = 1024;
   AlltoallSchedule alltoallSchedule() const;
+  // What the cost model prices Bruck's all_to_all of `bytes` a block at, in seconds.
+  double alltoallBruckPredicted(size_t bytes);
 
   PlanBook(Topology topology, LinkCosts links, PlanRequest request, bool hierarchical);
 
