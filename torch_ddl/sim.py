@@ -337,9 +337,9 @@ def run_campaign(count, seed, max_ranks, verbose):
             print(f"{i}: {describe_result(r)}" if r["failed"] else
                   f"{i}: scenario {r['seed']:016x} ok ({r['ranks']} ranks)", flush=True)
     report = _C.campaign(seed, count, max_ranks, progress)
-    print(f"{'fault':<12} {'scenarios':>9} {'failed':>6}")
+    print(f"{'fault':<14} {'scenarios':>9} {'failed':>6}")
     for kind, scenarios, failed in report["kinds"]:
-        print(f"{kind:<12} {scenarios:>9} {failed:>6}")
+        print(f"{kind:<14} {scenarios:>9} {failed:>6}")
     print(f"TRACE digest={report['digest']:016x}")
     print(f"CAMPAIGN scenarios={report['scenarios']} hangs={report['hangs']} "
           f"wrong={report['wrong']} unnamed={report['unnamed']} split={report['split']} "
