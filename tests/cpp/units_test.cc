@@ -114,7 +114,7 @@ TEST(Tag, FieldsDoNotOverlap) {
   uint64_t t = tag::make(4095, 65535, tag::slot(63, 16383), 65535);
   EXPECT_EQ(t, ~uint64_t{0});
   EXPECT_EQ(tag::make(1, 0, 0, 0), uint64_t{1} << 52);
-  EXPECT_EQ(tag::source(tag::make(3, 4, 5, 77)), 77u);
+  EXPECT_EQ(tag::source(tag::make(3, 4, 5, 77), 3), 77u);
   EXPECT_EQ(tag::make(3, 4, 5, 77) & tag::kAnySource, tag::make(3, 4, 5, 0));
   // Wider values wrap within their field instead of spilling into the next one.
   EXPECT_EQ(tag::make(4096, 0, 0, 0), 0u);

@@ -147,7 +147,7 @@ Task recvTask(Op& op, void* data, size_t bytes, int peer, uint32_t userTag) {
   uint64_t slot = pointToPointSlot(userTag);
   Request* r = peer >= 0 ? op.recvUpTo(peer, slot, data, bytes) : op.recvAny(slot, data, bytes);
   co_await op.all(r);
-  op.work->setSource(static_cast<int>(tag::source(r->senderTag)));
+  op.work->setSource(op.sourceOf(r));
 }
 
 Task batchTask(Op& op, std::vector<Transfer> transfers) {

@@ -16,6 +16,13 @@
 //           slot between one pair are matched in send order (FIFO), so segments of a pipelined
 //           step share a slot.
 // source:   the sender's rank in the group; a receive from any source masks it out.
+//
+// A group of more than 2^16 ranks (up to kMaxRanks, 2^20) is "wide": a rank's bits above the
+// source field go into the group field, XORed into the low bits of the group's id. Such a group
+// holds every id of the aligned block of 2^wideBits(size) ids its id lies in (group/engine.h),
+// so what its ranks send carries ids no other group holds. A group of at most 2^16 ranks has no
+// wide bits, and its tags are what they were before wide groups: for it every function below
+// gives what the plain layout gives.
 #pragma once
 
 #include <cstdint>
@@ -66,10 +73,15 @@ inline constexpr uint64_t slot(uint32_t phase, uint32_t step) {
   return field(phase, kPhaseBits, kStepBits) | field(step, kStepBits, 0);
 }
 
+// Bits of a rank above the source field: up to kWideBits (groups of up to 2^20 ranks).
+inline constexpr int kWideBits = 4;
+
+// `source`'s bits above the source field go into the low bits of the group field (XOR).
 inline constexpr uint64_t make(uint32_t group, uint32_t sequence, uint64_t slotValue,
                                uint32_t source) {
-  return field(group, kGroupBits, kGroupShift) | field(sequence, kSequenceBits, kSequenceShift) |
-         field(slotValue, kSlotBits, kSlotShift) | field(source, kSourceBits, kSourceShift);
+  return field(group ^ (source >> kSourceBits), kGroupBits, kGroupShift) |
+         field(sequence, kSequenceBits, kSequenceShift) | field(slotValue, kSlotBits, kSlotShift) |
+         field(source, kSourceBits, kSourceShift);
 }
 
 inline constexpr uint64_t kMatchAll = ~uint64_t{0};
@@ -102,23 +114,55 @@ inline constexpr PhaseRange kCollectivePhases[] = {
 static_assert(kPhaseBits == 6 && kPointToPointPhase == (15u << (kPhaseBits - 4)),
               "kCollectivePhases covers the phases below the point-to-point ones");
 
-inline constexpr uint32_t source(uint64_t t) {
-  return static_cast<uint32_t>((t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1));
+// The rank of the sender of a message of the group of id `group`.
+inline constexpr uint32_t source(uint64_t t, uint32_t group) {
+  const uint64_t low = (t >> kSourceShift) & ((uint64_t{1} << kSourceBits) - 1);
+  const uint64_t high = ((t >> kGroupShift) ^ group) & ((uint64_t{1} << kWideBits) - 1);
+  return static_cast<uint32_t>(high << kSourceBits | low);
 }
 
-// A group's ranks are what the source field holds. A flat ring of P ranks takes 2(P-1) steps,
+// The bits of a rank of a group of `size` ranks above the source field (0: not a wide group).
+inline constexpr int wideBits(int64_t size) {
+  int bits = 0;
+  while ((int64_t{1} << (kSourceBits + bits)) < size) ++bits;
+  return bits;
+}
+
+// The group field's bits that carry a wide group's ranks, in place in the tag.
+inline constexpr uint64_t wideMask(int wide) {
+  return field((uint64_t{1} << wide) - 1, kGroupBits, kGroupShift);
+}
+// The masks above for a group with `wide` bits (tag::wideBits): its ids' block matches.
+inline constexpr uint64_t anySource(int wide) { return kAnySource & ~wideMask(wide); }
+inline constexpr uint64_t groupAndSlot(int wide) { return kGroupAndSlot & ~wideMask(wide); }
+inline constexpr uint64_t groupAndSequence(int wide) {
+  return kGroupAndSequence & ~wideMask(wide);
+}
+
+// A group holds up to 2^20 ranks: the source field and kWideBits more. A flat ring of P ranks takes 2(P-1) steps,
 // more than a step field holds above 8 192 ranks: its steps wrap (tag::slot keeps the low
 // kStepBits), so steps s and s + kMaxSteps share a slot. They cannot mix: a ring position sends
 // its steps in order to one peer, which posts its receives in order and at most 64 steps ahead
 // of the first not wholly arrived (ring_pipeline.cc), and messages of one slot between one pair
 // match in send order. Rings that share a rank within a lane (multidim and block plans) still
 // take ranges of steps apart that fit the field (plan_check.cc).
-inline constexpr uint32_t kMaxRanks = uint32_t{1} << kSourceBits;
+inline constexpr uint32_t kMaxRanks = uint32_t{1} << (kSourceBits + kWideBits);
 inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 // Ids a group may hold: all but the last, which carries the agreements that make a group out of
-// another one's ranks (shrink, split, reconfigure: group/agreement.h).
+// another one's ranks (shrink, split, reconfigure: group/agreement.h). A wide group's agreements
+// (and its windows' signals) carry the ids of the top block with the last: a process that holds
+// a wide group holds that block's ids too (group/engine.h), and a wide group's own block is
+// another.
 inline constexpr uint32_t kGroupIds = kMaxGroups - 1;
 inline constexpr uint32_t kAgreementGroup = kMaxGroups - 1;
+inline constexpr uint32_t kAgreementBlock = kMaxGroups - (uint32_t{1} << kWideBits);
+// The id of the group made through the store with number `number` (the store's count of
+// creations) and `wide` bits: a wide group's is the first of an aligned block below the
+// agreements' one.
+inline constexpr uint32_t groupIdOf(uint64_t number, int wide) {
+  return wide == 0 ? static_cast<uint32_t>(number % kGroupIds)
+                   : static_cast<uint32_t>(number % (kAgreementBlock >> wide)) << wide;
+}
 inline constexpr uint32_t kAgreementStep = 3;
 // A member whose agreement failed tells its neighbours in the agreement's tree (group/agreement.h).
 inline constexpr uint32_t kAgreementAbortStep = 4;

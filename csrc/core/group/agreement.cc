@@ -33,7 +33,7 @@ struct Listening {
   bool heard(Op& op) {
     while (request->done) {
       uint64_t theirs = 0;
-      const int from = static_cast<int>(tag::source(request->senderTag));
+      const int from = op.sourceOf(request);
       const bool outsider =
           excluded != nullptr && std::binary_search(excluded->begin(), excluded->end(), from);
       if (!request->failed() && request->receivedBytes > sizeof(theirs) && !outsider) {
@@ -45,8 +45,8 @@ struct Listening {
     }
     return false;
   }
-  Error error(DeriveResult* out) const {
-    const int from = static_cast<int>(tag::source(request->senderTag));
+  Error error(const Op& op, DeriveResult* out) const {
+    const int from = op.sourceOf(request);
     out->heardFrom = from;
     out->asked = "; " + out->mine;
     // The attempt (8 bytes), the failure's kind (1), its words.
@@ -87,7 +87,7 @@ Task receiveUnlessAborted(Op& op, int peer, uint64_t most, std::string* bytes, L
     FrameHeader header;
     Request* r = op.recv(peer, kSlot, &header, sizeof(header));
     co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
-    if (!r->done) throw abort->error(out);
+    if (!r->done) throw abort->error(op, out);
     if (r->receivedBytes != sizeof(header) || header.length > most) {
       throw Error("rank " + std::to_string(peer) + " sent an agreement message of " +
                   std::to_string(header.length) + " bytes, more than the " + std::to_string(most) +
@@ -96,7 +96,7 @@ Task receiveUnlessAborted(Op& op, int peer, uint64_t most, std::string* bytes, L
     bytes->assign(header.length, '\0');
     r = op.recv(peer, kSlot, bytes->data(), header.length);
     co_await op.until([&op, r, abort] { return r->done || abort->heard(op); });
-    if (!r->done) throw abort->error(out);
+    if (!r->done) throw abort->error(op, out);
     const bool stale = header.attempt != abort->attempt && abort->ended != nullptr &&
                        abort->ended->count(header.attempt) > 0;
     if (!stale) co_return;
@@ -177,11 +177,17 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
                differing);
     return result;
   }
-  for (uint32_t id = tag::kGroupIds; id-- > 0;) {
+  // A wide group takes a whole block of ids below the agreements' (base/tag.h).
+  const int wide = tag::wideBits(static_cast<int64_t>(cards.size()));
+  const uint32_t top = wide == 0 ? tag::kGroupIds : tag::kAgreementBlock;
+  for (uint32_t id = top >> wide; id-- > 0;) {
     bool held = false;
-    for (const DeriveCard& c : cards) held = held || (id < c.heldIds.size() && c.heldIds[id] != 0);
+    for (uint32_t x = 0; x < (1u << wide); ++x) {
+      const uint32_t i = id << wide | x;
+      for (const DeriveCard& c : cards) held = held || (i < c.heldIds.size() && c.heldIds[i] != 0);
+    }
     if (!held) {
-      result.id = id;
+      result.id = id << wide;
       return result;
     }
   }

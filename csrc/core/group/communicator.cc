@@ -31,7 +31,9 @@ Communicator::Communicator(Engine& engine, std::shared_ptr<Group> group,
 
 Communicator::~Communicator() {
   Notices::close(group_->notices);
-  if (ownsId_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
+  if (ownsId_) {
+    Engine::releaseGroupIdIfAlive(engine_, group_->id, tag::wideBits(group_->size));
+  }
 }
 
 void Communicator::reject(const char* name, const std::string& why) noexcept {

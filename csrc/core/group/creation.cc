@@ -49,7 +49,9 @@ uint32_t parseGroupId(const std::string& value, const std::string& key) {
 }
 
 Creation::~Creation() {
-  if (claimed_) Engine::releaseGroupIdIfAlive(engine_, group_->id);
+  if (claimed_) {
+    Engine::releaseGroupIdIfAlive(engine_, group_->id, tag::wideBits(group_->size));
+  }
 }
 
 std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyValueStore> shared,
@@ -82,7 +84,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   std::vector<std::string> known;  // group id, then the addresses of `knownRanks`
   std::vector<int> knownRanks;
   if (rank == 0) {
-    group->id = static_cast<uint32_t>(store.nextGroupNumber() % tag::kGroupIds);
+    group->id = tag::groupIdOf(store.nextGroupNumber(), tag::wideBits(size));
     store.set(key + "group_id", std::to_string(group->id));
     if (size > 1) store.set(addressKey(0), address);
   } else {
@@ -105,7 +107,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   card.address = address;
   card.identity = options.identity ? *options.identity : ProcessIdentity::self().encode();
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
-  card.idTaken = !engine.claimGroupId(group->id);
+  card.idTaken = !engine.claimGroupId(group->id, tag::wideBits(size));
   pending->claimed_ = !card.idTaken;
   group->directory = std::make_shared<PeerDirectory>(
       [shared, addressKey](int r) { return shared->get(addressKey(r)); },

@@ -365,7 +365,7 @@ std::shared_ptr<Communicator> Derivation::finish() {
   if (!result_->error.ok()) throw Error(result_->error);
   Engine& engine = *engine_;
   const uint32_t id = result_->id;
-  if (!engine.claimGroupId(id)) {
+  if (!engine.claimGroupId(id, tag::wideBits(size_))) {
     throw Error("ddl: " + what_ + ": the id " + std::to_string(id) +
                 " agreed was taken here meanwhile (another group's creation); try again");
   }

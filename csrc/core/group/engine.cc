@@ -73,9 +73,35 @@ void Engine::watch(const std::shared_ptr<const Group>& group, const Identities& 
   });
 }
 
-bool Engine::claimGroupId(uint32_t id) {
+namespace {
+
+// The ids of the block of 2^wide ids `id` lies in.
+std::vector<uint32_t> blockOf(uint32_t id, int wide) {
+  std::vector<uint32_t> ids;
+  for (uint32_t x = 0; x < (1u << wide); ++x) ids.push_back(id ^ x);
+  return ids;
+}
+
+// The ids the agreements of a group of `wide` bits carry besides tag::kAgreementGroup.
+bool agreementCarries(uint32_t id, int wide) {
+  return id != tag::kAgreementGroup && (id ^ tag::kAgreementGroup) < (1u << wide);
+}
+
+}  // namespace
+
+bool Engine::claimGroupId(uint32_t id, int wide) {
   std::lock_guard<std::mutex> lock(idsMutex_);
-  return groupIds_.insert(id).second;
+  const int reserved = std::max(wide, wides_.empty() ? 0 : *wides_.rbegin());
+  const std::vector<uint32_t> block = blockOf(id, wide);
+  for (uint32_t i : block) {
+    if (groupIds_.count(i) > 0 || agreementCarries(i, reserved)) return false;
+  }
+  for (uint32_t i : groupIds_) {
+    if (agreementCarries(i, wide)) return false;
+  }
+  groupIds_.insert(block.begin(), block.end());
+  if (wide > 0) wides_.insert(wide);
+  return true;
 }
 
 std::vector<bool> Engine::heldGroupIds() {
@@ -85,19 +111,26 @@ std::vector<bool> Engine::heldGroupIds() {
   for (uint32_t id : groupIds_) held[id % tag::kMaxGroups] = true;
   std::erase_if(cooling_, [now](const auto& c) { return c.second <= now; });
   for (const auto& [id, until] : cooling_) held[id % tag::kMaxGroups] = true;
+  const int reserved = wides_.empty() ? 0 : *wides_.rbegin();
+  for (uint32_t id = tag::kAgreementBlock; id < tag::kMaxGroups; ++id) {
+    if (agreementCarries(id, reserved)) held[id] = true;
+  }
   return held;
 }
 
-void Engine::releaseGroupId(uint32_t id) {
+void Engine::releaseGroupId(uint32_t id, int wide) {
   const TimePoint until = runtime_.clock().now() + GroupNotices::kGraveLife;
   std::lock_guard<std::mutex> lock(idsMutex_);
-  groupIds_.erase(id);
-  cooling_[id] = until;
+  for (uint32_t i : blockOf(id, wide)) {
+    groupIds_.erase(i);
+    cooling_[i] = until;
+  }
+  if (auto it = wides_.find(wide); wide > 0 && it != wides_.end()) wides_.erase(it);
 }
 
-void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id) {
+void Engine::releaseGroupIdIfAlive(Engine* engine, uint32_t id, int wide) {
   std::lock_guard<std::mutex> live(gEnginesMutex);
-  if (gEngines.count(engine) > 0) engine->releaseGroupId(id);
+  if (gEngines.count(engine) > 0) engine->releaseGroupId(id, wide);
 }
 
 std::optional<LinkCost> Engine::recallLink(const std::string& what) {

@@ -66,17 +66,19 @@ class Engine {
   // it fail, now and later, naming it.
   void watch(const std::shared_ptr<const Group>& group, const Identities& identities);
   // Group ids are agreed through the store and wrap (base/tag.h): a group claims its id on every
-  // rank's engine, and a claim of an id a live group holds fails (false).
-  bool claimGroupId(uint32_t id);
+  // rank's engine, and a claim of an id a live group holds fails (false). A wide group (`wide`
+  // bits: tag::wideBits) claims its id's whole block, and while it lives the ids its agreements
+  // carry (the agreements' block) are held too.
+  bool claimGroupId(uint32_t id, int wide = 0);
   // The ids live groups of this engine hold, by id (tag::kMaxGroups entries), and those of groups
   // destroyed in the last GroupNotices::kGraveLife: what their failed ops left behind is still
   // being discarded (notices.h), and a group derived meanwhile must not take their id. (A group
   // made through the store takes the id the store gives; its creation drops those leftovers'
   // discards, which would take its own messages.)
   std::vector<bool> heldGroupIds();
-  void releaseGroupId(uint32_t id);
+  void releaseGroupId(uint32_t id, int wide = 0);
   // releaseGroupId, if `engine` still exists (a group may outlive the process engine).
-  static void releaseGroupIdIfAlive(Engine* engine, uint32_t id);
+  static void releaseGroupIdIfAlive(Engine* engine, uint32_t id, int wide = 0);
   // Memory for tensors that peers on this host can map.
   const std::shared_ptr<SharedBuffers>& sharedBuffers() const { return sharedBuffers_; }
   // Link figures this process measured, by what was measured (group/link_probe.h): later groups
@@ -114,6 +116,7 @@ class Engine {
   std::mutex idsMutex_;
   std::set<uint32_t> groupIds_;            // held by live groups
   std::map<uint32_t, TimePoint> cooling_;  // released, until then
+  std::multiset<int> wides_;               // the wide bits of each live wide group
   std::mutex linksMutex_;
   std::map<std::string, LinkCost> links_;  // probed
   std::atomic<uint64_t> nextWindowId_{0};

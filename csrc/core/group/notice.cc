@@ -17,65 +17,107 @@ struct NoticeHeader {
   uint8_t type;
   uint8_t tree;
   uint8_t kind;     // StatusKind
-  uint16_t ranges;  // of gone ranks, each (first, count) in two uint16 after the header
-  // Then runs of witnesses, each (witness, count) in two uint16, over the gone ranks in order;
+  uint16_t ranges;  // of gone ranks, each (first, count) in two entries after the header
+  // Then runs of witnesses, each (witness, count) in two entries, over the gone ranks in order;
   // those past the last run: the sender.
   uint16_t witnessRuns;
 };
-constexpr uint32_t kNoticeMagic = 0x6e646c64;  // "ddln"
+// Entries of two bytes; of four ("ddlw") where a rank or a count does not fit two (a wide group,
+// above 2^16 ranks: base/tag.h), so that a group of 2^16 ranks or fewer sends what it always did.
+constexpr uint32_t kNoticeMagic = 0x6e646c64;      // "ddln"
+constexpr uint32_t kWideNoticeMagic = 0x77646c64;  // "ddlw"
 
 // Ranges of gone ranks and runs of witnesses one notice carries at most, leaving room for some
-// words: more ranges (ranks gone in over 900 places) are cut to the first ones, a part of the
-// news that is still true (a notice longer than kMaxBytes would be cut by its receive and
-// dropped whole); runs that do not fit leave their ranks to the sender.
-constexpr size_t kMaxRanges = (Notice::kMaxBytes - sizeof(NoticeHeader) - 512) / 4;
+// words: more ranges (ranks gone in over 900 places; 450 in the wide form) are cut to the first
+// ones, a part of the news that is still true (a notice longer than kMaxBytes would be cut by
+// its receive and dropped whole); runs that do not fit leave their ranks to the sender.
+constexpr size_t maxRanges(size_t entryBytes) {
+  return (Notice::kMaxBytes - sizeof(NoticeHeader) - 512) / (2 * entryBytes);
+}
 
 // The witness runs of `notice`'s first `covered` gone ranks, after `used` ranges.
-std::vector<uint16_t> witnessRuns(const Notice& notice, size_t covered, size_t used) {
-  std::vector<uint16_t> runs;
+std::vector<uint32_t> witnessRuns(const Notice& notice, size_t covered, size_t used, size_t most) {
+  std::vector<uint32_t> runs;
   const size_t n = std::min(covered, notice.witnesses.size());
   size_t last = 0;  // past the last witness that is not the sender
   for (size_t i = 0; i < n; ++i) {
     if (notice.witnesses[i] != notice.from) last = i + 1;
   }
-  for (size_t i = 0; i < last && used + runs.size() / 2 < kMaxRanges;) {
+  for (size_t i = 0; i < last && used + runs.size() / 2 < most;) {
     size_t j = i;
     while (j + 1 < last && notice.witnesses[j + 1] == notice.witnesses[i]) ++j;
-    runs.push_back(static_cast<uint16_t>(notice.witnesses[i]));
-    runs.push_back(static_cast<uint16_t>(j - i + 1));
+    runs.push_back(static_cast<uint32_t>(notice.witnesses[i]));
+    runs.push_back(static_cast<uint32_t>(j - i + 1));
     i = j + 1;
   }
   return runs;
 }
 
-}  // namespace
-
-std::string Notice::encode() const {
-  std::vector<uint16_t> ranges;
+// The ranges of gone ranks and the witness runs after them, at most `most` pairs of ranges.
+std::vector<uint32_t> entries(const Notice& notice, size_t most, uint16_t* ranges, uint16_t* runs) {
+  std::vector<uint32_t> out;
   size_t covered = 0;  // gone ranks the ranges carry
-  for (size_t i = 0; i < gone.size() && ranges.size() < 2 * kMaxRanges;) {
+  for (size_t i = 0; i < notice.gone.size() && out.size() < 2 * most;) {
     size_t j = i;
-    while (j + 1 < gone.size() && gone[j + 1] == gone[j] + 1) ++j;
-    ranges.push_back(static_cast<uint16_t>(gone[i]));
-    ranges.push_back(static_cast<uint16_t>(j - i + 1));
+    while (j + 1 < notice.gone.size() && notice.gone[j + 1] == notice.gone[j] + 1) ++j;
+    out.push_back(static_cast<uint32_t>(notice.gone[i]));
+    out.push_back(static_cast<uint32_t>(j - i + 1));
     i = j + 1;
     covered = i;
   }
-  const std::vector<uint16_t> runs = witnessRuns(*this, covered, ranges.size() / 2);
-  ranges.insert(ranges.end(), runs.begin(), runs.end());
-  NoticeHeader header{kNoticeMagic,
+  *ranges = static_cast<uint16_t>(out.size() / 2);
+  const std::vector<uint32_t> witnessed = witnessRuns(notice, covered, out.size() / 2, most);
+  *runs = static_cast<uint16_t>(witnessed.size() / 2);
+  out.insert(out.end(), witnessed.begin(), witnessed.end());
+  return out;
+}
+
+template <typename Entry>
+void put(const std::vector<uint32_t>& values, char* at) {
+  for (uint32_t v : values) {
+    const auto e = static_cast<Entry>(v);
+    std::memcpy(at, &e, sizeof(e));
+    at += sizeof(e);
+  }
+}
+
+template <typename Entry>
+std::vector<uint32_t> take(const char* at, size_t count) {
+  std::vector<uint32_t> values(count);
+  for (uint32_t& v : values) {
+    Entry e;
+    std::memcpy(&e, at, sizeof(e));
+    v = e;
+    at += sizeof(e);
+  }
+  return values;
+}
+
+}  // namespace
+
+std::string Notice::encode() const {
+  const bool wide =
+      std::any_of(gone.begin(), gone.end(), [](int r) { return r > 0xffff; }) ||
+      std::any_of(witnesses.begin(), witnesses.end(), [](int r) { return r > 0xffff; }) ||
+      gone.size() > 0xffff;
+  const size_t entryBytes = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+  NoticeHeader header{wide ? kWideNoticeMagic : kNoticeMagic,
                       sequence,
                       incarnation,
                       from,
                       static_cast<uint8_t>(type),
                       static_cast<uint8_t>(tree ? 1 : 0),
                       static_cast<uint8_t>(kind),
-                      static_cast<uint16_t>((ranges.size() - runs.size()) / 2),
-                      static_cast<uint16_t>(runs.size() / 2)};
-  std::string bytes(sizeof(header) + ranges.size() * sizeof(uint16_t), '\0');
+                      0,
+                      0};
+  const std::vector<uint32_t> values =
+      entries(*this, maxRanges(entryBytes), &header.ranges, &header.witnessRuns);
+  std::string bytes(sizeof(header) + values.size() * entryBytes, '\0');
   std::memcpy(bytes.data(), &header, sizeof(header));
-  if (!ranges.empty()) {
-    std::memcpy(bytes.data() + sizeof(header), ranges.data(), ranges.size() * sizeof(uint16_t));
+  if (wide) {
+    put<uint32_t>(values, bytes.data() + sizeof(header));
+  } else {
+    put<uint16_t>(values, bytes.data() + sizeof(header));
   }
   if (bytes.size() < kMaxBytes) bytes += text.substr(0, kMaxBytes - bytes.size());
   return bytes;
@@ -85,10 +127,12 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   NoticeHeader header;
   if (bytes < sizeof(header)) return std::nullopt;
   std::memcpy(&header, data, sizeof(header));
-  const size_t rangeBytes =
-      (size_t{header.ranges} + size_t{header.witnessRuns}) * 2 * sizeof(uint16_t);
-  if (header.magic != kNoticeMagic || header.type > static_cast<uint8_t>(Type::kWaiting) ||
-      bytes < sizeof(header) + rangeBytes) {
+  const bool wide = header.magic == kWideNoticeMagic;
+  const size_t entryBytes = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+  const size_t count = (size_t{header.ranges} + size_t{header.witnessRuns}) * 2;
+  const size_t rangeBytes = count * entryBytes;
+  if ((header.magic != kNoticeMagic && !wide) ||
+      header.type > static_cast<uint8_t>(Type::kWaiting) || bytes < sizeof(header) + rangeBytes) {
     return std::nullopt;
   }
   Notice notice;
@@ -99,31 +143,27 @@ std::optional<Notice> Notice::decode(const char* data, size_t bytes) {
   notice.tree = header.tree != 0;
   notice.kind =
       header.kind < kStatusKinds ? static_cast<StatusKind>(header.kind) : StatusKind::kOther;
-  std::vector<uint16_t> ranges(size_t{header.ranges} * 2);
-  std::vector<uint16_t> runs(size_t{header.witnessRuns} * 2);
-  if (!ranges.empty()) {
-    std::memcpy(ranges.data(), data + sizeof(header), ranges.size() * sizeof(uint16_t));
-  }
-  if (!runs.empty()) {
-    std::memcpy(runs.data(), data + sizeof(header) + ranges.size() * sizeof(uint16_t),
-                runs.size() * sizeof(uint16_t));
-  }
-  // Ranges as encode() makes them: ascending, apart, each of ranks of the largest group.
+  const std::vector<uint32_t> values = wide ? take<uint32_t>(data + sizeof(header), count)
+                                            : take<uint16_t>(data + sizeof(header), count);
+  const size_t rangeEntries = size_t{header.ranges} * 2;
+  // Ranges as encode() makes them: ascending, apart, each of ranks of the largest group the form
+  // is for (two bytes: 2^16 ranks).
+  const int64_t ranks = wide ? int64_t{tag::kMaxRanks} : int64_t{1} << 16;
   int64_t next = 0;  // the lowest rank the next range may start at
-  for (size_t i = 0; i + 1 < ranges.size(); i += 2) {
-    const int64_t first = ranges[i], count = ranges[i + 1];
-    if (count == 0 || first < next || first + count > int64_t{tag::kMaxRanks}) return std::nullopt;
-    for (int64_t k = 0; k < count; ++k) notice.gone.push_back(static_cast<int>(first + k));
-    next = first + count + 1;
+  for (size_t i = 0; i + 1 < rangeEntries; i += 2) {
+    const int64_t first = values[i], n = values[i + 1];
+    if (n == 0 || first < next || first + n > ranks) return std::nullopt;
+    for (int64_t k = 0; k < n; ++k) notice.gone.push_back(static_cast<int>(first + k));
+    next = first + n + 1;
   }
   // Witness runs: ranks of the group, covering no more than the gone ranks.
-  for (size_t i = 0; i + 1 < runs.size(); i += 2) {
-    const size_t witness = runs[i], count = runs[i + 1];
-    if (count == 0 || witness >= tag::kMaxRanks ||
-        notice.witnesses.size() + count > notice.gone.size()) {
+  for (size_t i = rangeEntries; i + 1 < values.size(); i += 2) {
+    const size_t witness = values[i], n = values[i + 1];
+    if (n == 0 || static_cast<int64_t>(witness) >= ranks ||
+        notice.witnesses.size() + n > notice.gone.size()) {
       return std::nullopt;
     }
-    notice.witnesses.insert(notice.witnesses.end(), count, static_cast<int>(witness));
+    notice.witnesses.insert(notice.witnesses.end(), n, static_cast<int>(witness));
   }
   notice.text.assign(data + sizeof(header) + rangeBytes, bytes - sizeof(header) - rangeBytes);
   return notice;

@@ -21,8 +21,9 @@ Notice GroupNotices::notice(Notice::Type type, uint32_t sequence) const {
 
 namespace {
 
-// A rank's successors and predecessors at distances 1, 2, 4, ... in a group of n: whom it beats
-// and watches.
+constexpr uint64_t kNoticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
+
+// The ranks at distances 1, 2, 4, ... before and after `rank` in a group of n: whom it watches.
 std::set<int> neighbours(int rank, int n) {
   std::set<int> peers;
   for (int step = 1; step < n; step <<= 1) {
@@ -93,6 +94,7 @@ void Notices::open(const std::shared_ptr<Group>& group) {
   control->group = group.get();
   control->owner = group;
   control->groupId = group->id;
+  control->wideBits = tag::wideBits(group->size);
   control->incarnation = group->incarnation;
   control->open = true;
   group->notices = control;
@@ -156,10 +158,10 @@ bool Notices::takeNotice(GroupNotices& control) {
   auto receive = std::make_unique<Request>();
   receive->owner = &control;
   receive->observer = &Notices::onNotice;
-  const uint64_t t =
-      tag::make(control.groupId, 0, tag::slot(tag::kControlPhase, tag::kNoticeStep), 0);
-  if (!runtime_.transport().receiveArrived(t, tag::kGroupAndSlot, control.buffer.data(),
-                                           control.buffer.size(), receive.get())) {
+  const uint64_t t = tag::make(control.groupId, 0, kNoticeSlot, 0);
+  if (!runtime_.transport().receiveArrived(t, tag::groupAndSlot(control.wideBits),
+                                           control.buffer.data(), control.buffer.size(),
+                                           receive.get())) {
     return false;
   }
   control.receive = std::move(receive);
@@ -217,9 +219,8 @@ bool Notices::sendNoticeTo(GroupNotices& control, const Notice& notice, const st
   sent.request = std::make_unique<Request>();
   sent.request->peer = to;
   sent.request->isSend = true;
-  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
   runtime_.transport().send(
-      peer, tag::make(group.id, notice.sequence, slot, static_cast<uint32_t>(group.rank)),
+      peer, tag::make(group.id, notice.sequence, kNoticeSlot, static_cast<uint32_t>(group.rank)),
       sent.bytes.data(), sent.bytes.size(), sent.request.get());
   return true;
 }
@@ -426,8 +427,7 @@ bool Notices::service(bool housekeeping) {
       ++i;
       continue;
     }
-    // What failed ops left behind, while a later op could not yet take it for its own (the tag's
-    // sequence field wraps).
+    // What failed ops left behind, while no later op could take it (the sequence field wraps).
     while (!control->graves.empty() &&
            (now > control->graves.front().until ||
             control->startedSince(control->graves.front().sequence) >= (int64_t{1} << 15))) {
@@ -439,7 +439,7 @@ bool Notices::service(bool housekeeping) {
       for (const tag::PhaseRange& range : tag::kCollectivePhases) {
         runtime_.transport().discard(
             tag::make(control->groupId, grave.sequence, tag::slot(range.first, 0), 0),
-            tag::kGroupAndSequence | range.mask);
+            tag::groupAndSequence(control->wideBits) | range.mask);
       }
     }
     // A closed group's control stays while its leftovers are discarded.

@@ -43,6 +43,7 @@ struct GroupNotices {
   const Group* group = nullptr;
   std::weak_ptr<const Group> owner;
   uint32_t groupId = 0;
+  int wideBits = 0;          // the group's (tag::wideBits): a wide group's notices match its block
   uint64_t incarnation = 0;  // the group's: stamped on what it sends, checked on what arrives
   // A notice of this group, from this rank, stamped with its incarnation.
   Notice notice(Notice::Type type, uint32_t sequence) const;

@@ -167,10 +167,11 @@ Window::~Window() {
   const uint64_t region = region_;
   // Signals that no wait took are dropped with the window (a later window's tag may be the same).
   const uint64_t signals = tag::make(tag::kAgreementGroup, signalSequence_, signalSlot_, 0);
+  const uint64_t anySource = tag::anySource(tag::wideBits(group_->size));
   Runtime::postIfAlive(group_->runtime, [runtime = group_->runtime, peers = std::move(peers),
-                                         region, signals]() mutable {
+                                         region, signals, anySource]() mutable {
     releaseOn(*runtime, std::move(peers), region);
-    runtime->transport().discard(signals, tag::kAnySource);
+    runtime->transport().discard(signals, anySource);
   });
 }
 

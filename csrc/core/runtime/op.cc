@@ -162,8 +162,13 @@ Request* Op::postReceive(Request* req, uint32_t sequence, uint64_t slot, void* d
 Request* Op::recvAny(uint64_t slot, void* data, size_t bytes) {
   Request* req = newRequest(-1, false);
   uint64_t t = tag::make(group_->id, sequence_, slot, 0);
-  group_->runtime->transport().recv(t, tag::kAnySource, data, bytes, req);
+  group_->runtime->transport().recv(t, tag::anySource(tag::wideBits(group_->size)), data, bytes,
+                                    req);
   return req;
+}
+
+int Op::sourceOf(const Request* request) const {
+  return static_cast<int>(tag::source(request->senderTag, group_->id));
 }
 
 void Op::Until::await_suspend(std::coroutine_handle<> handle) {

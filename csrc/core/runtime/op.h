@@ -49,8 +49,10 @@ class Op {
   void recycle(Request* req);
   // A message of at most `bytes` (request->receivedBytes says how many arrived).
   Request* recvUpTo(int peer, uint64_t slot, void* data, size_t bytes);
-  // From whichever rank sends first; the sender is tag::source(request->senderTag).
+  // From whichever rank sends first; the sender is sourceOf(request).
   Request* recvAny(uint64_t slot, void* data, size_t bytes);
+  // The group rank that sent what a completed receive took.
+  int sourceOf(const Request* request) const;
   // A point-to-point batch's messages (Communicator::pointToPoint): each under its own
   // transfer's sequence field (the low bits of its user tag) instead of the op's; the receive
   // takes at most `bytes`.

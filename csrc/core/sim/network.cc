@@ -258,10 +258,13 @@ uint64_t SimNetwork::messagesOfSlot(uint64_t slot) const {
   return it == bySlot_.end() ? 0 : it->second;
 }
 
-uint64_t SimNetwork::messagesOfOp(uint32_t group, uint32_t sequence) const {
-  const uint64_t key = tag::make(group, sequence, 0, 0) >> tag::kSequenceShift;
-  auto it = byOp_.find(key);
-  return it == byOp_.end() ? 0 : it->second;
+uint64_t SimNetwork::messagesOfOp(uint32_t group, uint32_t sequence, int wide) const {
+  uint64_t n = 0;
+  for (uint32_t x = 0; x < (1u << wide); ++x) {
+    auto it = byOp_.find(tag::make(group ^ x, sequence, 0, 0) >> tag::kSequenceShift);
+    if (it != byOp_.end()) n += it->second;
+  }
+  return n;
 }
 
 uint64_t SimNetwork::newMessage(int from, int to, uint64_t tag, size_t bytes, Request* req) {

@@ -305,8 +305,9 @@ class SimNetwork {
   // Messages whose tag slot is `slot` (e.g. the notices' slot).
   uint64_t messagesOfSlot(uint64_t slot) const;
   // Messages of one op: its group's id and its sequence number in the tag (data, call prints and
-  // sizes; not the group's creation, heartbeats or notices).
-  uint64_t messagesOfOp(uint32_t group, uint32_t sequence) const;
+  // sizes; not the group's creation, heartbeats or notices); a wide group's (`wide` bits:
+  // base/tag.h) under every id of its block.
+  uint64_t messagesOfOp(uint32_t group, uint32_t sequence, int wide = 0) const;
   // A digest of every message delivered (time, sender, receiver, tag, size), in order.
   uint64_t digest() const { return digest_; }
   int endpoints(int rank) const;

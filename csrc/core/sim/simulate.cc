@@ -195,7 +195,8 @@ SimReport simulate(const SimRequest& request) {
     }
     report.maxEndpoints = cluster.maxEndpoints();
     report.messages = cluster.network().messages();
-    report.opMessages = cluster.network().messagesOfOp(cluster.comm(0).id(), opSequence);
+    report.opMessages = cluster.network().messagesOfOp(cluster.comm(0).id(), opSequence,
+                                                       tag::wideBits(cluster.comm(0).size()));
     report.events = cluster.network().events();
     report.digest = cluster.network().digest();
     if (request.cluster.payload) {

@@ -9,7 +9,7 @@
 namespace ddl {
 namespace {
 
-using Index = std::unordered_map<uint64_t, Fifo<uint64_t>>;
+using Index = TagMatcher::Index;
 
 // The first arrival in `index` under `key` still waiting (entries taken another way dropped).
 uint64_t front(Index& index, uint64_t key, const std::map<uint64_t, Delivered>& waiting) {
@@ -47,13 +47,31 @@ void TagMatcher::complete(const Posted& recv, const Delivered& message) {
   recv.req->complete();
 }
 
+TagMatcher::TagMatcher()
+    : indices_{{tag::kMatchAll, {}},
+               {tag::kAnySource, {}},
+               {tag::kGroupAndSlot, {}},
+               {tag::kGroupAndSequence, {}}} {}
+
+TagMatcher::Index* TagMatcher::indexFor(uint64_t mask) {
+  for (MaskIndex& m : indices_) {
+    if (m.mask == mask) return &m.index;
+  }
+  // A wide group's (base/tag.h): indexed from its first use, over what waits now.
+  bool wide = false;
+  for (int w = 1; w <= tag::kWideBits; ++w) {
+    wide = wide || mask == tag::anySource(w) || mask == tag::groupAndSlot(w) ||
+           mask == tag::groupAndSequence(w);
+  }
+  if (!wide) return nullptr;
+  indices_.push_back({mask, {}});
+  Index& index = indices_.back().index;
+  for (const auto& [arrival, message] : waiting_) index[message.tag & mask].push_back(arrival);
+  return &index;
+}
+
 std::map<uint64_t, Delivered>::iterator TagMatcher::findWaiting(uint64_t tag, uint64_t mask) {
-  Index* index = mask == tag::kMatchAll           ? &byTag_
-                 : mask == tag::kAnySource        ? &byAnySource_
-                 : mask == tag::kGroupAndSlot     ? &byGroupSlot_
-                 : mask == tag::kGroupAndSequence ? &byGroupSequence_
-                                                  : nullptr;
-  if (index != nullptr) {
+  if (Index* index = indexFor(mask)) {
     const uint64_t arrival = front(*index, tag & mask, waiting_);
     return arrival == UINT64_MAX ? waiting_.end() : waiting_.find(arrival);
   }
@@ -63,10 +81,7 @@ std::map<uint64_t, Delivered>::iterator TagMatcher::findWaiting(uint64_t tag, ui
 
 void TagMatcher::take(std::map<uint64_t, Delivered>::iterator it) {
   const uint64_t arrival = it->first, t = it->second.tag;
-  drop(byTag_, t, arrival);
-  drop(byAnySource_, t & tag::kAnySource, arrival);
-  drop(byGroupSlot_, t & tag::kGroupAndSlot, arrival);
-  drop(byGroupSequence_, t & tag::kGroupAndSequence, arrival);
+  for (MaskIndex& m : indices_) drop(m.index, t & m.mask, arrival);
   waiting_.erase(it);
 }
 
@@ -102,10 +117,7 @@ void TagMatcher::arrive(Delivered message) {
   const uint64_t maskedOrder = masked != masked_.end() ? masked->order : UINT64_MAX;
   if (exactOrder == UINT64_MAX && maskedOrder == UINT64_MAX) {
     const uint64_t arrival = arrivals_++;
-    byTag_[message.tag].push_back(arrival);
-    byAnySource_[message.tag & tag::kAnySource].push_back(arrival);
-    byGroupSlot_[message.tag & tag::kGroupAndSlot].push_back(arrival);
-    byGroupSequence_[message.tag & tag::kGroupAndSequence].push_back(arrival);
+    for (MaskIndex& m : indices_) m.index[message.tag & m.mask].push_back(arrival);
     waiting_.emplace(arrival, std::move(message));
     return;
   }

@@ -6,7 +6,8 @@
 // Indexed, so that thousands of messages waiting (an all_to_all of a thousand simulated ranks
 // posts a thousand receives a rank) cost a lookup each, not a scan: posted receives by their
 // exact tag (the masked ones, a few, in a list), messages waiting by their tag under each mask
-// the engine uses (exact, any source, group and slot, group and sequence); others are scanned.
+// the engine uses (exact, any source, group and slot, group and sequence, and these of a wide
+// group's once one asks: base/tag.h); others are scanned.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,8 @@ struct Delivered {
 
 class TagMatcher {
  public:
+  using Index = std::unordered_map<uint64_t, Fifo<uint64_t>>;  // arrivals by masked tag
+  TagMatcher();
   // Matches with the oldest unexpected message, or posts the receive.
   void recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Request* req);
   // Matches with the oldest unexpected message; false (nothing posted) when none matches.
@@ -56,6 +59,8 @@ class TagMatcher {
   // The oldest waiting message under `mask` matching `tag` (waiting_.end(): none).
   std::map<uint64_t, Delivered>::iterator findWaiting(uint64_t tag, uint64_t mask);
   void take(std::map<uint64_t, Delivered>::iterator it);
+  // The index of waiting messages under `mask`, if it is one kept (null: scan).
+  Index* indexFor(uint64_t mask);
   // Posted receives: exact tags by tag (in post order), masked ones in post order.
   std::unordered_map<uint64_t, Fifo<Posted>> exact_;
   std::unordered_map<Request*, uint64_t> exactTag_;  // the tag each exact receive waits under
@@ -66,7 +71,11 @@ class TagMatcher {
   // (entries of messages taken another way are dropped when met).
   std::map<uint64_t, Delivered> waiting_;
   uint64_t arrivals_ = 0;
-  std::unordered_map<uint64_t, Fifo<uint64_t>> byTag_, byAnySource_, byGroupSlot_, byGroupSequence_;
+  struct MaskIndex {
+    uint64_t mask;
+    Index index;
+  };
+  std::vector<MaskIndex> indices_;  // exact, any source, group and slot, group and sequence; wide
 };
 
 }  // namespace ddl
