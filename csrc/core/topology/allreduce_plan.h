@@ -82,6 +82,8 @@ struct AllreducePlan {
   int waves = 1;
   std::vector<Lane> lanes;              // kMultiDim only
   std::vector<std::vector<int>> hosts;  // kLeaders: each host's ranks, its leader first
+  std::vector<int> hostOf;              // kLeaders: each rank's index in `hosts`
+  std::vector<int> leaders;             // kLeaders: each host's leader, in hosts' order
   // kMultiDim: the rings of the host level (dimension 0) run over shared-memory slots
   // (algorithms/slot_link.h) where their ranks can map each other's windows and the buffer is in
   // host memory; over messages otherwise.

@@ -43,6 +43,11 @@ AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
 AllreducePlan leadersPlan(const Topology& t, size_t count, size_t elementSize) {
   AllreducePlan plan = simplePlan(AllreduceAlgorithm::kLeaders, count, elementSize);
   plan.hosts = t.members(0);
+  plan.hostOf.assign(static_cast<size_t>(t.size), -1);
+  for (size_t h = 0; h < plan.hosts.size(); ++h) {
+    plan.leaders.push_back(plan.hosts[h].front());
+    for (int r : plan.hosts[h]) plan.hostOf[static_cast<size_t>(r)] = static_cast<int>(h);
+  }
   return plan;
 }
 
