@@ -16,6 +16,7 @@
 
 #include "../../csrc/core/base/config.h"
 #include "../../csrc/core/group/communicator.h"
+#include "../../csrc/core/group/notice.h"
 #include "../../csrc/core/transport/loopback/loopback.h"
 
 namespace ddl::test {
@@ -160,6 +161,22 @@ inline double allreduceOnes(Communicator& comm) {
   std::vector<double> v(257, 1.0);
   check(comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum));
   return v.back();
+}
+
+// News from `from` that `gone` are gone, each counted gone by its witness, and it through the wire.
+inline Notice newsOf(int from, std::vector<int> gone, std::vector<int> witnesses,
+                     std::string text) {
+  Notice n;
+  n.type = Notice::Type::kNews;
+  n.from = from;
+  n.gone = std::move(gone);
+  n.witnesses = std::move(witnesses);
+  n.text = std::move(text);
+  return n;
+}
+inline std::optional<Notice> throughTheWire(const Notice& n) {
+  const std::string bytes = n.encode();
+  return Notice::decode(bytes.data(), bytes.size());
 }
 
 // Sends `bytes` as they are to `peer` under `slot`: a rank that speaks wrong bytes.

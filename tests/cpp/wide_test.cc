@@ -97,14 +97,10 @@ TEST(Wide, ADerivedWideGroupAgreesOnAWholeBlockFreeOnEveryRank) {
 }
 
 TEST(Wide, NoticesNameRanksAboveTwoToTheSixteen) {
-  Notice notice;
-  notice.type = Notice::Type::kNews;
-  notice.from = 3;
-  notice.gone = {5, 70000, 70001, 70002, 1048575};
-  notice.witnesses = {3, 99999, 99999, 3, 65536};
-  notice.text = "a host is gone";
+  Notice notice =
+      newsOf(3, {5, 70000, 70001, 70002, 1048575}, {3, 99999, 99999, 3, 65536}, "a host is gone");
   const std::string bytes = notice.encode();
-  std::optional<Notice> back = Notice::decode(bytes.data(), bytes.size());
+  std::optional<Notice> back = throughTheWire(notice);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->gone, notice.gone);
   EXPECT_EQ(back->witnesses, notice.witnesses);

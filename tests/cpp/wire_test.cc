@@ -266,14 +266,9 @@ TEST(Wire, NoticesBoundTheRanksTheyName) {
 // runs of witnesses after the ranges, the sender's own left out; too many to fit leave their
 // ranks to the sender, and runs that name more ranks than the news, or none, are refused.
 TEST(Wire, NewsNamesWhoCountedEachRankGone) {
-  Notice n;
-  n.type = Notice::Type::kNews;
-  n.from = 7;
-  n.gone = {2, 3, 4, 9, 10};
-  n.witnesses = {11, 11, 7, 12, 7};
-  n.text = "rank 2 is gone: it sent no heartbeat";
-  const std::string bytes = n.encode();
-  std::optional<Notice> back = Notice::decode(bytes.data(), bytes.size());
+  Notice n =
+      newsOf(7, {2, 3, 4, 9, 10}, {11, 11, 7, 12, 7}, "rank 2 is gone: it sent no heartbeat");
+  std::optional<Notice> back = throughTheWire(n);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->gone, n.gone);
   EXPECT_EQ(back->witnesses, (std::vector<int>{11, 11, 7, 12}));  // the last: the sender
