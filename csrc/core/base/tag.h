@@ -177,5 +177,8 @@ inline constexpr uint32_t kHeartbeatStep = kProbeStep + kProbeSteps;
 // them).
 inline constexpr uint32_t kSizesStep = kHeartbeatStep + 1;
 inline constexpr uint32_t kSizesSteps = 32;  // rounds: ceil(log2 P) <= 32
+// Creation's last round up and down its tree (group/creation.cc), under sequence 0: no rank's
+// creation ends before every rank has looked up the peers it meets.
+inline constexpr uint32_t kReadyStep = kSizesStep + kSizesSteps;
 
 }  // namespace ddl::tag

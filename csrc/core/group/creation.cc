@@ -10,6 +10,30 @@
 namespace ddl {
 namespace {
 
+// A round up the creation tree and back down. The store serves the ranks' lookups one at a
+// time: a rank whose creation ended at its own lookup's answer began watching its peers
+// (heartbeats) while those queued behind it were still waiting, and counted one gone once that
+// wait passed 2 s (4 096 ranks with a store of 700 us an answer; 69 632 at the measured 31 us).
+Task everyoneLookedUp(Op& op) {
+  const uint64_t slot = tag::slot(tag::kControlPhase, tag::kReadyStep);
+  const int up = bootstrapParent(op.rank());
+  const std::vector<int> children = bootstrapChildren(op.rank(), op.size());
+  char token = 0;
+  std::vector<char> tokens(children.size());
+  std::vector<Request*> requests;
+  for (size_t i = 0; i < children.size(); ++i) {
+    requests.push_back(op.recv(children[i], slot, &tokens[i], 1));
+  }
+  co_await op.all(requests);
+  if (up >= 0) {
+    co_await op.all(op.send(up, slot, &token, 1));
+    co_await op.all(op.recv(up, slot, &token, 1));
+  }
+  requests.clear();
+  for (int child : children) requests.push_back(op.send(child, slot, &token, 1));
+  co_await op.all(requests);
+}
+
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine,
@@ -24,6 +48,7 @@ Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard 
   // The peers this rank's rings and rounds meet that creation did not tell it of, in one
   // request to the store (bootstrap.h).
   if (group->size > 1) group->directory->prefetch(ringPartners(out->topology, group->rank));
+  co_await everyoneLookedUp(op);
   out->links = parseLinks(links);
   out->links.segmentBytes = static_cast<double>(engine->config().segmentBytes);
   // Measured on the machine found only: a topology given instead has no links to measure.
