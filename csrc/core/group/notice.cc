@@ -93,13 +93,18 @@ std::vector<uint32_t> take(const char* at, size_t count) {
   return values;
 }
 
+// Whether `notice` needs the entries of four bytes.
+bool wideForm(const Notice& notice) {
+  auto past = [](int r) { return r > 0xffff; };
+  return std::any_of(notice.gone.begin(), notice.gone.end(), past) ||
+         std::any_of(notice.witnesses.begin(), notice.witnesses.end(), past) ||
+         notice.gone.size() > 0xffff;
+}
+
 }  // namespace
 
 std::string Notice::encode() const {
-  const bool wide =
-      std::any_of(gone.begin(), gone.end(), [](int r) { return r > 0xffff; }) ||
-      std::any_of(witnesses.begin(), witnesses.end(), [](int r) { return r > 0xffff; }) ||
-      gone.size() > 0xffff;
+  const bool wide = wideForm(*this);
   const size_t entryBytes = wide ? sizeof(uint32_t) : sizeof(uint16_t);
   NoticeHeader header{wide ? kWideNoticeMagic : kNoticeMagic,
                       sequence,
@@ -121,6 +126,32 @@ std::string Notice::encode() const {
   }
   if (bytes.size() < kMaxBytes) bytes += text.substr(0, kMaxBytes - bytes.size());
   return bytes;
+}
+
+std::vector<std::string> Notice::encodePieces() const {
+  const size_t most = maxRanges(wideForm(*this) ? sizeof(uint32_t) : sizeof(uint16_t));
+  auto witnessOf = [&](size_t i) { return i < witnesses.size() ? witnesses[i] : from; };
+  std::vector<std::string> pieces;
+  size_t begin = 0;
+  do {
+    // The longest stretch from `begin` whose ranges and witness runs fit one notice (every run
+    // counted, the sender's too: encode() leaves out those at the end).
+    size_t end = begin, pairs = 0;
+    for (; end < gone.size(); ++end) {
+      const bool range = end == begin || gone[end] != gone[end - 1] + 1;
+      const bool run = end == begin || witnessOf(end) != witnessOf(end - 1);
+      if (pairs + range + run > most) break;
+      pairs += range + run;
+    }
+    if (begin == 0 && end == gone.size()) return {encode()};
+    Notice piece = *this;
+    piece.gone.assign(gone.begin() + begin, gone.begin() + end);
+    piece.witnesses.clear();
+    for (size_t i = begin; i < end; ++i) piece.witnesses.push_back(witnessOf(i));
+    pieces.push_back(piece.encode());
+    begin = end;
+  } while (begin < gone.size());
+  return pieces;
 }
 
 std::optional<Notice> Notice::decode(const char* data, size_t bytes) {

@@ -360,7 +360,6 @@ void Notices::floodNews(GroupNotices& control, const Group& group) {
   notice.gone = group.state->gone();
   notice.witnesses = group.state->witnesses(group.rank);
   notice.text = control.newsWhy;
-  const std::string bytes = notice.encode();
   // To the nearest rank not known gone at distance 2^k or more, each way: the survivors stay
   // linked whatever block of relays died (a dead host's ring neighbours skip past it).
   const int n = group.size;
@@ -376,7 +375,8 @@ void Notices::floodNews(GroupNotices& control, const Group& group) {
     }
   }
   to.erase(group.rank);
-  for (int r : to) sendNoticeTo(control, notice, bytes, r);
+  for (const std::string& bytes : notice.encodePieces())  // all it knows, in as many as it takes
+    for (int r : to) sendNoticeTo(control, notice, bytes, r);
 }
 
 void Notices::tellGone(GroupNotices& control, int rank) {
