@@ -1,6 +1,7 @@
 #include "notice.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "../base/tag.h"
@@ -152,6 +153,19 @@ std::vector<std::string> Notice::encodePieces() const {
     begin = end;
   } while (begin < gone.size());
   return pieces;
+}
+
+std::string newsWords(int r, int witness, int from, const std::string& text) {
+  const std::string subject = "rank " + std::to_string(r) + " is gone";
+  const bool about = text.compare(0, subject.size(), subject) == 0 &&
+                     (text.size() == subject.size() ||
+                      !std::isdigit(static_cast<unsigned char>(text[subject.size()])));
+  if (witness == from && about) return "rank " + std::to_string(from) + " reports: " + text;
+  std::string words = "rank " + std::to_string(witness) + " counts it gone";
+  if (witness != from) {
+    words += " (news from rank " + std::to_string(from) + (about ? ": " + text : "") + ")";
+  }
+  return words;
 }
 
 std::optional<Notice> Notice::decode(const char* data, size_t bytes) {

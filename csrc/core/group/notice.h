@@ -48,4 +48,8 @@ struct Notice {
   static std::optional<Notice> decode(const char* data, size_t bytes);
 };
 
+// Why rank `r` is gone, as news from rank `from` tells: the witness's words where they are about
+// r (a notice's words, `text`, are those of the first rank its sender told of).
+std::string newsWords(int r, int witness, int from, const std::string& text);
+
 }  // namespace ddl

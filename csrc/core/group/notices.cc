@@ -1,7 +1,6 @@
 #include "notices.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -293,25 +292,6 @@ void Notices::applyNotice(GroupNotices& control, const Notice& notice) {
   }
 }
 
-namespace {
-
-// Why rank r is gone, as news from rank `from` tells: the witness's words where they are about r
-// (a notice's words are those of the first rank its sender told of).
-std::string goneWords(int r, int witness, int from, const std::string& text) {
-  const std::string subject = "rank " + std::to_string(r) + " is gone";
-  const bool about = text.compare(0, subject.size(), subject) == 0 &&
-                     (text.size() == subject.size() ||
-                      !std::isdigit(static_cast<unsigned char>(text[subject.size()])));
-  if (witness == from && about) return "rank " + std::to_string(from) + " reports: " + text;
-  std::string words = "rank " + std::to_string(witness) + " counts it gone";
-  if (witness != from) {
-    words += " (news from rank " + std::to_string(from) + (about ? ": " + text : "") + ")";
-  }
-  return words;
-}
-
-}  // namespace
-
 void Notices::applyNews(GroupNotices& control, const Notice& notice) {
   const Group& group = *control.group;
   // From a rank counted gone here: it stalled and came back, or speaks from the other side of
@@ -338,7 +318,7 @@ void Notices::applyNews(GroupNotices& control, const Notice& notice) {
     // been cut off from a rank this one still hears).
     int witness = i < notice.witnesses.size() ? notice.witnesses[i] : notice.from;
     if (witness < 0 || witness >= group.size || witness == group.rank) witness = notice.from;
-    const std::string why = goneWords(r, witness, notice.from, notice.text);
+    const std::string why = newsWords(r, witness, notice.from, notice.text);
     noteGone(control, r, why, notice.text, witness);
     // The process is counted gone for every group that knows it; this group counts the rank
     // gone whether or not this rank knows where it was.
