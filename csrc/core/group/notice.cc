@@ -131,28 +131,40 @@ std::string Notice::encode() const {
 
 std::vector<std::string> Notice::encodePieces() const {
   const size_t most = maxRanges(wideForm(*this) ? sizeof(uint32_t) : sizeof(uint16_t));
-  auto witnessOf = [&](size_t i) { return i < witnesses.size() ? witnesses[i] : from; };
   std::vector<std::string> pieces;
   size_t begin = 0;
   do {
-    // The longest stretch from `begin` whose ranges and witness runs fit one notice (every run
-    // counted, the sender's too: encode() leaves out those at the end).
-    size_t end = begin, pairs = 0;
+    // The longest stretch from `begin` whose ranges fit one notice (its witness runs fill what
+    // room is left, as encode() does).
+    size_t end = begin, ranges = 0;
     for (; end < gone.size(); ++end) {
       const bool range = end == begin || gone[end] != gone[end - 1] + 1;
-      const bool run = end == begin || witnessOf(end) != witnessOf(end - 1);
-      if (pairs + range + run > most) break;
-      pairs += range + run;
+      if (ranges + range > most) break;
+      ranges += range;
     }
     if (begin == 0 && end == gone.size()) return {encode()};
     Notice piece = *this;
     piece.gone.assign(gone.begin() + begin, gone.begin() + end);
     piece.witnesses.clear();
-    for (size_t i = begin; i < end; ++i) piece.witnesses.push_back(witnessOf(i));
+    for (size_t i = begin; i < end && i < witnesses.size(); ++i) {
+      piece.witnesses.push_back(witnesses[i]);
+    }
     pieces.push_back(piece.encode());
     begin = end;
   } while (begin < gone.size());
   return pieces;
+}
+
+Notice Notice::without(const std::vector<int>& known) const {
+  Notice rest = *this;
+  rest.gone.clear();
+  rest.witnesses.clear();
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (std::binary_search(known.begin(), known.end(), gone[i])) continue;
+    rest.gone.push_back(gone[i]);
+    rest.witnesses.push_back(i < witnesses.size() ? witnesses[i] : from);
+  }
+  return rest;
 }
 
 std::string newsWords(int r, int witness, int from, const std::string& text) {

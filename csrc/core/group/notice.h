@@ -40,11 +40,13 @@ struct Notice {
   std::string text;
 
   std::string encode() const;  // at most kMaxBytes (the text is cut to fit)
-  // The notice as messages of at most kMaxBytes that together carry every gone rank and its
-  // witness: encode()'s one where they fit, else several, each a notice of its own with a stretch
-  // of them and the text (ranks gone in more places than one holds: a partition that takes every
-  // other rank).
+  // The notice as messages of at most kMaxBytes that together carry every gone rank: encode()'s
+  // one where its ranges fit, else several, each a notice of its own with a stretch of them, their
+  // witnesses as room allows, and the text (ranks gone in more places than one holds: a partition
+  // that takes every other rank).
   std::vector<std::string> encodePieces() const;
+  // The notice with only the gone ranks not in `known` (ascending), and their witnesses.
+  Notice without(const std::vector<int>& known) const;
   static std::optional<Notice> decode(const char* data, size_t bytes);
 };
 

@@ -355,8 +355,17 @@ void Notices::floodNews(GroupNotices& control, const Group& group) {
     }
   }
   to.erase(group.rank);
-  for (const std::string& bytes : notice.encodePieces())  // all it knows, in as many as it takes
-    for (int r : to) sendNoticeTo(control, notice, bytes, r);
+  // All it knows to a rank it floods to first, what is new to the others, in as many notices as
+  // it takes.
+  const std::vector<std::string> all = notice.encodePieces();
+  const Notice fresh = notice.without(control.flooded);
+  const std::vector<std::string> news =
+      fresh.gone.empty() ? std::vector<std::string>{} : fresh.encodePieces();
+  control.flooded = notice.gone;
+  for (int r : to) {
+    for (const std::string& bytes : control.floodedTo.insert(r).second ? all : news)
+      sendNoticeTo(control, notice, bytes, r);
+  }
 }
 
 void Notices::tellGone(GroupNotices& control, int rank) {

@@ -90,6 +90,10 @@ struct GroupNotices {
   std::set<int> newsOf;  // ranks whose loss this group has taken in (failed, news to spread)
   TimePoint lastFlood = TimePoint::min();
   std::string newsWhy;
+  // What this rank flooded (ascending), and to whom: a rank it flooded to before is sent only
+  // what is new since, one it floods to first all it knows.
+  std::vector<int> flooded;
+  std::set<int> floodedTo;
   // Ops another rank reported timed out (its notice went to every rank: this rank's own timeout
   // of the same op adds nothing), and ranks counted gone here that spoke since (told so, once a
   // second at most).
@@ -152,12 +156,13 @@ class Notices : public Runtime::Supervisor {
   // is due. `witness`: the rank that counted it gone itself, where news told of it (-1: this one).
   void noteGone(GroupNotices& control, int r, const std::string& why, const std::string& heard,
                 int witness = -1);
-  // News: a rank that learns ranks are gone sends all it knows gone to its successors at
-  // distances 1, 2, 4, ... (not to ranks gone), and passes news on when what it knows grew.
-  // Every rank hears from log2(P) predecessors, so dead relays (a whole host, a rack) cut no
-  // one off, where a tree's dead relay cuts off its subtree. A rank floods at most once per
-  // kNewsPeriod (what grows meanwhile goes with the next): P log2(P) messages a flood, and a
-  // few floods per rank however many ranks die at once.
+  // News: a rank that learns ranks are gone sends what it knows gone to its successors at
+  // distances 1, 2, 4, ... (not to ranks gone), and passes news on when what it knows grew: all
+  // of it to a rank it sends news to first, what is new since its last flood to the others (so
+  // every rank it sends to has heard all it knows). Every rank hears from log2(P) predecessors,
+  // so dead relays (a whole host, a rack) cut no one off, where a tree's dead relay cuts off its
+  // subtree. A rank floods at most once per kNewsPeriod (what grows meanwhile goes with the
+  // next): P log2(P) messages a flood, and a few floods per rank however many ranks die at once.
   static constexpr std::chrono::milliseconds kNewsPeriod{50};
   void floodPendingNews();
   void floodNews(GroupNotices& control, const Group& group);  // the group held alive
