@@ -135,17 +135,15 @@ inline constexpr uint64_t wideMask(int wide) {
 // The masks above for a group with `wide` bits (tag::wideBits): its ids' block matches.
 inline constexpr uint64_t anySource(int wide) { return kAnySource & ~wideMask(wide); }
 inline constexpr uint64_t groupAndSlot(int wide) { return kGroupAndSlot & ~wideMask(wide); }
-inline constexpr uint64_t groupAndSequence(int wide) {
-  return kGroupAndSequence & ~wideMask(wide);
-}
+inline constexpr uint64_t groupAndSequence(int wide) { return kGroupAndSequence & ~wideMask(wide); }
 
 // A group holds up to 2^20 ranks: the source field and kWideBits more. A flat ring of P ranks
 // takes 2(P-1) steps, more than a step field holds above 8 192 ranks: its steps wrap (tag::slot
-// keeps the low kStepBits), so steps s and s + kMaxSteps share a slot. They cannot mix: a ring position sends
-// its steps in order to one peer, which posts its receives in order and at most 64 steps ahead
-// of the first not wholly arrived (ring_pipeline.cc), and messages of one slot between one pair
-// match in send order. Rings that share a rank within a lane (multidim and block plans) still
-// take ranges of steps apart that fit the field (plan_check.cc).
+// keeps the low kStepBits), so steps s and s + kMaxSteps share a slot. They cannot mix: a ring
+// position sends its steps in order to one peer, which posts its receives in order and at most 64
+// steps ahead of the first not wholly arrived (ring_pipeline.cc), and messages of one slot
+// between one pair match in send order. Rings that share a rank within a lane (multidim and block
+// plans) still take ranges of steps apart that fit the field (plan_check.cc).
 inline constexpr uint32_t kMaxRanks = uint32_t{1} << (kSourceBits + kWideBits);
 inline constexpr uint32_t kMaxGroups = uint32_t{1} << kGroupBits;
 // Ids a group may hold: all but the last, which carries the agreements that make a group out of
