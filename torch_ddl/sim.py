@@ -203,7 +203,8 @@ def main(argv=None):
                    help="replay one scenario of a campaign by its seed (hex)")
     p.add_argument("--shrink", action="store_true",
                    help="after --kill, the survivors shrink the group (each excluding the ranks "
-                        "it knows are gone) and run 20 collectives of mixed kinds on it")
+                        "it knows are gone) and run 20 collectives of mixed kinds on it, each "
+                        "with payload while it comes to at most --payload-limit")
     p.add_argument("--timeout-ms", type=int, default=60000, help="the group's timeout")
     p.add_argument("--status-at", type=parse_time, default=None, metavar="T",
                    help="print every rank as python -m torch_ddl.status sees a job, at virtual "
@@ -246,6 +247,8 @@ def main(argv=None):
         faults.update(slow_host=args.slow_link[0], slow_host_factor=args.slow_link[1])
     if args.status_at is not None:
         faults.update(status_at_us=args.status_at)
+    if args.payload == "auto":
+        faults.update(payload_limit=args.payload_limit)  # the shrink's collectives, one by one
     try:
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
@@ -290,7 +293,8 @@ def main(argv=None):
         if r["shrink_error"]:
             print(f"shrink: {r['shrink_error']}")
         print(f"SHRINK groups={r['shrink_groups']} members={r['shrink_members']} "
-              f"took_us={r['shrink_us']:.1f} ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']}")
+              f"took_us={r['shrink_us']:.1f} ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']} "
+              f"checked={r['shrink_ops_checked']}")
         failed = r["shrink_groups"] != 1 or r["shrink_ops_ok"] != r["shrink_ops"]
     if args.status_at is not None:
         if r["status"]:

@@ -67,6 +67,7 @@ SimRequest simRequestOf(const py::dict& a) {
   q.seed = a["seed"].cast<uint64_t>();
   q.killRanks = a["kill_ranks"].cast<std::vector<int>>();
   q.shrink = a.contains("shrink") && a["shrink"].cast<bool>();
+  if (a.contains("payload_limit")) q.payloadLimit = a["payload_limit"].cast<uint64_t>();
   q.killFraction = a["kill_fraction"].cast<double>();
   if (a.contains("partition_ranks")) {
     q.partitionRanks = a["partition_ranks"].cast<std::vector<int>>();
@@ -130,6 +131,7 @@ py::dict simReportDict(const SimReport& r) {
   out["shrink_members"] = r.shrinkMembers;
   out["shrink_us"] = r.shrinkMicros;
   out["shrink_ops_ok"] = r.shrinkOpsOk;
+  out["shrink_ops_checked"] = r.shrinkOpsChecked;
   out["shrink_ops"] = SimRequest::kShrinkOps;
   out["shrink_error"] = r.shrinkError;
   out["shrink_attempts"] = r.shrinkAttempts;

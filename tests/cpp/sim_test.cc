@@ -503,6 +503,25 @@ TEST(Sim, APartitionOfEveryOtherRankIsNamedWholeAndTheHalfWithRankZeroGoesOn) {
   EXPECT_EQ(r.shrinkOpsOk, SimRequest::kShrinkOps) << r.shrinkError;
 }
 
+// The collectives after a shrink carry payload each while it comes to at most the request's
+// limit, and run the same without it: the same messages at the same virtual times. Of the 20, 10
+// hold a block per rank (63 x 63 x 31 floats) and one is an allreduce of the request's 1 MiB;
+// the limit lets the other 9 through.
+TEST(Sim, TheCollectivesAfterAShrinkCarryPayloadUpToTheLimitAndTakeTheSameTimeWithout) {
+  SimRequest q = request(64, 4, 0, 1 << 20);
+  q.killRanks = {5};
+  q.shrink = true;
+  const SimReport all = simulate(q);
+  q.payloadLimit = 63 * 1031 * sizeof(float);
+  const SimReport some = simulate(q);
+  EXPECT_EQ(all.shrinkOpsOk, SimRequest::kShrinkOps) << all.shrinkError;
+  EXPECT_EQ(all.shrinkOpsChecked, SimRequest::kShrinkOps);
+  EXPECT_EQ(some.shrinkOpsOk, SimRequest::kShrinkOps) << some.shrinkError;
+  EXPECT_EQ(some.shrinkOpsChecked, 9);
+  EXPECT_EQ(some.digest, all.digest);
+  EXPECT_EQ(some.messages, all.messages);
+}
+
 TEST(Sim, AGroupIdStillHeldIsRefusedOnEveryRank) {
   LoopbackFabric fabric;
   std::vector<std::unique_ptr<Engine>> engines;

@@ -41,6 +41,12 @@ std::string SimCall::describe() const {
   return s;
 }
 
+uint64_t SimCall::payloadBytes(int size) const {
+  const uint64_t n = static_cast<uint64_t>(size);
+  const bool blocks = inputPerBlock(collective) || outputPerBlock(collective);
+  return n * count * sizeof(float) * (blocks ? n : 1);
+}
+
 SimCallBuffers::SimCallBuffers(const SimCall& call, int size, bool payload)
     : call_(call), size_(size), payload_(payload) {
   if (!payload_) return;

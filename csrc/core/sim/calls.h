@@ -21,6 +21,9 @@ struct SimCall {
   uint64_t seed = 1;
   DataType type = DataType::kFloat32;  // what the call says (the bytes are float32's)
   std::string describe() const;        // "allreduce of 1024 floats"
+  // The bytes payload holds for it in a group of `size`: every rank's input (or output, the
+  // larger), size x count floats, times size where a rank's input or output is a block per rank.
+  uint64_t payloadBytes(int size) const;
 };
 
 // The collectives SimCall knows.

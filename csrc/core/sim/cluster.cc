@@ -151,6 +151,11 @@ SimCluster::~SimCluster() {
 
 uint64_t SimCluster::storeRequests() const { return store_->requests(); }
 
+void SimCluster::carryPayload(bool on) {
+  network_->carryPayload(on);
+  memory_->carryPayload(on);
+}
+
 int SimCluster::maxEndpoints() const {
   int most = 0;
   for (int r = 0; r < size(); ++r) most = std::max(most, network_->endpoints(r));

@@ -52,6 +52,9 @@ class SimCluster {
 
   int size() const { return network_->size(); }
   SimNetwork& network() { return *network_; }
+  // Whether the ops started from now on carry their bytes (ClusterSpec::payload); none may be
+  // in flight.
+  void carryPayload(bool on);
   const SimNetworkSpec& layout() const { return network_->spec(); }
   // The levels' figures the planner and the network use.
   const LinkCosts& links() const { return links_; }

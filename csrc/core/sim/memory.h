@@ -20,6 +20,8 @@ class SimMemory : public Memory {
   void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override;
   void average(DataType type, void* buf, size_t count, size_t divisor) override;
   bool holdsBytes() const override { return payload_; }
+  // Payload on or off from now on (between ops: what an op allocated keeps its kind).
+  void carryPayload(bool on) { payload_ = on; }
 
   // The start of an address range of `bytes` that nothing may read or write (payload off).
   static char* placeholder(size_t bytes);

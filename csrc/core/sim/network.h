@@ -229,6 +229,7 @@ class SimNetwork {
   ~SimNetwork();
   int size() const { return static_cast<int>(spec_.hostOf.size()); }
   bool payload() const { return spec_.payload; }
+  void carryPayload(bool on) { spec_.payload = on; }
   const SimNetworkSpec& spec() const { return spec_; }
 
   // The transport of `rank` (the network keeps a pointer; it must outlive nothing here).

@@ -33,7 +33,7 @@ SimCall requestedCall(const SimRequest& request) {
 }
 
 // The collectives after a shrink: every kind, roots that move, sizes from a few floats to the
-// request's own.
+// request's own (the all_to_all a send/recv ring in a group past kShrinkAlltoallMembers).
 std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
   const std::vector<std::string> kinds = {"allreduce", "broadcast",      "allgather", "barrier",
                                           "reduce",    "reduce_scatter", "gather",    "scatter",
@@ -48,6 +48,9 @@ std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
                         call.collective == "gather" || call.collective == "scatter" ||
                         call.collective == "alltoall";
     call.count = blocks ? 31 : i == 9 ? request.bytes / sizeof(float) : 1031;
+    if (call.collective == "alltoall" && members > SimRequest::kShrinkAlltoallMembers) {
+      call.collective = "sendrecv";
+    }
     calls.push_back(call);
   }
   return calls;
@@ -79,7 +82,10 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
     return;
   }
   for (const SimCall& call : afterShrink(request, report->shrinkMembers)) {
-    SimCallBuffers buffers(call, report->shrinkMembers, request.cluster.payload);
+    const bool carried =
+        request.cluster.payload && call.payloadBytes(report->shrinkMembers) <= request.payloadLimit;
+    cluster.carryPayload(carried);
+    SimCallBuffers buffers(call, report->shrinkMembers, carried);
     SimCluster::Outcome outcome = cluster.run(
         members,
         [&](int, Communicator& comm, CallOptions options) { return buffers.start(comm, options); },
@@ -96,7 +102,9 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
     }
     if (!outcome.finished) fail(call.describe() + " did not end");
     if (right) ++report->shrinkOpsOk;
+    if (right && carried) ++report->shrinkOpsChecked;
   }
+  cluster.carryPayload(request.cluster.payload);
 }
 
 // The slow rank and link of the request (they are part of the machine, in every run).

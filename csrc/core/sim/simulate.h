@@ -47,6 +47,12 @@ struct SimRequest {
   // and run kShrinkOps collectives of mixed kinds on the group they formed.
   bool shrink = false;
   static constexpr int kShrinkOps = 20;
+  // Each of them carries payload (where the cluster does) while its inputs or outputs come to at
+  // most this many bytes in all (SimCall::payloadBytes); past it, it runs and ends without it.
+  uint64_t payloadLimit = UINT64_MAX;
+  // An all_to_all holds a block of every peer on every rank: P^2 in one process, whatever the
+  // payload. Past this many members the shrunk group's all_to_all is a send/recv ring instead.
+  static constexpr int kShrinkAlltoallMembers = 8192;
   static constexpr int kShrinkAttempts = SimCluster::Shrink::kAttempts;
   // Every survivor should know every killed rank within this much virtual time of the kill:
   // the heartbeat's timeout (the default, 2 s) and a second for the news.
@@ -91,6 +97,7 @@ struct SimReport {
   int shrinkMembers = 0;
   double shrinkMicros = 0;
   int shrinkOpsOk = 0;
+  int shrinkOpsChecked = 0;  // of those, the ones that carried payload and had it checked
   int shrinkAttempts = 0;
   std::string shrinkError;  // the first failure of the shrink or of a collective after it
   // Survivors whose op ended well (the dead rank's part had reached them): they are counted by
