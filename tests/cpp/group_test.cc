@@ -4,6 +4,9 @@
 
 #include <cstring>
 
+#include "../../csrc/core/base/tag.h"
+#include "../../csrc/core/base/wire.h"
+#include "../../csrc/core/runtime/liveness.h"
 #include "harness.h"
 #include "values.h"
 
@@ -310,6 +313,61 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   // A set's order: by host, then handle, the same whatever order it came in.
   std::vector<std::string> shuffled = {handles[2], handles[0], handles[3], handles[1]};
   EXPECT_EQ(Derivation::orderHandles(shuffled), Derivation::orderHandles(handles));
+}
+
+// A handle as Derivation::handle writes one, of a process on host `host` that is not there.
+std::string absentHandle(int host) {
+  Writer w;
+  w.text("absent-" + std::to_string(host));
+  ProcessIdentity identity;
+  identity.bootId = "absent";
+  identity.pid = host + 1;
+  w.text(identity.encode());
+  Locality where;
+  where.hostName = "absent-" + std::to_string(host);
+  where.machineKey = "absent";
+  w.text(where.encode());
+  std::string hex = "ddl1:";
+  for (unsigned char c : w.take()) {
+    hex += "0123456789abcdef"[c >> 4];
+    hex += "0123456789abcdef"[c & 15];
+  }
+  return hex;
+}
+
+// A reconfigure into a group past 65 536 ranks agrees under the top group ids besides the
+// agreements' own (base/tag.h). A process whose group holds one of them is refused at once,
+// before a message: the agreement's messages would have met that group's. Before, it went on
+// (and, its 65 536 peers absent here, failed only at its timeout).
+TEST(Reconfigure, IntoAWideGroupIsRefusedWhereAGroupHoldsAnIdItsAgreementCarries) {
+  LoopbackFabric fabric;
+  Engine engine(fabric.join());
+  std::vector<std::string> handles = {Derivation::handle(engine)};
+  for (int host = 0; host < 65536; ++host) handles.push_back(absentHandle(host));
+  const uint32_t carried = tag::kAgreementGroup - 1;  // a group of 65 537 ranks: one wide bit
+  ASSERT_TRUE(engine.claimGroupId(carried));
+  const auto began = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    (void)Communicator::reconfigure(engine, handles, 5, std::chrono::milliseconds(1500));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("holds group id " + std::to_string(carried)), std::string::npos) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::milliseconds(1500));
+  // A process that holds none of them goes on to the agreement (which, its peers absent, ends
+  // at its timeout); once it has ended, a group may take the ids again.
+  Engine other(fabric.join());
+  handles[0] = Derivation::handle(other);
+  error.clear();
+  try {
+    (void)Communicator::reconfigure(other, handles, 5, std::chrono::milliseconds(300));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error.find("holds group id"), std::string::npos) << error;
+  EXPECT_FALSE(error.empty());
+  EXPECT_TRUE(other.claimGroupId(carried));
 }
 
 }  // namespace

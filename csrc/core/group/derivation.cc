@@ -106,6 +106,26 @@ std::vector<int> ranksToTell(int rank, int n, const std::vector<int>& members,
   return mine;
 }
 
+// Past 65 536 ranks a reconfigure's agreement carries the top group ids besides the agreements'
+// own (base/tag.h): held until it ends, and refused while a group of this process holds one.
+std::shared_ptr<void> holdAgreementIds(Engine& engine, int n) {
+  const int wide = tag::wideBits(n);
+  if (wide == 0) return nullptr;
+  uint32_t taken = 0;
+  if (!engine.holdAgreementIds(wide, &taken)) {
+    throw Error("ddl: reconfigure: the agreement of a group of " + std::to_string(n) +
+                    " ranks carries group ids from " +
+                    std::to_string(tag::kAgreementGroup + 1 - (1u << wide)) +
+                    " up, and this process holds group id " + std::to_string(taken) +
+                    " (a live group's, or one destroyed less than " +
+                    std::to_string(GroupNotices::kGraveLife.count()) +
+                    " s ago): destroy that group and wait",
+                StatusKind::kInvalidArgument);
+  }
+  Engine* held = &engine;
+  return std::shared_ptr<void>(nullptr, [held, wide](void*) { held->releaseAgreementIds(wide); });
+}
+
 }  // namespace
 
 std::vector<std::string> Derivation::orderHandles(std::vector<std::string> handles) {
@@ -409,6 +429,7 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   const Config& settings = engine.config();
   GroupDirectory directory = directoryFrom(cards, *sharedRackMap(settings.topology), 0);
   if (!directory.error.ok()) throw Error(directory.error);
+  std::shared_ptr<void> agreementIds = holdAgreementIds(engine, n);
   // The members agree on what they were given and on an id, as a derived group's do, under a
   // sequence every member computes from the uuid.
   auto agreement = std::make_shared<Group>();
@@ -439,6 +460,7 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   }
   engine.watch(agreement, identities);
   auto d = std::unique_ptr<Derivation>(new Derivation(engine, what));
+  d->agreementIds_ = std::move(agreementIds);
   Agreement a;
   a.group = agreement;
   a.everyone = agreement;

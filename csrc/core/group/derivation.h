@@ -73,7 +73,10 @@ class Derivation {
   std::string what_;                      // "shrink_group", "split_group", "reconfigure"
   std::shared_ptr<Work> work_;            // the agreement's
   std::shared_ptr<DeriveResult> result_;  // its decision
-  bool member_ = true;                    // false: a rank a split leaves out (nothing to make)
+  // A reconfigure into a wide group: the agreement ids its agreement carries, held until it ends
+  // (Engine::holdAgreementIds).
+  std::shared_ptr<void> agreementIds_;
+  bool member_ = true;  // false: a rank a split leaves out (nothing to make)
   // The group this rank makes once the agreement is done (its rank, every rank's address and
   // process identity, the machine and the planner's settings).
   int rank_ = 0;

@@ -118,6 +118,25 @@ std::vector<bool> Engine::heldGroupIds() {
   return held;
 }
 
+bool Engine::holdAgreementIds(int wide, uint32_t* taken) {
+  const TimePoint now = runtime_.clock().now();
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  std::erase_if(cooling_, [now](const auto& c) { return c.second <= now; });
+  for (uint32_t i = tag::kAgreementBlock; i < tag::kMaxGroups; ++i) {
+    if (agreementCarries(i, wide) && (groupIds_.count(i) > 0 || cooling_.count(i) > 0)) {
+      *taken = i;
+      return false;
+    }
+  }
+  wides_.insert(wide);
+  return true;
+}
+
+void Engine::releaseAgreementIds(int wide) {
+  std::lock_guard<std::mutex> lock(idsMutex_);
+  if (auto it = wides_.find(wide); it != wides_.end()) wides_.erase(it);
+}
+
 void Engine::releaseGroupId(uint32_t id, int wide) {
   const TimePoint until = runtime_.clock().now() + GroupNotices::kGraveLife;
   std::lock_guard<std::mutex> lock(idsMutex_);

@@ -76,6 +76,11 @@ class Engine {
   // made through the store takes the id the store gives; its creation drops those leftovers'
   // discards, which would take its own messages.)
   std::vector<bool> heldGroupIds();
+  // Holds the ids the agreement of a reconfigure into a wide group (`wide` bits) carries while it
+  // runs, as a wide group holds them while it lives: false, with the id in *taken, where a group
+  // of this engine holds one of them or was destroyed holding it (heldGroupIds).
+  bool holdAgreementIds(int wide, uint32_t* taken);
+  void releaseAgreementIds(int wide);
   void releaseGroupId(uint32_t id, int wide = 0);
   // releaseGroupId, if `engine` still exists (a group may outlive the process engine).
   static void releaseGroupIdIfAlive(Engine* engine, uint32_t id, int wide = 0);
