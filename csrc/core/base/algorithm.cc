@@ -36,4 +36,18 @@ std::optional<AllreduceAlgorithm> algorithmNamed(const std::string& name) {
   return std::nullopt;
 }
 
+std::vector<int> recursiveDoublingPartners(int position, int n) {
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int extra = n - p2;
+  std::vector<int> partners;
+  if (position < 2 * extra) partners.push_back(position ^ 1);
+  const int v = position >= 2 * extra ? position - extra : position % 2 == 1 ? position / 2 : -1;
+  for (int mask = 1; v >= 0 && mask < p2; mask <<= 1) {
+    const int peer = v ^ mask;
+    partners.push_back(peer < extra ? peer * 2 + 1 : peer + extra);
+  }
+  return partners;
+}
+
 }  // namespace ddl

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddl {
 
@@ -27,4 +28,10 @@ enum class AllreduceAlgorithm : uint8_t {
 // "direct", "staged".
 const char* algorithmName(AllreduceAlgorithm algorithm);
 std::optional<AllreduceAlgorithm> algorithmNamed(const std::string& name);
+
+// The positions that position `position` of `n` meets in recursive doubling
+// (algorithms/allreduce_recursive_doubling.cc): its fold partner where n is not a power of two
+// and it is one of the first 2(n - P2), then its partner in each exchange round (none for the
+// even ranks the fold leaves out). Creation tells the leaders theirs (topology/ringPartners).
+std::vector<int> recursiveDoublingPartners(int position, int n);
 }  // namespace ddl

@@ -152,11 +152,12 @@ std::vector<int> gridDims(const Topology& topology);
 
 // The ranks `rank` meets in the rings and Bruck's rounds of a regular machine's dimensions (the
 // positions of its dimension rings at distances 2^j each way, wraps included, and those of the
-// rings of a dimension split in two: splitInner) and, on a host's
-// first rank, the other hosts' first ranks at distances 2^j (the leaders' trees), and a host's
-// first rank and its other ranks to each other: what the plans send to besides the group-wide
-// distances 2^j. The host's alone where a level is not one run of equal blocks (a rank of an
-// uneven or interleaved machine looks its other peers up as it first sends).
+// rings of a dimension split in two: splitInner); on a host's first rank, where the hosts are
+// equal, the other hosts' first ranks at distances 2^j (the leaders' trees) and its partners in
+// the leaders' recursive doubling (recursiveDoublingPartners); and a host's first rank and its
+// other ranks to each other: what the plans send to besides the group-wide distances 2^j. The
+// rings' only where every level is one run of equal blocks (a rank of an uneven or interleaved
+// machine looks its other peers up as it first sends).
 std::vector<int> ringPartners(const Topology& topology, int rank);
 
 // The dimension rings of dimension k: ranks that agree on every coordinate but coordinate k,
