@@ -2,9 +2,11 @@
 // directory of addresses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "../../csrc/core/base/config.h"
+#include "../../csrc/core/base/rank_set.h"
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/reduce/reduce.h"
 #include "../../csrc/core/runtime/peer_directory.h"
@@ -120,6 +122,36 @@ TEST(Tag, FieldsDoNotOverlap) {
   EXPECT_EQ(tag::make(4096, 0, 0, 0), 0u);
 }
 
+// A shrink's members, held as the ranks left out: each place's rank and each rank's place agree
+// with the list written out, at the ends, between runs of ranks left out and past them.
+TEST(RankSet, AllButTheRanksLeftOutAgreesWithTheListWrittenOut) {
+  for (const std::vector<int>& out :
+       std::vector<std::vector<int>>{{}, {0}, {9}, {0, 1, 2}, {3, 4, 7}, {1, 3, 5, 7, 9}}) {
+    const RankSet set = RankSet::allBut(10, out);
+    std::vector<int> listed;
+    for (int r = 0; r < 10; ++r) {
+      if (std::find(out.begin(), out.end(), r) == out.end()) listed.push_back(r);
+    }
+    ASSERT_EQ(set.size(), static_cast<int>(listed.size()));
+    EXPECT_EQ(set.list(), listed);
+    for (int i = 0; i < set.size(); ++i) {
+      EXPECT_EQ(set.at(i), listed[i]);
+      EXPECT_EQ(set.indexOf(listed[i]), i);
+    }
+    for (int r : out) EXPECT_FALSE(set.contains(r));
+    EXPECT_EQ(set.indexOf(-1), -1);
+    EXPECT_EQ(set.indexOf(10), -1);
+  }
+  const RankSet given = RankSet::listed({5, 3, 9});
+  EXPECT_EQ(given.at(1), 3);
+  EXPECT_EQ(given.indexOf(9), 2);
+  EXPECT_EQ(given.indexOf(4), -1);
+  const RankSet ascending = RankSet::listed({2, 4, 8});
+  EXPECT_EQ(ascending.indexOf(8), 2);
+  EXPECT_EQ(ascending.indexOf(5), -1);
+  EXPECT_EQ(ascending.indexOf(9), -1);
+}
+
 TEST(PeerDirectory, KnowsWhatItLearnedAndLooksUpTheRestOnce) {
   int lookups = 0;
   auto directory = std::make_shared<PeerDirectory>([&lookups](int rank) {
@@ -142,14 +174,14 @@ TEST(PeerDirectory, KnowsWhatItLearnedAndLooksUpTheRestOnce) {
   EXPECT_EQ(directory->entries(),
             (std::vector<std::pair<int, std::string>>{{1, "moved"}, {5, "at5"}}));
   // A view of some ranks alone knows and looks up those.
-  auto members = PeerDirectory::only(directory, {5, 3});
+  auto members = PeerDirectory::only(directory, RankSet::listed({5, 3}));
   EXPECT_EQ(members->known(5), "at5");
   EXPECT_EQ(members->known(1), "");
   EXPECT_EQ(members->address(1), "");
   EXPECT_EQ(members->address(3), "at3");
   EXPECT_EQ(directory->known(3), "at3");  // looked up through the parent, which keeps it
   // A group of ranks 5, 3, 9 of this one: its rank i is members[i] here.
-  auto derived = PeerDirectory::renumbered(directory, {5, 3, 9});
+  auto derived = PeerDirectory::renumbered(directory, RankSet::listed({5, 3, 9}));
   EXPECT_EQ(derived->known(0), "at5");
   EXPECT_EQ(derived->rankAt("at3"), 1);
   EXPECT_EQ(derived->address(2), "at9");

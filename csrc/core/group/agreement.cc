@@ -200,7 +200,7 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
 
 Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_ptr<DeriveResult> out,
                     std::vector<std::shared_ptr<Work>> told, TimePoint toldBy) {
-  const std::vector<int>& members = agreement.members;
+  const RankSet& members = agreement.members;
   const std::string& what = agreement.what;
   // The words this rank sent first (a shrink's, to the ranks it leaves out) leave before its
   // card goes up, or the time for them runs out.
@@ -214,11 +214,11 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
     told.clear();
   }
   // The tree over the new ranks, its messages between the ranks of the parent they are.
-  const int n = static_cast<int>(members.size());
+  const int n = members.size();
   const int up = bootstrapParent(mine.rank);
-  const int parent = up < 0 ? -1 : members[up];
+  const int parent = up < 0 ? -1 : members.at(up);
   std::vector<int> children;
-  for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members[child]);
+  for (int child : bootstrapChildren(mine.rank, n)) children.push_back(members.at(child));
   out->mine = "rank " + std::to_string(mine.parentRank) + " was asked to " + mine.request;
   // The word may still be posted when this coroutine ends (it is cancelled after): its buffer
   // lives with the op's Work, which the engine keeps until the transport lets go.
@@ -260,8 +260,8 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
     // Every member's card once, each where it belongs (a card repeated or of a rank that is not
     // a member is a sender's fault, never a decision).
     for (size_t i = 0; i < cards.size(); ++i) {
-      if (cards[i].rank != static_cast<int>(i) || i >= members.size() ||
-          cards[i].parentRank != members[i]) {
+      if (cards[i].rank != static_cast<int>(i) || static_cast<int>(i) >= n ||
+          cards[i].parentRank != members.at(static_cast<int>(i))) {
         throw Error("the cards sent up hold rank " + std::to_string(cards[i].rank) + " (rank " +
                     std::to_string(cards[i].parentRank) + " of the parent) at place " +
                     std::to_string(i) + " of " + std::to_string(n));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../base/clock.h"
+#include "../base/rank_set.h"
 #include "../base/task.h"
 #include "../runtime/op.h"
 
@@ -68,8 +69,9 @@ struct Agreement {
   // attempt it never ran (another view's).
   uint64_t attempt = 0;
   std::set<uint64_t>* ended = nullptr;
-  std::vector<int> members;   // the new group's ranks (parent ranks, by new rank), as asked here
-  std::vector<int> excluded;  // the ranks this rank's request leaves out (a shrink's)
+  RankSet members = RankSet::listed({});  // the new group's ranks (parent ranks, by new rank),
+                                          // as asked here
+  std::vector<int> excluded;              // the ranks this rank's request leaves out (a shrink's)
   std::string what;
   std::chrono::milliseconds timeout{0};
 };

@@ -87,9 +87,9 @@ int positionAmong(const std::vector<std::string>& handles, const std::string& mi
 // Of the ranks `excluded` leaves out of a group of n, those that `rank` (a member) tells: each
 // is told by the members at distances 1, 2, 4, ... from it either way, or, where none is, by
 // members[x % M].
-std::vector<int> ranksToTell(int rank, int n, const std::vector<int>& members,
+std::vector<int> ranksToTell(int rank, int n, const RankSet& members,
                              const std::vector<int>& excluded) {
-  auto isMember = [&](int r) { return std::binary_search(members.begin(), members.end(), r); };
+  auto isMember = [&](int r) { return members.contains(r); };
   std::vector<int> mine;
   for (int x : excluded) {
     bool told = false, me = false;
@@ -100,7 +100,7 @@ std::vector<int> ranksToTell(int rank, int n, const std::vector<int>& members,
         me = me || r == rank;
       }
     }
-    if (!told && !members.empty()) me = members[static_cast<size_t>(x) % members.size()] == rank;
+    if (!told && members.size() > 0) me = members.at(x % members.size()) == rank;
     if (me) mine.push_back(x);
   }
   return mine;
@@ -148,7 +148,7 @@ std::string Derivation::handle(Engine& engine) {
   return kHandlePrefix + toHex(w.take());
 }
 
-std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::vector<int>& members,
+std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const RankSet& members,
                                               const std::string& request, const char* what,
                                               uint32_t sequence, const std::vector<int>& excluded) {
   Engine& engine = *parent.engine_;
@@ -163,8 +163,7 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   // not for the ranks it leaves out.
   agreement->directory = PeerDirectory::only(parent.group_->directory, members);
   // This rank's place among the members: its rank in the group made.
-  const int place =
-      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) - members.begin());
+  const int place = members.indexOf(rank);
   DeriveCard card;
   card.rank = place;
   card.parentRank = rank;
@@ -175,12 +174,12 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   // and those whose endpoints the parent opened are known by them.
   Identities identities;
   for (const auto& [r, identity] : parent.identities_) {
-    if (std::binary_search(members.begin(), members.end(), r)) identities.emplace(r, identity);
+    if (members.contains(r)) identities.emplace(r, identity);
   }
   std::unordered_map<int, PeerId> endpoints;  // the parent's, for the ranks left out
   engine.call([&] {
     for (const auto& [m, peer] : parent.group_->peers) {
-      if (std::binary_search(members.begin(), members.end(), m)) agreement->peers[m] = peer;
+      if (members.contains(m)) agreement->peers[m] = peer;
     }
     endpoints = parent.group_->peers;
   });
@@ -228,16 +227,15 @@ std::unique_ptr<Derivation> Derivation::start(Communicator& parent, const std::v
   return d;
 }
 
-void Derivation::describe(const Communicator& parent, const std::vector<int>& members, int place,
+void Derivation::describe(const Communicator& parent, const RankSet& members, int place,
                           const Identities& identities) {
   rank_ = place;
   directory_ = PeerDirectory::renumbered(parent.group_->directory, members);
-  size_ = static_cast<int>(members.size());
+  size_ = members.size();
   for (const auto& [r, identity] : identities) {  // renumbered: member i is rank i
-    const auto at = std::lower_bound(members.begin(), members.end(), r);
-    identities_.emplace(static_cast<int>(at - members.begin()), identity);
+    identities_.emplace(members.indexOf(r), identity);
   }
-  topology_ = restrictTopology(parent.topology(), members);
+  topology_ = restrictTopology(parent.topology(), members.list());
   links_ = parent.links();
   request_ = parent.book_->request();
   hierarchical_ = parent.book_->hierarchical();
@@ -284,13 +282,10 @@ std::unique_ptr<Derivation> Derivation::shrink(Communicator& parent,
     throw refuse(parent, name, sequence,
                  Error(parent.where(name) + ": no rank to exclude", StatusKind::kInvalidArgument));
   }
-  std::vector<int> members;
-  for (int r = 0; r < parent.size(); ++r) {
-    if (!out[r]) members.push_back(r);
-  }
+  const RankSet members = RankSet::allBut(parent.size(), sorted);
   // The quorum: the members go on only as a majority of this group, or exactly half of it with
   // its rank 0. A partition's two sides then never both go on: the other side's shrink fails.
-  const size_t n = static_cast<size_t>(parent.size());
+  const int n = parent.size();
   const bool quorum = members.size() * 2 > n || (members.size() * 2 == n && !out[0]);
   if (requireQuorum && !quorum) {
     throw refuse(
@@ -371,7 +366,7 @@ std::unique_ptr<Derivation> Derivation::split(Communicator& parent, const std::v
     d->work_->succeed();
     return d;
   }
-  return start(parent, members, asked, name, sequence);
+  return start(parent, RankSet::listed(std::move(members)), asked, name, sequence);
 }
 
 std::shared_ptr<Communicator> Derivation::finish() {
@@ -449,8 +444,7 @@ std::unique_ptr<Derivation> Derivation::reconfigure(Engine& engine,
   card.parentRank = me;
   card.request = "reconfigure with uuid " + std::to_string(uuid);
   for (bool held : engine.heldGroupIds()) card.heldIds.push_back(held ? 1 : 0);
-  std::vector<int> members(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+  const RankSet members = RankSet::allBut(n, {});
   const auto sequence = static_cast<uint32_t>(digest & 0xffff);
   Identities identities;
   for (int r = 0; r < n; ++r) {

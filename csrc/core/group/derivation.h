@@ -57,7 +57,7 @@ class Derivation {
   // out, told so first; their words are waited for (to leave, not to arrive) for kTellWait at
   // most.
   static constexpr std::chrono::milliseconds kTellWait{200};
-  static std::unique_ptr<Derivation> start(Communicator& parent, const std::vector<int>& members,
+  static std::unique_ptr<Derivation> start(Communicator& parent, const RankSet& members,
                                            const std::string& request, const char* what,
                                            uint32_t sequence,
                                            const std::vector<int>& excluded = {});
@@ -66,7 +66,7 @@ class Derivation {
   static Error refuse(Communicator& parent, const char* what, uint32_t sequence, Error error);
   // The group a member makes once the agreement is done: rank `place`, the members' addresses
   // and identities (by parent rank), the parent's machine restricted to them, its settings.
-  void describe(const Communicator& parent, const std::vector<int>& members, int place,
+  void describe(const Communicator& parent, const RankSet& members, int place,
                 const Identities& identities);
 
   Engine* engine_ = nullptr;

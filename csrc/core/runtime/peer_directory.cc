@@ -123,29 +123,26 @@ std::vector<std::pair<int, std::string>> PeerDirectory::entries() const {
 }
 
 std::shared_ptr<PeerDirectory> PeerDirectory::only(const std::shared_ptr<PeerDirectory>& parent,
-                                                   std::vector<int> members) {
-  std::sort(members.begin(), members.end());
+                                                   RankSet members) {
   auto view = std::make_shared<PeerDirectory>();
-  for (int m : members) view->learn(m, parent->known(m));
-  auto kept = std::make_shared<const std::vector<int>>(std::move(members));
+  for (const auto& [r, address] : parent->entries()) {
+    if (members.contains(r)) view->learn(r, address);
+  }
+  auto kept = std::make_shared<const RankSet>(std::move(members));
   lookUpThrough(
-      parent, [kept](int r) { return std::binary_search(kept->begin(), kept->end(), r) ? r : -1; },
-      &view->lookup_, &view->bulk_);
+      parent, [kept](int r) { return kept->contains(r) ? r : -1; }, &view->lookup_, &view->bulk_);
   return view;
 }
 
 std::shared_ptr<PeerDirectory> PeerDirectory::renumbered(
-    const std::shared_ptr<PeerDirectory>& parent, std::vector<int> members) {
+    const std::shared_ptr<PeerDirectory>& parent, RankSet members) {
   auto view = std::make_shared<PeerDirectory>();
-  for (size_t i = 0; i < members.size(); ++i) {
-    view->learn(static_cast<int>(i), parent->known(members[i]));
+  for (const auto& [r, address] : parent->entries()) {
+    if (const int i = members.indexOf(r); i >= 0) view->learn(i, address);
   }
-  auto order = std::make_shared<const std::vector<int>>(std::move(members));
+  auto order = std::make_shared<const RankSet>(std::move(members));
   lookUpThrough(
-      parent,
-      [order](int r) {
-        return r >= 0 && static_cast<size_t>(r) < order->size() ? (*order)[r] : -1;
-      },
+      parent, [order](int r) { return r >= 0 && r < order->size() ? order->at(r) : -1; },
       &view->lookup_, &view->bulk_);
   return view;
 }

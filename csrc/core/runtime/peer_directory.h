@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "../base/rank_set.h"
+
 namespace ddl {
 
 class PeerDirectory {
@@ -51,11 +53,12 @@ class PeerDirectory {
 
   // A directory of the same ranks as `parent` that knows and looks up `members` alone.
   static std::shared_ptr<PeerDirectory> only(const std::shared_ptr<PeerDirectory>& parent,
-                                             std::vector<int> members);
+                                             RankSet members);
   // The directory of a group of `members` of `parent`'s, in that order (its rank i is
-  // members[i] there): what `parent` knows of them, and lookups through it.
+  // members.at(i) there): what `parent` knows of them, and lookups through it. Both walk what
+  // `parent` knows, not the members (O(P) a rank, O(P^2) over a simulated group).
   static std::shared_ptr<PeerDirectory> renumbered(const std::shared_ptr<PeerDirectory>& parent,
-                                                   std::vector<int> members);
+                                                   RankSet members);
 
  private:
   mutable std::mutex mutex_;

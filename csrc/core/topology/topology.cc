@@ -307,16 +307,23 @@ Topology restrictTopology(const Topology& topology, const std::vector<int>& memb
     const Level& old = topology.levels[k];
     std::vector<int> blockOf;
     std::vector<std::string> names;
-    std::map<int, int> renumbered;
+    // New block by old one (-1: none yet): a shrink restricts the machine on every member, and a
+    // map here made that O(P log P) a member.
+    std::vector<int> renumbered(static_cast<size_t>(old.blocks()), -1);
+    int blocks = 0;
+    blockOf.reserve(members.size());
     for (int m : members) {
       if (m < 0 || m >= topology.size) {
         throw Error("ddl: rank " + std::to_string(m) + " is not in a group of " +
                     std::to_string(topology.size));
       }
       const int oldBlock = old.blockOf(m);
-      auto [it, added] = renumbered.emplace(oldBlock, static_cast<int>(renumbered.size()));
-      if (added && !old.blockNames.empty()) names.push_back(old.blockName(oldBlock));
-      blockOf.push_back(it->second);
+      int& now = renumbered.at(static_cast<size_t>(oldBlock));
+      if (now < 0) {
+        now = blocks++;
+        if (!old.blockNames.empty()) names.push_back(old.blockName(oldBlock));
+      }
+      blockOf.push_back(now);
     }
     Level level(old.name, blockOf);
     level.blockNames = std::move(names);
