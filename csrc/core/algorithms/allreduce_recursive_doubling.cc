@@ -37,16 +37,13 @@ Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t c
   while (p2 * 2 <= n) p2 *= 2;
   const int extra = n - p2;
   const uint32_t kFold = firstStep, kUnfold = firstStep + 1, kExchange = firstStep + 2;
-  auto peerOf = [extra](int virtualPeer) {
-    return virtualPeer < extra ? virtualPeer * 2 + 1 : virtualPeer + extra;
-  };
-  // Every partner's address in one bulk lookup, where creation did not tell them (it tells the
-  // leaders of a regular machine theirs: topology/ringPartners).
-  if (n > 2) {
-    std::vector<int> partners = recursiveDoublingPartners(rank, n);
-    for (int& p : partners) p = ranks[p];
-    op.group().directory->prefetch(partners);
-  }
+  // The partners (recursiveDoublingPartners: the fold's first, where this rank folds), their
+  // addresses in one bulk lookup where creation did not tell them (it tells the leaders of a
+  // regular machine theirs: topology/ringPartners).
+  std::vector<int> partners = recursiveDoublingPartners(rank, n);
+  for (int& p : partners) p = ranks[p];
+  if (n > 2) op.group().directory->prefetch(partners);
+  const size_t firstExchange = rank < 2 * extra ? 1 : 0;
 
   int virtualRank = rank - extra;
   if (rank < 2 * extra) {
@@ -60,11 +57,11 @@ Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t c
     }
   }
   if (virtualRank >= 0) {
-    uint32_t round = 0;
-    for (int mask = 1; mask < p2; mask <<= 1, ++round) {
-      const int peer = peerOf(virtualRank ^ mask);
-      Request* s = op.send(ranks[peer], tag::slot(0, kExchange + round), data, bytes);
-      Request* r = op.recv(ranks[peer], tag::slot(0, kExchange + round), incoming, bytes);
+    for (size_t i = firstExchange; i < partners.size(); ++i) {
+      const int peer = partners[i];
+      const auto round = static_cast<uint32_t>(i - firstExchange);
+      Request* s = op.send(peer, tag::slot(0, kExchange + round), data, bytes);
+      Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming, bytes);
       co_await op.all(s, r);
       co_await reduceInTurns(op, type, reduce, data, incoming, count);
     }
