@@ -741,6 +741,57 @@ TEST(BlockPlan, BroadcastEntersEachHostOnce) {
   }
 }
 
+// The tree written out from every host's member list: leaders (the root, then each other host's
+// lowest rank) first, then each host from its leader round the host.
+TEST(BlockPlan, BroadcastTreeIsTheOneTheMemberListsGive) {
+  auto binomialOf = [](const std::vector<int>& ranks, int rank) {
+    TreePlace place;
+    const int n = static_cast<int>(ranks.size());
+    const int v = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+    int mask = 1;
+    for (; mask < n; mask <<= 1) {
+      if (v & mask) {
+        place.parent = ranks[v - mask];
+        break;
+      }
+    }
+    for (int m = mask >> 1; m > 0; m >>= 1) {
+      if (v + m < n) place.children.push_back(ranks[v + m]);
+    }
+    return place;
+  };
+  for (const Shape& shape : shapes()) {
+    Topology t = simulated(shape.hostOf, shape.rackOf);
+    const std::vector<std::vector<int>> hosts = t.members(0);
+    for (int root = 0; root < t.size; ++root) {
+      const int rootHost = t.levels[0].blockOf(root);
+      std::vector<int> leaders = {root};
+      for (int h = 0; h < t.hosts(); ++h) {
+        if (h != rootHost) leaders.push_back(hosts[h][0]);
+      }
+      for (int r = 0; r < t.size; ++r) {
+        const int h = t.levels[0].blockOf(r);
+        std::vector<int> local = hosts[h];
+        const int leader = h == rootHost ? root : local[0];
+        std::rotate(local.begin(), std::find(local.begin(), local.end(), leader), local.end());
+        TreePlace want;
+        if (r == leader && t.hosts() > 1) want = binomialOf(leaders, r);
+        const TreePlace inside = binomialOf(local, r);
+        if (r != leader) want.parent = inside.parent;
+        want.children.insert(want.children.end(), inside.children.begin(), inside.children.end());
+        if (t.hosts() < 2) {
+          std::vector<int> all;
+          for (int i = 0; i < t.size; ++i) all.push_back((root + i) % t.size);
+          want = binomialOf(all, r);
+        }
+        const TreePlace got = broadcastTreePlace(t, root, r, true);
+        EXPECT_EQ(got.parent, want.parent) << t.describe() << " root " << root << " rank " << r;
+        EXPECT_EQ(got.children, want.children) << t.describe() << " root " << root << " rank " << r;
+      }
+    }
+  }
+}
+
 // Every collective with a topology of its own, through the communicator's own choices.
 TEST(Hierarchy, CollectivesOnSimulatedTopologiesMatchTheExpectedValues) {
   for (const Shape& shape : shapes()) {

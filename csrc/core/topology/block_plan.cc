@@ -9,19 +9,20 @@
 namespace ddl {
 namespace {
 
-// Binomial tree over `ranks` (ranks[0] the root): the parent and children of ranks[v].
-void binomial(const std::vector<int>& ranks, int v, TreePlace& place) {
-  const int n = static_cast<int>(ranks.size());
+// Binomial tree over n places (place 0 the root; rankAt(v) the rank at place v): the parent and
+// children of place v.
+template <typename RankAt>
+void binomial(int n, int v, RankAt rankAt, TreePlace& place) {
   int mask = 1;
   while (mask < n) {
     if (v & mask) {
-      place.parent = ranks[v - mask];
+      place.parent = rankAt(v - mask);
       break;
     }
     mask <<= 1;
   }
   for (int m = mask >> 1; m > 0; m >>= 1) {
-    if (v + m < n) place.children.push_back(ranks[v + m]);
+    if (v + m < n) place.children.push_back(rankAt(v + m));
   }
 }
 
@@ -186,33 +187,33 @@ void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter) {
 
 TreePlace broadcastTreePlace(const Topology& t, int root, int rank, bool hierarchical) {
   TreePlace place;
-  std::vector<int> all;
   if (!hierarchical || t.hosts() < 2) {
-    for (int i = 0; i < t.size; ++i) all.push_back((root + i) % t.size);
-    binomial(all, static_cast<int>(std::find(all.begin(), all.end(), rank) - all.begin()), place);
+    binomial(
+        t.size, (rank - root + t.size) % t.size, [&](int v) { return (root + v) % t.size; }, place);
     return place;
   }
+  // Across hosts first: one leader a host, the root first, then the other hosts' lowest ranks in
+  // host order. Each place is found from its host's index, so a rank's place costs O(log hosts)
+  // lookups, not a list of every host.
   const Level& host = t.levels[0];
-  auto hostOf = [&host](int r) { return host.blockOf(r); };
-  std::vector<std::vector<int>> hosts = t.members(0);
-  std::vector<int> leaders = {root};
-  for (const std::vector<int>& h : hosts) {
-    if (hostOf(h[0]) != hostOf(root)) leaders.push_back(h[0]);
+  const int rootHost = host.blockOf(root);
+  const int myHost = host.blockOf(rank);
+  const int leader = myHost == rootHost ? root : host.firstRankOf(myHost);
+  if (rank == leader) {
+    const int v = myHost == rootHost ? 0 : (myHost < rootHost ? myHost + 1 : myHost);
+    binomial(
+        t.hosts(), v,
+        [&](int w) { return w == 0 ? root : host.firstRankOf(w - 1 < rootHost ? w - 1 : w); },
+        place);
   }
-  std::vector<int> local = hosts[hostOf(rank)];
-  const int leader = hostOf(rank) == hostOf(root) ? root : local[0];
-  std::rotate(local.begin(), std::find(local.begin(), local.end(), leader), local.end());
-  std::vector<int>::iterator at = std::find(leaders.begin(), leaders.end(), rank);
-  if (at != leaders.end()) {
-    binomial(leaders, static_cast<int>(at - leaders.begin()), place);  // across hosts first
-  }
+  // Then within each host from its leader, the others in rank order from it, round the host.
+  std::vector<int> order = host.membersOf(myHost);
+  std::rotate(order.begin(), std::find(order.begin(), order.end(), leader), order.end());
   TreePlace inside;
-  std::vector<int> order = {leader};
-  for (int r : local) {
-    if (r != leader) order.push_back(r);
-  }
-  binomial(order, static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin()),
-           inside);
+  binomial(
+      static_cast<int>(order.size()),
+      static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin()),
+      [&](int v) { return order[v]; }, inside);
   if (rank != leader) place.parent = inside.parent;
   place.children.insert(place.children.end(), inside.children.begin(), inside.children.end());
   return place;

@@ -120,12 +120,26 @@ std::vector<int> Level::membersOf(int block) const {
     return members;
   }
   if (block < 0 || block >= blocks_) return members;
-  auto it = std::upper_bound(firstBlockOfRun_.begin(), firstBlockOfRun_.end(), block);
-  const size_t i = static_cast<size_t>(it - firstBlockOfRun_.begin()) - 1;
-  const Run& run = runs_[i];
-  const int first = run.firstRank + (block - firstBlockOfRun_[i]) * run.blockSize;
-  for (int r = first; r < first + run.blockSize; ++r) members.push_back(r);
+  const int first = firstRankOf(block);
+  for (int r = first; r < first + runs_[runOfBlock(block)].blockSize; ++r) members.push_back(r);
   return members;
+}
+
+size_t Level::runOfBlock(int block) const {
+  auto it = std::upper_bound(firstBlockOfRun_.begin(), firstBlockOfRun_.end(), block);
+  return static_cast<size_t>(it - firstBlockOfRun_.begin()) - 1;
+}
+
+int Level::firstRankOf(int block) const {
+  if (block < 0 || block >= blocks_) {
+    throw Error("ddl: block " + std::to_string(block) + " is outside topology level " + name +
+                " of " + std::to_string(blocks_) + " blocks");
+  }
+  if (!byRank_.empty()) {
+    return static_cast<int>(std::find(byRank_.begin(), byRank_.end(), block) - byRank_.begin());
+  }
+  const size_t i = runOfBlock(block);
+  return runs_[i].firstRank + (block - firstBlockOfRun_[i]) * runs_[i].blockSize;
 }
 
 std::string Level::blockName(int block) const {

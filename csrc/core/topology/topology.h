@@ -71,6 +71,8 @@ class Level {
   int blockOf(int rank) const;
   // The ranks of block `block`, in order.
   std::vector<int> membersOf(int block) const;
+  // The lowest rank of block `block`: O(log runs), O(ranks) where the blocks interleave.
+  int firstRankOf(int block) const;
   std::string blockName(int block) const;
   // Runs of blocks of consecutive ranks; empty when the blocks interleave.
   const std::vector<Run>& runs() const { return runs_; }
@@ -79,6 +81,7 @@ class Level {
 
  private:
   void addRun(Run run);
+  size_t runOfBlock(int block) const;  // runs only
   std::vector<Run> runs_;
   std::vector<int> firstBlockOfRun_;  // by run
   std::vector<int> byRank_;           // interleaved levels only: each rank's block
