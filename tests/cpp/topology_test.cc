@@ -119,6 +119,44 @@ TEST(Topology, ARestrictedTopologyIsWhatTheMembersWouldFind) {
   EXPECT_THROW(restrictTopology(simulated({0, 1}), {0, 2}), Error);
 }
 
+// A shrink's members (every rank but a few) restrict the machine from its runs: the same levels as
+// the members written out, whichever ranks (a rank, a whole host, hosts' edges) are left out.
+TEST(Topology, RestrictingToAllButAFewIsRestrictingToThemListed) {
+  std::mt19937 random(20261205);
+  std::vector<Topology> machines;
+  for (const Shape& shape : shapes()) machines.push_back(simulated(shape.hostOf, shape.rackOf));
+  std::vector<int> hostOf, rackOf;
+  for (int r = 0; r < 96; ++r) hostOf.push_back(r < 40 ? r / 8 : 5 + (r - 40) / 4);
+  for (int h = 0; h < 19; ++h) rackOf.push_back(h / 3);
+  machines.push_back(simulated(hostOf, rackOf));
+  int checked = 0;
+  for (const Topology& whole : machines) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const int n = whole.size;
+      std::vector<int> leftOut;
+      if (trial < n && trial % 2 == 0) {  // a whole host
+        leftOut = whole.levels[0].membersOf(whole.levels[0].blockOf(trial));
+      } else {
+        for (int r = 0; r < n; ++r) {
+          if (random() % 5 == 0) leftOut.push_back(r);
+        }
+      }
+      if (static_cast<int>(leftOut.size()) >= n) continue;
+      const RankSet members = RankSet::allBut(n, leftOut);
+      const Topology runs = restrictTopology(whole, members);
+      const Topology listed = restrictTopology(whole, members.list());
+      ASSERT_EQ(runs.size, listed.size);
+      ASSERT_EQ(runs.levels.size(), listed.levels.size()) << whole.describe();
+      for (size_t k = 0; k < listed.levels.size(); ++k) {
+        EXPECT_TRUE(runs.levels[k] == listed.levels[k])
+            << whole.describe() << " as " << listed.describe();
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 TEST(Topology, RacksFromTheUsersMap) {
   RackMap racks = parseRackMap("r0: h0, h1  # first\n r1: h2 h3; r2: h4");
   EXPECT_EQ(racks.size(), 5u);

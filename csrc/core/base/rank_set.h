@@ -57,6 +57,10 @@ class RankSet {
     return rank - static_cast<int>(it - leftOut_.begin());
   }
   bool contains(int rank) const { return indexOf(rank) >= 0; }
+  // Every rank below n() but leftOut() (a shrink's), or listed (a split's).
+  bool allButSome() const { return all_; }
+  int n() const { return n_; }
+  const std::vector<int>& leftOut() const { return leftOut_; }
   // Every one, by place: O(size()), for what walks them all once.
   std::vector<int> list() const {
     if (!all_) return listed_;

@@ -235,7 +235,7 @@ void Derivation::describe(const Communicator& parent, const RankSet& members, in
   for (const auto& [r, identity] : identities) {  // renumbered: member i is rank i
     identities_.emplace(members.indexOf(r), identity);
   }
-  topology_ = restrictTopology(parent.topology(), members.list());
+  topology_ = restrictTopology(parent.topology(), members);
   links_ = parent.links();
   request_ = parent.book_->request();
   hierarchical_ = parent.book_->hierarchical();

@@ -314,40 +314,6 @@ Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks)
   return t;
 }
 
-Topology restrictTopology(const Topology& topology, const std::vector<int>& members) {
-  Topology t;
-  t.size = static_cast<int>(members.size());
-  for (size_t k = 0; k < topology.levels.size(); ++k) {
-    const Level& old = topology.levels[k];
-    std::vector<int> blockOf;
-    std::vector<std::string> names;
-    // New block by old one (-1: none yet): a shrink restricts the machine on every member, and a
-    // map here made that O(P log P) a member.
-    std::vector<int> renumbered(static_cast<size_t>(old.blocks()), -1);
-    int blocks = 0;
-    blockOf.reserve(members.size());
-    for (int m : members) {
-      if (m < 0 || m >= topology.size) {
-        throw Error("ddl: rank " + std::to_string(m) + " is not in a group of " +
-                    std::to_string(topology.size));
-      }
-      const int oldBlock = old.blockOf(m);
-      int& now = renumbered.at(static_cast<size_t>(oldBlock));
-      if (now < 0) {
-        now = blocks++;
-        if (!old.blockNames.empty()) names.push_back(old.blockName(oldBlock));
-      }
-      blockOf.push_back(now);
-    }
-    Level level(old.name, blockOf);
-    level.blockNames = std::move(names);
-    const bool groups = k == 0 || (level.blocks() > 1 && level.blocks() < t.levels.back().blocks());
-    if (groups) t.levels.push_back(std::move(level));
-  }
-  checkTopology(t);
-  return t;
-}
-
 bool everyLevelOneRun(const Topology& t) {
   return std::all_of(t.levels.begin(), t.levels.end(), [](const Level& level) {
     return !level.interleaved() && level.runs().size() == 1;

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "../base/rank_set.h"
+
 namespace ddl {
 
 // What one rank publishes about where it runs.
@@ -121,6 +123,9 @@ Topology buildTopology(const std::vector<Locality>& ranks, const RackMap& racks 
 // their new ranks): the blocks that keep a member, numbered again in order; a level above the
 // hosts that no longer groups anything is left out, as buildTopology does.
 Topology restrictTopology(const Topology& topology, const std::vector<int>& members);
+// The same for a RankSet: a shrink's (every rank but a few) on levels held as runs costs
+// O(runs + ranks left out), not O(P) on each of P members.
+Topology restrictTopology(const Topology& topology, const RankSet& members);
 
 // Every level one run of equal blocks of consecutive ranks: a regular machine, whose grid is known
 // from its levels alone (gridDims, ringPartners, splitDimension).
