@@ -411,11 +411,17 @@ bool Notices::service(bool housekeeping) {
       }
       if (!control->open || !takeNotice(*control)) break;
     }
-    control->sent.remove_if([](const GroupNotices::Sent& s) { return s.request->done; });
+    // Sends finish about in the order made: the finished ones in front leave at every turn, the
+    // rest at housekeeping. Walking the whole list at every turn, with sends to a lost host's
+    // ranks in it, took a third of a 65 536-rank simulation.
+    while (!control->sent.empty() && control->sent.front().request->done) {
+      control->sent.pop_front();
+    }
     if (!housekeeping) {
       ++i;
       continue;
     }
+    control->sent.remove_if([](const GroupNotices::Sent& s) { return s.request->done; });
     // What failed ops left behind, while no later op could take it (the sequence field wraps).
     while (!control->graves.empty() &&
            (now > control->graves.front().until ||
