@@ -293,8 +293,8 @@ def main(argv=None):
         if r["shrink_error"]:
             print(f"shrink: {r['shrink_error']}")
         print(f"SHRINK groups={r['shrink_groups']} members={r['shrink_members']} "
-              f"took_us={r['shrink_us']:.1f} ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']} "
-              f"checked={r['shrink_ops_checked']}")
+              f"took_us={r['shrink_us']:.1f} messages={r['shrink_messages']} "
+              f"ops_ok={r['shrink_ops_ok']} of {r['shrink_ops']} checked={r['shrink_ops_checked']}")
         failed = r["shrink_groups"] != 1 or r["shrink_ops_ok"] != r["shrink_ops"]
     if args.status_at is not None:
         if r["status"]:

@@ -130,6 +130,7 @@ py::dict simReportDict(const SimReport& r) {
   out["shrink_groups"] = r.shrinkGroups;
   out["shrink_members"] = r.shrinkMembers;
   out["shrink_us"] = r.shrinkMicros;
+  out["shrink_messages"] = r.shrinkMessages;
   out["shrink_ops_ok"] = r.shrinkOpsOk;
   out["shrink_ops_checked"] = r.shrinkOpsChecked;
   out["shrink_ops"] = SimRequest::kShrinkOps;

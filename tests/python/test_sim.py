@@ -63,8 +63,12 @@ def test_the_survivors_shrink_into_one_group_whose_next_collectives_are_right():
                            "--kill", "5@0.5", "--shrink")
     assert code == 0, (err, lines)
     shrink = [l for l in lines if l.startswith("SHRINK")]
-    assert shrink and re.match(
-        r"SHRINK groups=1 members=63 took_us=[\d.]+ ops_ok=20 of 20 checked=20$", shrink[0]), lines
+    assert shrink and re.match(r"SHRINK groups=1 members=63 took_us=[\d.]+ messages=(\d+) "
+                               r"ops_ok=20 of 20 checked=20$", shrink[0]), lines
+    # The agreement's messages: at least one a member, and fewer than one from each member to
+    # every other.
+    messages = int(re.search(r"messages=(\d+)", shrink[0]).group(1))
+    assert 63 <= messages <= 63 * 64, shrink[0]
     assert lines.index(shrink[0]) == len(lines) - 2  # just before the SIM line
 
 

@@ -66,7 +66,9 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
     trying[r] = !cluster.network().dead(r) && !(r == request.stallRank && request.stallMillis < 0);
   }
   const TimePoint began = cluster.network().now();
+  const uint64_t sentBefore = cluster.network().messages();
   SimCluster::Shrink shrink = cluster.shrink(trying, limit);
+  report->shrinkMessages = cluster.network().messages() - sentBefore;
   const std::string& lastError = shrink.lastError;
   report->shrinkAttempts = shrink.attempts;
   report->shrinkMicros = micros(began, cluster.network().now());

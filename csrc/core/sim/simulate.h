@@ -96,6 +96,7 @@ struct SimReport {
   int shrinkGroups = 0;
   int shrinkMembers = 0;
   double shrinkMicros = 0;
+  uint64_t shrinkMessages = 0;  // delivered from the shrink's start until its group formed
   int shrinkOpsOk = 0;
   int shrinkOpsChecked = 0;  // of those, the ones that carried payload and had it checked
   int shrinkAttempts = 0;
