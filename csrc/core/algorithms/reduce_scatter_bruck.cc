@@ -17,7 +17,12 @@
 // combination go together, packed into one message a round, and position p ends holding its
 // blocks of every combination summed over the ring, as the grid's rings leave them. The grid's
 // bytes in sum over the dimensions of ceil(log2 extent) rounds: at most ceil(log2 P) + the number
-// of dimensions messages each way per rank (allgatherGridBruck's, reversed).
+// of dimensions messages each way per rank (allgatherGridBruck's, reversed). Only the first round
+// packs what it sends: a later round's positions are the second half of what the last round
+// brought, summed there with this rank's own blocks and sent from where they lie, and the first
+// half, which this rank keeps, is reduced into the output while the round's messages move. A
+// round thus passes over its blocks once outside its messages' time, where a pack before them and
+// a reduction after them took two passes.
 #include <algorithm>
 #include <vector>
 
@@ -27,6 +32,21 @@
 #include "bruck_pieces.h"
 
 namespace ddl {
+namespace {
+
+// A position's blocks `at` (in order) and the output's: summed into the output, or into the
+// buffer (`intoBuffer`: to be sent on).
+Task foldPosition(Op& op, DataType type, ReduceOp reduce, char* base, size_t count,
+                  const std::vector<int>& blocks, char* at, bool intoBuffer) {
+  const size_t bytes = count * elementSize(type);
+  for (int b : blocks) {
+    char* mine = base + static_cast<size_t>(b) * bytes;
+    co_await reduceInTurns(op, type, reduce, intoBuffer ? at : mine, intoBuffer ? mine : at, count);
+    at += bytes;
+  }
+}
+
+}  // namespace
 
 Task reduceScatterBruck(Op& op, void* data, size_t count, DataType type, ReduceOp reduce) {
   const int n = op.size(), rank = op.rank();
@@ -77,34 +97,51 @@ Task reduceScatterGridBruck(Op& op, void* data, size_t count, DataType type, Red
     // kept[p]: the blocks position p holds summed over the ring as the stage ends.
     const std::vector<std::vector<int>>& kept = ring.blocks;
     const size_t perPosition = s.combinations * bytes;
-    const size_t most = static_cast<size_t>(n / 2) * perPosition;
-    std::shared_ptr<char> outgoing = memory.allocate(most), incoming = memory.allocate(most);
     int top = 1;
     uint32_t round = 0;
     while (2 * top < n) top *= 2, ++round;
+    // Two buffers of `top` positions take turns: one holds what the last round brought (relative
+    // position i, that is me + i, at i), the other receives this round's.
+    std::shared_ptr<char> buffers[2] = {memory.allocate(static_cast<size_t>(top) * perPosition),
+                                        memory.allocate(static_cast<size_t>(top) * perPosition)};
+    char* arrived = nullptr;
+    int arrivedCount = 0;
+    auto fold = [&](int i, char* at, bool intoBuffer) {
+      return foldPosition(op, type, reduce, base, count, kept[(me + i) % n], at, intoBuffer);
+    };
     for (int d = top; d >= 1; d /= 2, --round) {
       const int positions = std::min(d, n - d);
-      char* at = outgoing.get();
+      // What the round sends, relative positions d .. d + positions - 1 summed so far, lies in one
+      // buffer: packed from the output in the first round; after it, where the last round brought
+      // them (d + positions <= 2d), each summed there with this rank's own.
+      char* out = arrived == nullptr ? buffers[1].get() : arrived + d * perPosition;
       for (int i = 0; i < positions; ++i) {
+        char* at = out + static_cast<size_t>(i) * perPosition;
+        if (arrived != nullptr && d + i < arrivedCount) {
+          co_await fold(d + i, at, true);
+          continue;
+        }
         if (op.turnDue()) co_await op.yieldTurn();
         for (int b : kept[(me + d + i) % n]) {
           memory.copy(at, base + static_cast<size_t>(b) * bytes, bytes);
           at += bytes;
         }
       }
+      char* into = arrived == buffers[0].get() ? buffers[1].get() : buffers[0].get();
       const uint64_t slot = tag::slot(0, s.firstStep + round);
       const size_t length = static_cast<size_t>(positions) * perPosition;
-      Request* sent = op.send(order[(me + d) % n], slot, outgoing.get(), length);
-      Request* got = op.recv(order[(me - d + n) % n], slot, incoming.get(), length);
-      co_await op.all(sent, got);
-      const char* from = incoming.get();
-      for (int i = 0; i < positions; ++i) {
-        for (int b : kept[(me + i) % n]) {
-          co_await reduceInTurns(op, type, reduce, base + static_cast<size_t>(b) * bytes, from,
-                                 count);
-          from += bytes;
-        }
+      Request* sent = op.send(order[(me + d) % n], slot, out, length);
+      Request* got = op.recv(order[(me - d + n) % n], slot, into, length);
+      // While they move: the last round's positions this rank keeps, into the output.
+      for (int i = 0; arrived != nullptr && i < std::min(d, arrivedCount); ++i) {
+        co_await fold(i, arrived + static_cast<size_t>(i) * perPosition, false);
       }
+      co_await op.all(sent, got);
+      arrived = into;
+      arrivedCount = positions;
+    }
+    for (int i = 0; i < arrivedCount; ++i) {
+      co_await fold(i, arrived + static_cast<size_t>(i) * perPosition, false);
     }
   }
 }

@@ -64,7 +64,7 @@ struct SimReport {
   std::string algorithm;  // the plan (allreduce) or the collective's name
   size_t bytes = 0;
   double simMicros = 0;    // virtual time from the op's start to the last rank's end
-  double modelMicros = 0;  // the cost model's prediction for the same plan (allreduce; else 0)
+  double modelMicros = 0;  // the cost model's prediction for the same plan or schedule (else 0)
   uint64_t storeRequests = 0;
   int maxEndpoints = 0;
   uint64_t messages = 0;    // every message of the run: creation, the op, failures

@@ -479,13 +479,21 @@ double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs,
       for (size_t k = 0; k < costs.grid.size(); ++k) {
         const int extent = costs.gridSteps[k] + 1;
         const double copy = costs.gridBlocks[k] * bytes * costs.copySecondsPerByte;
-        if (reduceScatter) {  // each round's blocks packed and reduced, after its messages
-          for (int held = 1; held < extent;) {
-            const int count = std::min(held, extent - held);
-            seconds += costs.grid[k].latency + count * bytes * costs.grid[k].secondsPerByte +
-                       2 * count * copy;
-            held += count;
+        if (reduceScatter) {  // the rounds backwards: each round's blocks summed (the first's
+                              // packed) before its messages, the positions the last round
+                              // brought that this rank keeps reduced while they move
+          std::vector<int> counts;
+          for (int held = 1; held < extent; held += counts.back()) {
+            counts.push_back(std::min(held, extent - held));
           }
+          int arrived = 0;
+          for (size_t i = counts.size(); i-- > 0;) {
+            const int keeping = std::min(1 << i, arrived);
+            seconds += counts[i] * copy + costs.grid[k].latency +
+                       std::max(counts[i] * bytes * costs.grid[k].secondsPerByte, keeping * copy);
+            arrived = counts[i];
+          }
+          seconds += arrived * copy;
           continue;
         }
         seconds += copy;  // this rank's own position, packed

@@ -57,7 +57,8 @@ struct AllgatherCosts {
 };
 AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links);
 // A reduce-scatter runs the schedule backwards (reduce_scatter_*.cc): level by level over Bruck's
-// rounds it packs each round's blocks and reduces what it receives, neither under the messages.
+// rounds it sums each round's blocks before the round's messages, and reduces the blocks it keeps
+// under them.
 double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
                         bool reduceScatter = false);
 // Bruck's all_to_all of `bytes` a block (algorithms/alltoall_bruck.cc): the allgather's rounds,
