@@ -210,6 +210,9 @@ def main(argv=None):
                    help="print every rank as python -m torch_ddl.status sees a job, at virtual "
                         "time T after the op's start (seconds, or 300ms, 50us)")
     p.add_argument("--verbose", action="store_true", help="creation and failure details")
+    p.add_argument("--progress", action="store_true",
+                   help="a line on stderr as each stage of a long run ends (virtual and wall "
+                        "time, peak memory)")
     args = p.parse_args(argv)
 
     if args.scenario is not None:
@@ -249,6 +252,7 @@ def main(argv=None):
         faults.update(status_at_us=args.status_at)
     if args.payload == "auto":
         faults.update(payload_limit=args.payload_limit)  # the shrink's collectives, one by one
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress else None
     try:
         r = _C.simulate(dict(
             host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
@@ -257,7 +261,7 @@ def main(argv=None):
             store_key_us=args.store_key_us, payload=payload, timeout_ms=args.timeout_ms,
             collective=args.collective, bytes=args.bytes, seed=args.seed, kill_ranks=kill_ranks,
             kill_fraction=kill_fraction, shrink=args.shrink, algo=args.algo, colors=args.colors, rings=args.rings,
-            waves=args.waves, **faults))
+            waves=args.waves, progress=progress, **faults))
     except ValueError as error:
         print(f"torch_ddl.sim: {error}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <memory>
+
 #include "../core/base/status.h"
 #include "../core/group/communicator.h"
 #include "../core/sim/campaign.h"
@@ -67,6 +69,15 @@ SimRequest simRequestOf(const py::dict& a) {
   q.seed = a["seed"].cast<uint64_t>();
   q.killRanks = a["kill_ranks"].cast<std::vector<int>>();
   q.shrink = a.contains("shrink") && a["shrink"].cast<bool>();
+  if (a.contains("progress") && !a["progress"].is_none()) {
+    // Held by a shared_ptr so that copies of the function, made without the GIL, touch no
+    // Python reference count; the call takes the GIL.
+    auto callback = std::make_shared<py::object>(a["progress"]);
+    q.progress = [callback](const std::string& line) {
+      py::gil_scoped_acquire held;
+      (*callback)(line);
+    };
+  }
   if (a.contains("payload_limit")) q.payloadLimit = a["payload_limit"].cast<uint64_t>();
   q.killFraction = a["kill_fraction"].cast<double>();
   if (a.contains("partition_ranks")) {

@@ -72,6 +72,22 @@ def test_the_survivors_shrink_into_one_group_whose_next_collectives_are_right():
     assert lines.index(shrink[0]) == len(lines) - 2  # just before the SIM line
 
 
+def test_progress_tells_each_stage_of_a_long_run_on_stderr_as_it_ends():
+    code, lines, err = sim("--ranks", "32", "--ranks-per-host", "4", "--bytes", "4K",
+                           "--kill", "5@0.5", "--shrink", "--progress")
+    assert code == 0, (err, lines)
+    figures = r": virtual [\d.]+ us, wall [\d.]+ s, peak [\d.]+ GB$"
+    told = [l for l in err.splitlines() if re.search(figures, l)]
+    stages = ([r"the fault-free allreduce of 1024 floats ended", r"the group to fault formed",
+               r"fault: 31 of 31 survivors name what they lost, in \d+ failure messages",
+               r"shrink: 1 group\(s\), 31 members"] +
+              [rf"shrunk group's op {i} of 20, .+: right" for i in range(1, 21)])
+    assert len(told) == len(stages), err
+    for line, stage in zip(told, stages):
+        assert re.match(stage + figures, line), (line, stage)
+    assert not any(re.search(figures, l) for l in lines)  # stdout keeps its lines
+
+
 def test_bad_input_says_what_is_wrong():
     code, _, err = sim("--ranks", "8", "--kill", "9@0.5")
     assert code != 0 and "there are 8 ranks" in err

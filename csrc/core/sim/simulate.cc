@@ -1,8 +1,11 @@
 #include "simulate.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "../base/tag.h"
@@ -56,9 +59,34 @@ std::vector<SimCall> afterShrink(const SimRequest& request, int members) {
   return calls;
 }
 
+// The run's progress as it goes (SimRequest::progress).
+class Progress {
+ public:
+  explicit Progress(const SimRequest& request)
+      : request_(request), wallStart_(std::chrono::steady_clock::now()) {}
+  double wallSeconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wallStart_).count();
+  }
+  void operator()(SimCluster& cluster, const std::string& what) const {
+    if (!request_.progress) return;
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    char figures[128];
+    std::snprintf(figures, sizeof(figures), ": virtual %.1f us, wall %.1f s, peak %.2f GB",
+                  micros(TimePoint{}, cluster.network().now()), wallSeconds(),
+                  static_cast<double>(usage.ru_maxrss) / (1 << 20));
+    request_.progress(what + figures);
+  }
+
+ private:
+  const SimRequest& request_;
+  std::chrono::steady_clock::time_point wallStart_;
+};
+
 // The shrink after the kill, as a job makes it (SimCluster::shrink), then the collectives on the
 // group it formed.
-void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report) {
+void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report,
+                   const Progress& progress) {
   const int n = cluster.size();
   const std::chrono::milliseconds limit = request.cluster.timeout * 2;
   std::vector<bool> trying(n, false);
@@ -79,10 +107,13 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
   auto fail = [report](const std::string& why) {
     if (report->shrinkError.empty()) report->shrinkError = why;
   };
+  progress(cluster, "shrink: " + std::to_string(ids.size()) + " group(s), " +
+                        std::to_string(report->shrinkMembers) + " members");
   if (ids.size() != 1) {
     fail(lastError);
     return;
   }
+  int index = 0;
   for (const SimCall& call : afterShrink(request, report->shrinkMembers)) {
     const bool carried =
         request.cluster.payload && call.payloadBytes(report->shrinkMembers) <= request.payloadLimit;
@@ -105,6 +136,9 @@ void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* re
     if (!outcome.finished) fail(call.describe() + " did not end");
     if (right) ++report->shrinkOpsOk;
     if (right && carried) ++report->shrinkOpsChecked;
+    progress(cluster, "shrunk group's op " + std::to_string(++index) + " of " +
+                          std::to_string(SimRequest::kShrinkOps) + ", " + call.describe() +
+                          (right ? ": right" : ": not right"));
   }
   cluster.carryPayload(request.cluster.payload);
 }
@@ -170,7 +204,7 @@ void lookAtStatus(SimCluster& cluster, const SimRequest& request, SimReport& rep
 }  // namespace
 
 SimReport simulate(const SimRequest& request) {
-  const auto wallStart = std::chrono::steady_clock::now();
+  const Progress progress(request);
   SimReport report;
   report.bytes = request.bytes;
   const std::chrono::milliseconds limit = request.cluster.timeout * 2;
@@ -198,6 +232,7 @@ SimReport simulate(const SimRequest& request) {
       if (!outcome.errors[r].empty()) throw Error(outcome.errors[r]);
     }
     faultFree = spanMicros(outcome);
+    progress(cluster, "the fault-free " + call.describe() + " ended");
     report.simMicros = faultFree;
     for (int level = 0; level < 3; ++level) {
       const double busy = cluster.network().busiestLink(level) - before[level];
@@ -234,6 +269,7 @@ SimReport simulate(const SimRequest& request) {
     const bool stalledForGood = request.stallRank >= 0 && request.stallMillis < 0;
     if (stalledForGood) cluster.waitFor = [&request](int r) { return r != request.stallRank; };
     cluster.createGroup();
+    progress(cluster, "the group to fault formed");
     SimCallBuffers buffers(call, cluster.size(), request.cluster.payload);
     const uint64_t noticeSlot = tag::slot(tag::kControlPhase, tag::kNoticeStep);
     const uint64_t noticesBefore = cluster.network().messagesOfSlot(noticeSlot);
@@ -338,11 +374,13 @@ SimReport simulate(const SimRequest& request) {
       report.namedByMicros = std::max(report.namedByMicros, micros(began + at, knewAll));
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
-    if (request.shrink) shrinkAndGoOn(request, cluster, &report);
+    progress(cluster, "fault: " + std::to_string(report.named) + " of " +
+                          std::to_string(report.survivors) + " survivors name what they lost, in " +
+                          std::to_string(report.failureMessages) + " failure messages");
+    if (request.shrink) shrinkAndGoOn(request, cluster, &report, progress);
     report.killDigest = cluster.network().digest();
   }
-  report.wallSeconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wallStart).count();
+  report.wallSeconds = progress.wallSeconds();
   return report;
 }
 

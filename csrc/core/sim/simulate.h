@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct SimRequest {
   // payload. Past this many members the shrunk group's all_to_all is a send/recv ring instead.
   static constexpr int kShrinkAlltoallMembers = 8192;
   static constexpr int kShrinkAttempts = SimCluster::Shrink::kAttempts;
+  // Lines that tell how a long run goes, as it goes (none where empty): the fault-free op's end,
+  // the second cluster's group formed, the fault's reckoning, the shrink, each of its
+  // collectives; each with the virtual time, the wall time and the process's peak memory so far.
+  std::function<void(const std::string&)> progress;
   // Every survivor should know every killed rank within this much virtual time of the kill:
   // the heartbeat's timeout (the default, 2 s) and a second for the news.
   std::chrono::milliseconds newsBound{3000};
