@@ -4,7 +4,6 @@
 #include <cmath>
 #include <map>
 #include <tuple>
-#include <unordered_map>
 
 #include "../base/types.h"
 
@@ -22,41 +21,37 @@ int edgeDimension(const Topology& t, int a, int b) {
 
 // A link: its dimension, the block it leaves or enters, the direction (out of the block).
 using LinkKey = std::tuple<int, int, bool>;
-struct LinkKeyHash {
-  size_t operator()(const LinkKey& k) const {
-    return std::hash<uint64_t>()(static_cast<uint64_t>(std::get<0>(k)) << 40 ^
-                                 static_cast<uint64_t>(static_cast<uint32_t>(std::get<1>(k))) << 1 ^
-                                 static_cast<uint64_t>(std::get<2>(k)));
-  }
-};
 
 // Bytes through each link. Every question of it is a sum or a most over the links, which no
-// order changes: a hash map (a ring of 8 192 ranks touches thousands of links per stage).
+// order changes. Dimension k's links are held by block (dimension 0's by rank), out of and into
+// it, in an array made when a message first crosses the dimension; the links touched are listed,
+// so that a load over one level costs that level's links only. (A hash map of the links, hashed
+// and allocated at every edge of every ring, was most of a plan's pricing at thousands of ranks.)
 class Loads {
  public:
-  explicit Loads(const Topology& t) : t_(t) {}
+  explicit Loads(const Topology& t) : t_(t), dimensions_(t.levels.size() + 1) {}
   // Returns the message's dimension.
   int transfer(int from, int to, double bytes) {
     const int k = edgeDimension(t_, from, to);
-    dimensions_ |= 1u << std::min(k, 31);
+    crossed_ |= 1u << std::min(k, 31);
     if (k == 0) {
-      bytes_[{0, from, true}] += bytes;
-      bytes_[{0, to, false}] += bytes;
+      at(0, from, true) += bytes;
+      at(0, to, false) += bytes;
       return k;
     }
     for (int j = 1; j <= k; ++j) {
-      bytes_[{j, t_.levels[j - 1].blockOf(from), true}] += bytes;
-      bytes_[{j, t_.levels[j - 1].blockOf(to), false}] += bytes;
+      at(j, t_.levels[j - 1].blockOf(from), true) += bytes;
+      at(j, t_.levels[j - 1].blockOf(to), false) += bytes;
     }
     return k;
   }
   void add(const Loads& other, double factor) {
-    for (auto& [key, b] : other.bytes_) bytes_[key] += b * factor;
-    dimensions_ |= other.dimensions_;
+    other.each([&](int k, int block, bool out, double b) { at(k, block, out) += b * factor; });
+    crossed_ |= other.crossed_;
   }
   double seconds(const LinkCosts& links) const {
     double worst = 0;
-    for (auto& [key, b] : bytes_) worst = std::max(worst, b / links.at(std::get<0>(key)).bandwidth);
+    each([&](int k, int, bool, double b) { worst = std::max(worst, b / links.at(k).bandwidth); });
     return worst;
   }
   // A step waits for its slowest message: the largest latency of the dimensions it crosses (not
@@ -64,7 +59,7 @@ class Loads {
   double latency(const LinkCosts& links) const {
     double worst = 0;
     for (int k = 0; k < 32; ++k) {
-      if (dimensions_ >> k & 1u) worst = std::max(worst, links.at(k).latency);
+      if (crossed_ >> k & 1u) worst = std::max(worst, links.at(k).latency);
     }
     return worst;
   }
@@ -72,21 +67,51 @@ class Loads {
   // dimensions).
   double messageSeconds(const LinkCosts& links, double bytes) const {
     double slowest = 0;
-    for (auto& [key, b] : bytes_) {
-      if (b > 0) slowest = std::max(slowest, bytes / links.at(std::get<0>(key)).bandwidth);
-    }
+    each([&](int k, int, bool, double b) {
+      if (b > 0) slowest = std::max(slowest, bytes / links.at(k).bandwidth);
+    });
     return slowest;
   }
   // Adds to `busy` each link's time in this load: its bytes over its bandwidth.
   using Busy = std::map<LinkKey, double>;  // in order: the bottleneck's ties break by it
   void occupy(const LinkCosts& links, Busy& busy) const {
-    for (auto& [key, b] : bytes_) busy[key] += b / links.at(std::get<0>(key)).bandwidth;
+    each([&](int k, int block, bool out, double b) {
+      busy[{k, block, out}] += b / links.at(k).bandwidth;
+    });
   }
 
  private:
+  struct Dimension {
+    std::vector<double> bytes;  // by block, out then in; < 0: untouched
+    std::vector<int> touched;   // indices into bytes, in the order first touched
+  };
+  double& at(int k, int block, bool out) {
+    Dimension& d = dimensions_[static_cast<size_t>(k)];
+    if (d.bytes.empty()) {
+      const int blocks = k == 0 ? t_.size : t_.levels[static_cast<size_t>(k) - 1].blocks();
+      d.bytes.assign(2 * static_cast<size_t>(blocks), -1.0);
+    }
+    const int index = 2 * block + (out ? 0 : 1);
+    double& b = d.bytes[static_cast<size_t>(index)];
+    if (b < 0) {
+      b = 0;
+      d.touched.push_back(index);
+    }
+    return b;
+  }
+  template <typename F>
+  void each(F f) const {
+    for (size_t k = 0; k < dimensions_.size(); ++k) {
+      const Dimension& d = dimensions_[k];
+      for (int index : d.touched) {
+        f(static_cast<int>(k), index / 2, index % 2 == 0, d.bytes[static_cast<size_t>(index)]);
+      }
+    }
+  }
+
   const Topology& t_;
-  uint32_t dimensions_ = 0;  // bit k: a message crosses dimension k
-  std::unordered_map<LinkKey, double, LinkKeyHash> bytes_;
+  uint32_t crossed_ = 0;  // bit k: a message crosses dimension k
+  std::vector<Dimension> dimensions_;
 };
 
 // A flat ring in `order` carrying `bytes` (2(P-1) steps of bytes/P).
@@ -253,12 +278,32 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
 
 // Waves through the pass, a wave's task after its previous one and after the previous wave's
 // same task (as the engine orders them), each started, earliest ready first, once the links
-// and ranks it holds are free: when the last ends.
-double wavesMakespan(const std::vector<const PassTask*>& pass, int planWaves) {
+// and ranks it holds are free: when the last ends. Each task's holds are listed once, in their
+// order as keys (its bottleneck's ties break by it), each link numbered from its dimension and
+// block (the ranks, as a resource, 0): a task's turn then walks an array, where looking each up
+// in a map of thousands of links, for every wave, was most of a plan's pricing at thousands of
+// ranks.
+double wavesMakespan(const Topology& t, const std::vector<const PassTask*>& pass, int planWaves) {
+  std::vector<size_t> first = {1};  // by dimension: the number of its first link
+  for (size_t k = 0; k <= t.levels.size(); ++k) {
+    const int blocks = k == 0 ? t.size : t.levels[k - 1].blocks();
+    first.push_back(first.back() + 2 * static_cast<size_t>(blocks));
+  }
+  std::vector<std::vector<std::pair<size_t, double>>> holds(pass.size());
+  for (size_t i = 0; i < pass.size(); ++i) {
+    for (const auto& [key, seconds] : pass[i]->holds) {
+      const auto [k, block, out] = key;
+      const size_t number =
+          k < 0 ? 0
+                : first[static_cast<size_t>(k)] + 2 * static_cast<size_t>(block) + (out ? 0 : 1);
+      holds[i].emplace_back(number, seconds);
+    }
+  }
+  const size_t count = first.back();
   const size_t waves = static_cast<size_t>(std::max(planWaves, 1));
   std::vector<std::vector<double>> ends(waves, std::vector<double>(pass.size(), 0));
   std::vector<size_t> next(waves, 0);
-  Loads::Busy freeAt;
+  std::vector<double> freeAt(count, 0);
   double makespan = 0;
   for (size_t left = waves * pass.size(); left > 0; --left) {
     size_t pick = waves;
@@ -272,22 +317,22 @@ double wavesMakespan(const std::vector<const PassTask*>& pass, int planWaves) {
         pickReady = ready;
       }
     }
-    const PassTask& task = *pass[next[pick]];
+    const size_t task = next[pick];
     // It starts once the link it holds longest is free; on its other links its bytes queue
     // behind what is there, and it ends no sooner than they have passed.
-    const std::tuple<int, int, bool>* bottleneck = nullptr;
-    for (auto& [key, seconds] : task.holds) {
-      if (bottleneck == nullptr || seconds > task.holds.at(*bottleneck)) bottleneck = &key;
+    const std::pair<size_t, double>* bottleneck = nullptr;
+    for (const auto& held : holds[task]) {
+      if (bottleneck == nullptr || held.second > bottleneck->second) bottleneck = &held;
     }
     const double start =
-        bottleneck != nullptr ? std::max(pickReady, freeAt[*bottleneck]) : pickReady;
-    double end = start + task.seconds;
-    for (auto& [key, seconds] : task.holds) {
+        bottleneck != nullptr ? std::max(pickReady, freeAt[bottleneck->first]) : pickReady;
+    double end = start + pass[task]->seconds;
+    for (const auto& [number, seconds] : holds[task]) {
       if (seconds <= 0) continue;
-      freeAt[key] = std::max(freeAt[key], start) + seconds;
-      end = std::max(end, freeAt[key]);
+      freeAt[number] = std::max(freeAt[number], start) + seconds;
+      end = std::max(end, freeAt[number]);
     }
-    ends[pick][next[pick]] = end;
+    ends[pick][task] = end;
     makespan = std::max(makespan, end);
     ++next[pick];
   }
@@ -324,7 +369,7 @@ double predictSeconds(const AllreducePlan& plan, const Topology& t, const LinkCo
   std::vector<const PassTask*> pass;
   for (const PassTask& task : scatter) pass.push_back(&task);
   for (size_t i = stages; i-- > 0;) pass.push_back(&gather[i]);
-  const double makespan = wavesMakespan(pass, plan.waves);
+  const double makespan = wavesMakespan(t, pass, plan.waves);
   return std::max({makespan, total.seconds(links), allReduce});
 }
 

@@ -22,17 +22,31 @@ int64_t weightOver(const std::vector<Held>& holdings, size_t begin, size_t end) 
   return -1;
 }
 
+// In place. The ranges are disjoint, so one that holds the hole with something on both sides
+// of it overlaps no other: it becomes its two sides. Otherwise each range leaves at most one
+// piece, in order.
 void removeRange(std::vector<Held>& holdings, size_t begin, size_t end) {
-  std::vector<Held> out;
-  for (const Held& h : holdings) {
-    if (h.end <= begin || end <= h.begin) {
-      out.push_back(h);
-      continue;
+  for (size_t i = 0; i < holdings.size(); ++i) {
+    const Held h = holdings[i];
+    if (h.begin < begin && end < h.end) {
+      holdings[i].end = begin;
+      holdings.insert(holdings.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                      Held{end, h.end, h.weight});
+      return;
     }
-    if (h.begin < begin) out.push_back(Held{h.begin, begin, h.weight});
-    if (end < h.end) out.push_back(Held{end, h.end, h.weight});
   }
-  holdings = std::move(out);
+  size_t kept = 0;
+  for (size_t i = 0; i < holdings.size(); ++i) {
+    const Held h = holdings[i];
+    if (h.end <= begin || end <= h.begin) {
+      holdings[kept++] = h;
+    } else if (h.begin < begin) {
+      holdings[kept++] = Held{h.begin, begin, h.weight};
+    } else if (end < h.end) {
+      holdings[kept++] = Held{end, h.end, h.weight};
+    }
+  }
+  holdings.resize(kept);
 }
 
 void addRange(std::vector<Held>& holdings, Range r, int64_t weight) {
@@ -40,15 +54,17 @@ void addRange(std::vector<Held>& holdings, Range r, int64_t weight) {
   holdings.push_back(Held{r.offset, r.offset + r.length, weight});
   std::sort(holdings.begin(), holdings.end(),
             [](const Held& a, const Held& b) { return a.begin < b.begin; });
-  std::vector<Held> merged;
-  for (const Held& h : holdings) {
-    if (!merged.empty() && merged.back().end == h.begin && merged.back().weight == h.weight) {
-      merged.back().end = h.end;
+  size_t merged = 0;
+  for (size_t i = 0; i < holdings.size(); ++i) {
+    const Held h = holdings[i];
+    if (merged > 0 && holdings[merged - 1].end == h.begin &&
+        holdings[merged - 1].weight == h.weight) {
+      holdings[merged - 1].end = h.end;
     } else {
-      merged.push_back(h);
+      holdings[merged++] = h;
     }
   }
-  holdings = std::move(merged);
+  holdings.resize(merged);
 }
 
 void applyRing(Holdings& holdings, const StageRing& ring) {
