@@ -4,7 +4,11 @@
 // records the new ones (the failure prints them).
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include "../../csrc/core/sim/simulate.h"
+#include "../../csrc/core/topology/links.h"
+#include "../../csrc/core/topology/plan_book.h"
 
 namespace ddl::test {
 namespace {
@@ -71,6 +75,46 @@ TEST(Digest, TheRecordedRunsDeliverTheSameMessagesAtTheSameTimes) {
     }
     EXPECT_EQ(digest, s.digest) << s.name << ": now 0x" << std::hex << digest;
   }
+}
+
+// The planner's candidates for a few machines and sizes, as recorded: every one's price (its bits)
+// and, for the multidim plans, every ring of every lane. A change to how plans are made or priced
+// that is not meant to change them leaves this as it is.
+TEST(Digest, ThePlannersCandidatesArePricedAndBuiltAsRecorded) {
+  struct Machine {
+    int ranks, perHost, hostsPerRack, lastShort;  // the last host `lastShort` ranks short
+  };
+  uint64_t digest = 1469598103934665603ull;
+  auto mix = [&digest](uint64_t v) { digest = (digest ^ v) * 1099511628211ull; };
+  for (const Machine m : {Machine{16, 4, 0, 0}, Machine{64, 8, 4, 0}, Machine{60, 4, 5, 1},
+                          Machine{256, 8, 4, 3}, Machine{96, 6, 4, 0}, Machine{130, 2, 8, 1}}) {
+    std::vector<Locality> where;
+    RackMap racks;
+    for (int r = 0; r < m.ranks - m.lastShort; ++r) {
+      const std::string host = "h" + std::to_string(r / m.perHost);
+      where.push_back(Locality{host, "m" + host});
+      if (m.hostsPerRack > 0) racks[host] = "r" + std::to_string(r / m.perHost / m.hostsPerRack);
+    }
+    PlanBook book(buildTopology(where, racks), parseLinks(kLinks), planRequest(), true);
+    for (size_t bytes : {size_t{4}, size_t{4096}, size_t{1} << 20, size_t{100000000}}) {
+      for (const AllreducePlan& plan : book.candidates(bytes / 4, 4)) {
+        mix(static_cast<uint64_t>(plan.algorithm));
+        mix(std::bit_cast<uint64_t>(plan.predicted));
+        for (const Lane& lane : plan.lanes) {
+          mix(lane.range.offset);
+          mix(lane.range.length);
+          for (const Stage& stage : lane.stages) {
+            for (const StageRing& ring : stage.rings) {
+              for (int r : ring.order) mix(static_cast<uint64_t>(r));
+              for (const Range& c : ring.chunks) mix(c.offset ^ c.length << 32);
+              mix(ring.firstStep);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(digest, 0xdf5ac52f3e86eef7ull) << "now 0x" << std::hex << digest;
 }
 
 }  // namespace
