@@ -10,6 +10,98 @@
 namespace ddl {
 namespace {
 
+using Pieces = std::vector<std::pair<Range, std::vector<int>>>;
+
+// The pieces of a group whose members hold the same ranges with the same weights (every group
+// of a regular grid's stage): each range is a piece that all of them hold, in order (a member's
+// ranges are disjoint and never touch with one weight: addRange merges them). False otherwise.
+bool samePieces(const Holdings& holdings, const std::vector<int>& members, Pieces& pieces) {
+  const std::vector<Held>& first = holdings[members.front()];
+  for (int r : members) {
+    const std::vector<Held>& held = holdings[r];
+    if (held.size() != first.size()) return false;
+    for (size_t i = 0; i < held.size(); ++i) {
+      if (held[i].begin != first[i].begin || held[i].end != first[i].end ||
+          held[i].weight != first[i].weight) {
+        return false;
+      }
+    }
+  }
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (i > 0 && first[i - 1].end == first[i].begin && first[i - 1].weight == first[i].weight) {
+      return false;  // (not as addRange leaves them: the general way merges them)
+    }
+  }
+  for (const Held& h : first) pieces.emplace_back(Range{h.begin, h.end - h.begin}, members);
+  return true;
+}
+
+// Any group's pieces held by two or more members: each interval between the ends of what its
+// members hold, with the members holding it (in member order); neighbours held alike, with the
+// same weights, merged.
+void differentPieces(const Holdings& holdings, const std::vector<int>& members, Pieces& pieces) {
+  std::vector<size_t> cuts;
+  for (int r : members) {
+    for (const Held& h : holdings[r]) {
+      cuts.push_back(h.begin);
+      cuts.push_back(h.end);
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  if (cuts.size() < 2) return;
+  // A member's ranges are disjoint and their ends are cuts, so each covers a run of intervals:
+  // O(what the members hold), where asking every member of every interval was O(members x
+  // intervals), O(P^2) for the closing stage over the whole group. Only intervals that two or
+  // more hold are spelled out (where every member holds its own, as the closing stage mostly
+  // finds them, none).
+  std::vector<std::pair<size_t, size_t>> spans;  // by member's range: its intervals [from, to)
+  std::vector<int> holders(cuts.size(), 0);      // by interval, once summed
+  for (int r : members) {
+    for (const Held& h : holdings[r]) {
+      const auto from =
+          static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), h.begin) - cuts.begin());
+      const auto to =
+          static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), h.end) - cuts.begin());
+      spans.emplace_back(from, to);
+      ++holders[from];
+      --holders[to];
+    }
+  }
+  for (size_t i = 1; i < holders.size(); ++i) holders[i] += holders[i - 1];
+  using Key = std::vector<std::pair<int, int64_t>>;
+  std::vector<Key> keys(cuts.size() - 1);
+  size_t span = 0;
+  for (int r : members) {
+    for (const Held& h : holdings[r]) {
+      const auto [from, to] = spans[span++];
+      for (size_t i = from; i < to; ++i) {
+        if (holders[i] >= 2) keys[i].emplace_back(r, h.weight);
+      }
+    }
+  }
+  std::vector<std::pair<Range, Key>> keyed;
+  bool follows = false;  // the last interval is keyed's last
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    if (holders[i] < 2) {
+      follows = false;
+      continue;
+    }
+    Range range{cuts[i], cuts[i + 1] - cuts[i]};
+    if (follows && keyed.back().second == keys[i]) {
+      keyed.back().first.length += range.length;
+    } else {
+      keyed.emplace_back(range, std::move(keys[i]));
+    }
+    follows = true;
+  }
+  for (auto& [range, key] : keyed) {
+    std::vector<int> members;
+    for (auto& [r, w] : key) members.push_back(r);
+    pieces.emplace_back(range, std::move(members));
+  }
+}
+
 // One stage: within each group of `rings` (ranks in ring order), every piece held by two or more
 // members with the same weights becomes a ring. Updates `holdings` and the lane's step counter.
 // The groups of a stage have no rank in common, so their rings number their steps from the
@@ -23,43 +115,13 @@ Stage runStage(Holdings& holdings, const std::vector<std::vector<int>>& rings, i
   uint32_t end = base;
   for (const std::vector<int>& members : rings) {
     nextStep = base;
-    std::vector<size_t> cuts;
-    for (int r : members) {
-      for (const Held& h : holdings[r]) {
-        cuts.push_back(h.begin);
-        cuts.push_back(h.end);
-      }
-    }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    // Each interval between cuts: the members holding it, in member order, with their weights.
-    // A member's ranges are disjoint and their ends are cuts, so each covers a run of intervals:
-    // O(what the members hold), where asking every member of every interval was O(members x
-    // intervals), O(P^2) for the closing stage over the whole group.
-    using Key = std::vector<std::pair<int, int64_t>>;
-    std::vector<Key> keys(cuts.empty() ? 0 : cuts.size() - 1);
-    for (int r : members) {
-      for (const Held& h : holdings[r]) {
-        const auto from = std::lower_bound(cuts.begin(), cuts.end(), h.begin) - cuts.begin();
-        const auto to = std::lower_bound(cuts.begin(), cuts.end(), h.end) - cuts.begin();
-        for (auto i = from; i < to; ++i) keys[static_cast<size_t>(i)].emplace_back(r, h.weight);
-      }
-    }
-    std::vector<std::pair<Range, Key>> pieces;
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-      Key& key = keys[i];
-      Range range{cuts[i], cuts[i + 1] - cuts[i]};
-      if (!pieces.empty() && pieces.back().second == key &&
-          pieces.back().first.offset + pieces.back().first.length == range.offset) {
-        pieces.back().first.length += range.length;
-      } else {
-        pieces.emplace_back(range, std::move(key));
-      }
-    }
-    for (auto& [piece, key] : pieces) {
-      if (key.size() < 2 || piece.length == 0) continue;
+    if (members.empty()) continue;
+    Pieces pieces;  // each with the members holding it, in member order
+    if (!samePieces(holdings, members, pieces)) differentPieces(holdings, members, pieces);
+    for (auto& [piece, holders] : pieces) {
+      if (holders.size() < 2 || piece.length == 0) continue;
       StageRing ring;
-      for (auto& [r, w] : key) ring.order.push_back(r);
+      ring.order = std::move(holders);
       if (reversed) std::reverse(ring.order.begin(), ring.order.end());
       ring.chunks = splitEven(piece.length, ring.order.size());
       for (Range& c : ring.chunks) c.offset += piece.offset;
