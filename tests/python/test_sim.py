@@ -79,7 +79,8 @@ def test_progress_tells_each_stage_of_a_long_run_on_stderr_as_it_ends():
     figures = r": virtual [\d.]+ us, wall [\d.]+ s, peak [\d.]+ GB$"
     told = [l for l in err.splitlines() if re.search(figures, l)]
     stages = ([r"the fault-free allreduce of 1024 floats ended", r"the group to fault formed",
-               r"fault: 31 of 31 survivors name what they lost, in \d+ failure messages",
+               r"fault: 31 of 31 survivors name what they lost within \d+ us of it, in \d+ failure "
+               r"messages",
                r"shrink: 1 group\(s\), 31 members"] +
               [rf"shrunk group's op {i} of 20, .+: right" for i in range(1, 21)])
     assert len(told) == len(stages), err

@@ -375,7 +375,9 @@ SimReport simulate(const SimRequest& request) {
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
     progress(cluster, "fault: " + std::to_string(report.named) + " of " +
-                          std::to_string(report.survivors) + " survivors name what they lost, in " +
+                          std::to_string(report.survivors) +
+                          " survivors name what they lost within " +
+                          std::to_string(std::llround(report.namedByMicros)) + " us of it, in " +
                           std::to_string(report.failureMessages) + " failure messages");
     if (request.shrink) shrinkAndGoOn(request, cluster, &report, progress);
     report.killDigest = cluster.network().digest();
