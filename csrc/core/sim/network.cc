@@ -488,7 +488,7 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
       case Kind::kKill: {
         const std::vector<int>& ranks = batches_[e.index];
         for (int r : ranks) {
-          if (!dead_[r]) ++deaths_;
+          if (!dead_[r]) deadRanks_.push_back(r);
           dead_[r] = true;
         }
         for (int d : ranks) {

@@ -275,7 +275,8 @@ class SimNetwork {
   bool dead(int rank) const { return dead_[rank]; }
   // Whether `rank` is stalled (not turned) now.
   bool stalled(int rank) const { return point(stallUntil_[rank]) > now_; }
-  int deaths() const { return deaths_; }
+  int deaths() const { return static_cast<int>(deadRanks_.size()); }
+  const std::vector<int>& deadRanks() const { return deadRanks_; }  // in order of death
   // Whether a message from a to b would be dropped now (a cut or a partition between them).
   bool severed(int a, int b) const;
 
@@ -360,7 +361,7 @@ class SimNetwork {
   int64_t local_ = 0;  // the turning rank's time
   std::vector<int64_t> busyUntil_, turnAt_;
   std::vector<bool> dead_;
-  int deaths_ = 0;
+  std::vector<int> deadRanks_;
   std::set<std::pair<int, int>> cuts_;
   std::vector<int> side_;                   // by rank, once partitioned (0: the rest)
   std::vector<std::vector<int>> batches_;   // kKill, kPartition: the ranks, by event index

@@ -83,6 +83,13 @@ class Progress {
   std::chrono::steady_clock::time_point wallStart_;
 };
 
+// The fault's reckoning, as --progress tells it.
+std::string faultLine(const SimReport& r) {
+  return "fault: " + std::to_string(r.named) + " of " + std::to_string(r.survivors) +
+         " survivors name what they lost within " + std::to_string(std::llround(r.namedByMicros)) +
+         " us of it, in " + std::to_string(r.failureMessages) + " failure messages";
+}
+
 // The shrink after the kill, as a job makes it (SimCluster::shrink), then the collectives on the
 // group it formed.
 void shrinkAndGoOn(const SimRequest& request, SimCluster& cluster, SimReport* report,
@@ -374,11 +381,7 @@ SimReport simulate(const SimRequest& request) {
       report.namedByMicros = std::max(report.namedByMicros, micros(began + at, knewAll));
     }
     report.failureMessages = cluster.network().messagesOfSlot(noticeSlot) - noticesBefore;
-    progress(cluster, "fault: " + std::to_string(report.named) + " of " +
-                          std::to_string(report.survivors) +
-                          " survivors name what they lost within " +
-                          std::to_string(std::llround(report.namedByMicros)) + " us of it, in " +
-                          std::to_string(report.failureMessages) + " failure messages");
+    progress(cluster, faultLine(report));
     if (request.shrink) shrinkAndGoOn(request, cluster, &report, progress);
     report.killDigest = cluster.network().digest();
   }
