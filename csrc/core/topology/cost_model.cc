@@ -22,6 +22,12 @@ int edgeDimension(const Topology& t, int a, int b) {
 // A link: its dimension, the block it leaves or enters, the direction (out of the block).
 using LinkKey = std::tuple<int, int, bool>;
 
+// Dimension k's links, numbered from 0: two a block (out, then in), dimension 0's a rank.
+size_t linksOf(const Topology& t, size_t k) {
+  return 2 * static_cast<size_t>(k == 0 ? t.size : t.levels[k - 1].blocks());
+}
+size_t linkNumber(int block, bool out) { return 2 * static_cast<size_t>(block) + (out ? 0 : 1); }
+
 // Bytes through each link. Every question of it is a sum or a most over the links, which no
 // order changes. Dimension k's links are held by block (dimension 0's by rank), out of and into
 // it, in an array made when a message first crosses the dimension; the links touched are listed,
@@ -82,17 +88,14 @@ class Loads {
 
  private:
   struct Dimension {
-    std::vector<double> bytes;  // by block, out then in; < 0: untouched
-    std::vector<int> touched;   // indices into bytes, in the order first touched
+    std::vector<double> bytes;    // by block, out then in; < 0: untouched
+    std::vector<size_t> touched;  // indices into bytes, in the order first touched
   };
   double& at(int k, int block, bool out) {
     Dimension& d = dimensions_[static_cast<size_t>(k)];
-    if (d.bytes.empty()) {
-      const int blocks = k == 0 ? t_.size : t_.levels[static_cast<size_t>(k) - 1].blocks();
-      d.bytes.assign(2 * static_cast<size_t>(blocks), -1.0);
-    }
-    const int index = 2 * block + (out ? 0 : 1);
-    double& b = d.bytes[static_cast<size_t>(index)];
+    if (d.bytes.empty()) d.bytes.assign(linksOf(t_, static_cast<size_t>(k)), -1.0);
+    const size_t index = linkNumber(block, out);
+    double& b = d.bytes[index];
     if (b < 0) {
       b = 0;
       d.touched.push_back(index);
@@ -103,8 +106,8 @@ class Loads {
   void each(F f) const {
     for (size_t k = 0; k < dimensions_.size(); ++k) {
       const Dimension& d = dimensions_[k];
-      for (int index : d.touched) {
-        f(static_cast<int>(k), index / 2, index % 2 == 0, d.bytes[static_cast<size_t>(index)]);
+      for (size_t index : d.touched) {
+        f(static_cast<int>(k), static_cast<int>(index / 2), index % 2 == 0, d.bytes[index]);
       }
     }
   }
@@ -285,17 +288,12 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
 // ranks.
 double wavesMakespan(const Topology& t, const std::vector<const PassTask*>& pass, int planWaves) {
   std::vector<size_t> first = {1};  // by dimension: the number of its first link
-  for (size_t k = 0; k <= t.levels.size(); ++k) {
-    const int blocks = k == 0 ? t.size : t.levels[k - 1].blocks();
-    first.push_back(first.back() + 2 * static_cast<size_t>(blocks));
-  }
+  for (size_t k = 0; k <= t.levels.size(); ++k) first.push_back(first.back() + linksOf(t, k));
   std::vector<std::vector<std::pair<size_t, double>>> holds(pass.size());
   for (size_t i = 0; i < pass.size(); ++i) {
     for (const auto& [key, seconds] : pass[i]->holds) {
       const auto [k, block, out] = key;
-      const size_t number =
-          k < 0 ? 0
-                : first[static_cast<size_t>(k)] + 2 * static_cast<size_t>(block) + (out ? 0 : 1);
+      const size_t number = k < 0 ? 0 : first[static_cast<size_t>(k)] + linkNumber(block, out);
       holds[i].emplace_back(number, seconds);
     }
   }
