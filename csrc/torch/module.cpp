@@ -171,6 +171,17 @@ void bindPlans(Backend& backend) {
                         ? "bruck"
                         : "pairwise";
            })
+      // How the group's gather of `nbytes` a rank runs: linear or tree.
+      .def("gather_schedule",
+           [](const ddl::ProcessGroupDDL& pg, int64_t nbytes) {
+             return valueErrors([&] {
+               if (nbytes < 0) throw ddl::Error("gather_schedule: negative size");
+               return std::string(pg.communicator()->planBook().gatherSchedule(
+                                      static_cast<size_t>(nbytes)) == ddl::GatherSchedule::kTree
+                                      ? "tree"
+                                      : "linear");
+             });
+           })
       .def("plan_rows", [](const ddl::ProcessGroupDDL& pg, const std::vector<int64_t>& sizes) {
         return valueErrors([&] {
           // What the group's own planner settings make of each size (its request is the one in

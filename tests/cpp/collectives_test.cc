@@ -173,6 +173,46 @@ TEST_P(WorldSize, ReduceGatherScatter) {
   });
 }
 
+// Both schedules (TORCH_DDL_GATHER_ALGO) from every root: the tree's subtrees that run past rank
+// P - 1 at the root, its scratch at the others, the root's block given in place, no bytes at all.
+TEST_P(WorldSize, GatherLinearAndTreeFromEveryRoot) {
+  const int size = GetParam();
+  for (const char* schedule : {"linear", "tree"}) {
+    SCOPED_TRACE(schedule);
+    ScopedEnv env({{"TORCH_DDL_GATHER_ALGO", schedule}});
+    runRanks(size, [&](Communicator& comm) {
+      const int me = comm.rank();
+      for (size_t count : {size_t{0}, size_t{1}, size_t{257}}) {
+        for (int root = 0; root < size; ++root) {
+          for (bool inPlace : {false, true}) {
+            std::vector<int16_t> in(count), out(count * size + 1, -7);
+            for (size_t i = 0; i < count; ++i) in[i] = static_cast<int16_t>(me * 1000 + i);
+            const std::vector<int16_t> keep = in;
+            const int16_t* from = in.data();
+            if (inPlace && me == root) {
+              std::copy(in.begin(), in.end(), out.begin() + me * count);
+              from = out.data() + me * count;
+            }
+            check(comm.gather(from, out.data(), count, DataType::kInt16, root));
+            ASSERT_EQ(in, keep) << "gather modified its input";
+            if (me != root) {
+              ASSERT_EQ(out, std::vector<int16_t>(count * size + 1, -7)) << "written off the root";
+              continue;
+            }
+            for (int r = 0; r < size; ++r) {
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_EQ(out[r * count + i], static_cast<int16_t>(r * 1000 + i))
+                    << "root " << root << ", block of rank " << r << ", element " << i;
+              }
+            }
+            ASSERT_EQ(out[count * size], -7) << "written past the output";
+          }
+        }
+      }
+    });
+  }
+}
+
 // Both schedules (TORCH_DDL_ALLTOALL_ALGO) on layouts that Bruck's forwarding must carry: blocks
 // of sizes only their sender and receiver know (some empty, some of a few KiB), blocks all of one
 // size, and no bytes at all.

@@ -477,6 +477,43 @@ TEST(Sim, AnAlltoallOfFiveHundredRanksLooksItsPeersUpAtOnceAndNobodyIsCountedGon
   EXPECT_EQ(r.shrinkOpsOk, SimRequest::kShrinkOps) << r.shrinkError;
 }
 
+// A linear gather's senders each look the root's address up, one request apiece at the store's
+// one server, and a rank waiting its turn there sends no heartbeat. With a store of 2.5 ms an
+// answer, 1 024 of them queue 2.56 s and live ranks were counted gone ("rank 1018 is gone");
+// so did the 65 528 survivors of a host at 65 536 ranks at the measured 31 us, whose shrunk
+// group's gather never ended. From 64 ranks a gather runs a binomial tree
+// (PlanBook::gatherSchedule), each rank talking to ranks r - root +- 2^k, whose addresses
+// creation told it: ceil(log2 P) rounds, P - 1 messages, no lookup.
+TEST(Sim, AGatherOfAThousandRanksRunsATreeAndNobodyIsCountedGone) {
+  const int ranks = 1024;
+  SimRequest q = request(ranks, 8, 8, 124);
+  q.collective = "gather";
+  q.cluster.storeMicros = 2500;
+  SimReport r = simulate(q);
+  expectRight(r);
+  EXPECT_EQ(r.algorithm, "gather:tree");
+  EXPECT_LT(r.simMicros, 2e5);
+  // The data's P - 1 messages, and a call print each way along each of the tree's P - 1 edges.
+  EXPECT_LE(r.opMessages, 3u * ranks);
+}
+
+// The tree from 64 ranks, while the largest subtree a rank other than the root holds fits 256 MiB
+// of scratch (the subtree of 2^k holds min(2^k, P - 2^k) blocks); linear otherwise.
+TEST(Sim, AGatherTakesTheTreeFromSixtyFourRanksWhileItsScratchFits) {
+  auto schedule = [](int ranks, size_t bytes) {
+    PlanBook book(gridTopology(ranks, 1, 1), parseLinks(kLinks), planRequest(), true);
+    return book.gatherSchedule(bytes);
+  };
+  EXPECT_EQ(schedule(63, 4), GatherSchedule::kLinear);
+  EXPECT_EQ(schedule(64, 4), GatherSchedule::kTree);
+  EXPECT_EQ(schedule(64, 8 << 20), GatherSchedule::kTree);  // 32 blocks of 8 MiB
+  EXPECT_EQ(schedule(64, (8 << 20) + 1), GatherSchedule::kLinear);
+  EXPECT_EQ(schedule(65536, 8192), GatherSchedule::kTree);  // 32 768 blocks of 8 KiB
+  EXPECT_EQ(schedule(65537, 8192), GatherSchedule::kTree);  // the same: 65 536 holds 1
+  EXPECT_EQ(schedule(65537, 8193), GatherSchedule::kLinear);
+  EXPECT_EQ(schedule(96, 8 << 20), GatherSchedule::kTree);  // 32 blocks at 32 and at 64
+}
+
 // From 1 024 ranks an all_to_all runs Bruck's rounds (PlanBook::alltoallSchedule): each rank
 // talks to the ranks r +- 2^k only. The pairwise exchange's bulk lookup of every rank still queued
 // P^2 keys at the store's one server: at 2 048 ranks 2.75 s, past the heartbeat's 2 s, and live

@@ -139,6 +139,32 @@ def test_all_to_all_pairwise_and_bruck_match_gloo(size):
     run_ranks(_all_to_all_schedules, size)
 
 
+def _gather_schedules(rank, size):
+    groups = ddl_groups_with("TORCH_DDL_GATHER_ALGO", ("linear", "tree", "auto"))
+    gloo = dist.new_group(backend="gloo")
+    backend = {a: g._get_backend(torch.device("cpu")) for a, g in groups.items()}
+    schedule = {a: b.gather_schedule(4) for a, b in backend.items()}
+    assert schedule == {"linear": "linear", "tree": "tree", "auto": "linear"}, schedule
+    for dtype in (torch.float32, torch.int64, torch.uint8, torch.bfloat16):
+        for n in (0, 1, 7, 1031):
+            x = ((torch.arange(n) * (rank + 3) + rank) % 251).to(dtype)
+            for root in range(size):
+                want = [torch.empty_like(x) for _ in range(size)] if rank == root else None
+                dist.gather(x, want, dst=root, group=gloo)
+                for algo, group in groups.items():
+                    got = [torch.full_like(x, 7) for _ in range(size)] if rank == root else None
+                    dist.gather(x, got, dst=root, group=group)
+                    if rank == root:
+                        for r in range(size):
+                            assert_same(got[r], want[r],
+                                        f"gather {algo} {dtype} n={n} root={root} block {r}")
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_gather_linear_and_tree_match_gloo(size):
+    run_ranks(_gather_schedules, size)
+
+
 def _point_to_point(rank, size):
     if size == 1:
         return

@@ -153,6 +153,8 @@ Task reduceTree(Op& op, const void* in, void* out, size_t count, DataType type, 
 // gather_scatter_linear.cc: the root exchanges one block of `bytes` with every rank directly.
 // gather: `out` (root only) receives size() blocks, block r from rank r.
 Task gatherLinear(Op& op, const void* in, void* out, size_t bytes, int root);
+// gather_tree.cc: the same gather in ceil(log2 P) rounds of a binomial tree.
+Task gatherTree(Op& op, const void* in, void* out, size_t bytes, int root);
 // scatter: `in` (root only) holds size() blocks; rank r receives block r into `out`.
 Task scatterLinear(Op& op, const void* in, void* out, size_t bytes, int root);
 

@@ -121,6 +121,11 @@ const std::vector<ConfigEntry> kTable = {
     {"TORCH_DDL_ALLTOALL_ALGO", "auto",
      "all_to_all algorithm: auto, pairwise or bruck (auto: pairwise below 1 024 ranks, Bruck's "
      "ceil(log2 P) rounds from there; pairwise: every pair at once, an endpoint to every rank)"},
+    {"TORCH_DDL_GATHER_ALGO", "auto",
+     "gather algorithm: auto, linear or tree (auto: linear below 64 ranks, a binomial tree from "
+     "there while the largest subtree a rank forwards is at most 256 MiB; linear: every rank "
+     "sends to the root at once, each looking the root's address up; tree: ceil(log2 P) rounds, "
+     "a rank holding up to half the blocks in scratch)"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -225,6 +230,11 @@ Config read() {
       c.alltoallAlgorithm != "bruck") {
     throw Error("ddl: TORCH_DDL_ALLTOALL_ALGO=" + c.alltoallAlgorithm +
                 " is not one of auto, pairwise, bruck");
+  }
+  c.gatherAlgorithm = configValue(kTable[31]);
+  if (c.gatherAlgorithm != "auto" && c.gatherAlgorithm != "linear" && c.gatherAlgorithm != "tree") {
+    throw Error("ddl: TORCH_DDL_GATHER_ALGO=" + c.gatherAlgorithm +
+                " is not one of auto, linear, tree");
   }
   if (c.allgatherAlgorithm != "auto" && c.allgatherAlgorithm != "ring" &&
       c.allgatherAlgorithm != "bruck") {

@@ -42,6 +42,7 @@ struct Config {
   std::string metricsAddress;       // where the metrics port binds
   std::string allgatherAlgorithm = "auto";  // auto, ring or bruck
   std::string alltoallAlgorithm = "auto";   // auto, pairwise or bruck
+  std::string gatherAlgorithm = "auto";     // auto, linear or tree
   size_t deviceStageBytes = 0;  // CUDA allreduces up to this large go through host memory
 };
 

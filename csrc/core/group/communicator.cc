@@ -327,8 +327,11 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
   const char* name = collectiveName(Collective::kGather);
   checkRoot(name, root);
   size_t bytes = checkedBytes(name, count, type, static_cast<size_t>(size()));
-  return start(callPrint(Collective::kGather, count, type, std::nullopt, root), options,
-               [=](Op& op) { return gatherLinear(op, in, out, bytes, root); });
+  const bool tree = book_->gatherSchedule(bytes) == GatherSchedule::kTree;
+  return start(
+      callPrint(Collective::kGather, count, type, std::nullopt, root), options, [=](Op& op) {
+        return tree ? gatherTree(op, in, out, bytes, root) : gatherLinear(op, in, out, bytes, root);
+      });
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType type,

@@ -190,6 +190,9 @@ void describePlan(Communicator& comm, const std::string& collective, size_t coun
              comm.planBook().alltoallSchedule() == AlltoallSchedule::kBruck) {
     report.algorithm = "alltoall:bruck";
     report.modelMicros = comm.planBook().alltoallBruckPredicted(count * sizeof(float)) * 1e6;
+  } else if (collective == "gather" &&
+             comm.planBook().gatherSchedule(count * sizeof(float)) == GatherSchedule::kTree) {
+    report.algorithm = "gather:tree";
   } else {
     report.algorithm = collective;
   }

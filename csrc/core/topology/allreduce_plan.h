@@ -130,6 +130,9 @@ enum class AllgatherSchedule { kRing, kGrid, kBruck, kGridBruck };
 // How an all_to_all runs: every pair at once (algorithms/alltoall_pairwise.cc), or Bruck's
 // ceil(log2 P) rounds (alltoall_bruck.cc).
 enum class AlltoallSchedule { kPairwise, kBruck };
+// How a gather runs: every rank sends its block to the root at once
+// (algorithms/gather_scatter_linear.cc), or a binomial tree (gather_tree.cc).
+enum class GatherSchedule { kLinear, kTree };
 
 // What the configuration asks for (TORCH_DDL_ALLREDUCE_ALGO and its knobs). Zero: the planner
 // chooses.
@@ -153,6 +156,8 @@ struct PlanRequest {
   std::optional<AllgatherSchedule> allgather;
   // All-to-alls: the schedule forced (TORCH_DDL_ALLTOALL_ALGO), else PlanBook::alltoallSchedule.
   std::optional<AlltoallSchedule> alltoall;
+  // Gathers: the schedule forced (TORCH_DDL_GATHER_ALGO), else PlanBook::gatherSchedule.
+  std::optional<GatherSchedule> gather;
 };
 // What the configuration asks of the planner (the process's configuration by default): the one
 // place that reads the settings that choose an allreduce.

@@ -1,5 +1,7 @@
 #include "plan_book.h"
 
+#include <algorithm>
+
 namespace ddl {
 namespace {
 
@@ -27,7 +29,8 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
          std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + "," +
          std::to_string(r.stagedBytes) + "," +
          (r.allgather ? std::to_string(static_cast<int>(*r.allgather)) : "auto") + "," +
-         (r.alltoall ? std::to_string(static_cast<int>(*r.alltoall)) : "auto") + ":";
+         (r.alltoall ? std::to_string(static_cast<int>(*r.alltoall)) : "auto") + "," +
+         (r.gather ? std::to_string(static_cast<int>(*r.gather)) : "auto") + ":";
   for (int d : r.order) key += std::to_string(d) + ",";
   return key;
 }
@@ -103,6 +106,17 @@ AlltoallSchedule PlanBook::alltoallSchedule() const {
   if (request_.alltoall) return *request_.alltoall;
   return topology_.size >= kBruckAlltoallRanks ? AlltoallSchedule::kBruck
                                                : AlltoallSchedule::kPairwise;
+}
+
+GatherSchedule PlanBook::gatherSchedule(size_t bytes) const {
+  if (request_.gather) return *request_.gather;
+  const int n = topology_.size;
+  if (n < kGatherTreeRanks) return GatherSchedule::kLinear;
+  // The subtree of v = 2^k holds min(2^k, P - 2^k) blocks; no other is larger.
+  int largest = 1;
+  for (int p = 1; p < n; p <<= 1) largest = std::max(largest, std::min(p, n - p));
+  const bool fits = bytes <= kGatherTreeScratch / static_cast<size_t>(largest);
+  return fits ? GatherSchedule::kTree : GatherSchedule::kLinear;
 }
 
 AllgatherSchedule PlanBook::allgatherSchedule(size_t bytes, bool reduceScatter) {

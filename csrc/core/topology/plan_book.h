@@ -51,6 +51,15 @@ class PlanBook {
   // links.
   static constexpr int kBruckAlltoallRanks = 1024;
   AlltoallSchedule alltoallSchedule() const;
+  // How a gather of `bytes` a rank runs: what the request forces, else the binomial tree from
+  // kGatherTreeRanks ranks while the largest subtree a rank other than the root holds (at most
+  // half the blocks) is at most kGatherTreeScratch bytes, else linear. The tree
+  // costs ceil(log2 P) latencies where the linear gather's root meets P - 1 messages at once and
+  // each of its senders looks the root's address up (P requests at the store's one server: 2 s
+  // at 65 536 ranks, the heartbeats' timeout); the bytes into the root are the same.
+  static constexpr int kGatherTreeRanks = 64;
+  static constexpr size_t kGatherTreeScratch = size_t{256} << 20;
+  GatherSchedule gatherSchedule(size_t bytes) const;
   // What the cost model prices Bruck's all_to_all of `bytes` a block at, in seconds.
   double alltoallBruckPredicted(size_t bytes);
 

@@ -292,6 +292,8 @@ PlanRequest planRequest(const Config& c) {
   if (c.allgatherAlgorithm == "ring") request.allgather = AllgatherSchedule::kGrid;
   if (c.alltoallAlgorithm == "pairwise") request.alltoall = AlltoallSchedule::kPairwise;
   if (c.alltoallAlgorithm == "bruck") request.alltoall = AlltoallSchedule::kBruck;
+  if (c.gatherAlgorithm == "linear") request.gather = GatherSchedule::kLinear;
+  if (c.gatherAlgorithm == "tree") request.gather = GatherSchedule::kTree;
   request.hostSlots = c.hostSlots;
   request.directMinBytes = c.directMinBytes;
   request.shareTensors = c.shareTensors;
