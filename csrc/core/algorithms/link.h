@@ -15,6 +15,7 @@
 //   begin(geometry)       once, before anything else: steps and segments of the schedule
 //   poll()                collects what the transport delivered (and posts what it may)
 //   expect(...)           the pipeline wants segment k of step s; false while the link has no room
+//   reducingRoom()        false while no reducing step's expect() could succeed
 //   arrival(&a)           the oldest arrival not taken yet
 //   outbox(home, ...)     where to put a segment to post (nullptr while the next position's room
 //                         is full); `home` is where its bytes are in the buffer: a link that sends
@@ -58,6 +59,9 @@ class Link {
   // `home` is where segment k of step s belongs in the buffer; `reducing` when it is reduced
   // into it rather than stored there.
   virtual bool expect(int step, size_t segment, char* home, size_t bytes, bool reducing) = 0;
+  // False while every reducing step's expect() fails, whatever its step (no scratch is free):
+  // the pipeline then asks no more of them until something changes.
+  virtual bool reducingRoom() const { return true; }
   virtual bool arrival(Arrival* out) = 0;
   // `fresh`: the segment enters the ring here (step 0); a link with bounded room keeps some for
   // segments already in the ring, so that the ring as a whole never fills.

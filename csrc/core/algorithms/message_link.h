@@ -24,6 +24,7 @@ class MessageLink : public Link {
   void begin(const LinkGeometry& geometry) override;
   void poll() override {}
   bool expect(int step, size_t segment, char* home, size_t bytes, bool reducing) override;
+  bool reducingRoom() const override { return !freeSlots_.empty(); }
   bool arrival(Arrival* out) override;
   char* outbox(char* home, size_t, bool) override { return home; }
   void post(int step, size_t segment, char* at, size_t bytes) override;
