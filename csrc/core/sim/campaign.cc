@@ -68,6 +68,7 @@ class Run {
              cluster_.network().messagesOfSlot(abortSlot);
     };
     const uint64_t messagesBefore = failureMessages();
+    const uint64_t abortsBefore = cluster_.network().messagesOfSlot(abortSlot);
     for (size_t i = 0; i < s_.ops.size(); ++i) {
       strike(static_cast<int>(i));
       runOp(members, s_.ops[i], static_cast<int>(i), "op " + std::to_string(i), nullptr,
@@ -82,9 +83,11 @@ class Run {
     }
     const double budget = 20.0 * n * std::log2(std::max(n, 2)) * std::max(costly, 1);
     if (static_cast<double>(result_.failureMessages) > budget) {
-      broke(result_.overBudget, std::to_string(result_.failureMessages) +
-                                    " failure messages, over 20 P log2 P a fault (" +
-                                    std::to_string(static_cast<uint64_t>(budget)) + ")");
+      broke(result_.overBudget,
+            std::to_string(result_.failureMessages) + " failure messages (" +
+                std::to_string(cluster_.network().messagesOfSlot(abortSlot) - abortsBefore) +
+                " of them agreements' aborts), over 20 P log2 P a fault (" +
+                std::to_string(static_cast<uint64_t>(budget)) + ")");
     }
     result_.maxEndpoints = cluster_.maxEndpoints();
     bool everyone = false;  // an op that talks to every rank
