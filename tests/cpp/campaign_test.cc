@@ -120,6 +120,11 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0xd6cecbacef2e255d, "8 ranks, all_to_all by Bruck's rounds, a hostile peer's junk block"
                          " sizes: the next rank made room for what they summed to and failed with"
                          " std::bad_alloc, naming no one (a sum past 1 TiB now names the sender)"},
+    {0x7c5a176521a99a80, "53 ranks, a cut between ranks 40 and 43, every op also on a second"
+                         " group: both groups' ops stalled, and each rank's halfway wait report"
+                         " reached every rank of each group (2 x 53 x 52), with 36 timeouts"
+                         " told to all: 7 393 failure messages against a budget of one group's"
+                         " (the budget now counts each group running)"},
   };
   // clang-format on
   for (const Found& f : found) {
