@@ -13,6 +13,7 @@
 // looked the root's address up in the store. A rank other than the root holds its subtree in
 // scratch: at most half the blocks (PlanBook::gatherSchedule bounds its bytes).
 #include <algorithm>
+#include <bit>
 #include <memory>
 #include <vector>
 
@@ -30,12 +31,8 @@ Task gatherTree(Op& op, const void* in, void* out, size_t bytes, int root) {
     co_await copyInTurns(op, base + root * bytes, in, bytes);
   }
   if (n == 1 || bytes == 0) co_return;
-  int low = 1;  // the root: a power of two past every child; else v's lowest set bit
-  if (isRoot) {
-    while (low < n) low <<= 1;
-  } else {
-    low = v & -v;
-  }
+  // The root: a power of two past every child; else v's lowest set bit.
+  const int low = isRoot ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(n))) : v & -v;
   const int span = std::min(low, n - v);  // the subtree's blocks, this rank's first
   Memory& memory = op.memory();
   std::shared_ptr<char> held, wrapped;
@@ -69,8 +66,7 @@ Task gatherTree(Op& op, const void* in, void* out, size_t bytes, int root) {
     co_await copyInTurns(op, base, wrapped.get() + before, wrapCount * bytes - before);
   }
   if (isRoot) co_return;
-  uint32_t parentRound = 0;
-  while ((1 << parentRound) < low) ++parentRound;
+  const auto parentRound = static_cast<uint32_t>(std::countr_zero(static_cast<unsigned>(low)));
   const void* subtree = held ? static_cast<const void*>(held.get()) : in;
   co_await op.all(op.send((v - low + root) % n, tag::slot(0, parentRound), subtree, span * bytes));
 }
