@@ -2,11 +2,14 @@
 // (roots, refusals, leftovers, prints), and torch 2.14's reconfigure from handles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "../../csrc/core/base/tag.h"
 #include "../../csrc/core/base/wire.h"
 #include "../../csrc/core/runtime/liveness.h"
+#include "../../csrc/core/topology/block_plan.h"
+#include "../../csrc/core/topology/topology.h"
 #include "harness.h"
 #include "values.h"
 
@@ -237,6 +240,69 @@ TEST(CallCheck, PrintsAndNoticesSurviveTheirEncoding) {
   EXPECT_EQ(back->from, 3);
   EXPECT_EQ(back->type, Notice::Type::kGroupTimeout);
   EXPECT_FALSE(Notice::decode(bytes.data(), 3).has_value());
+}
+
+// Where a collective's print goes as it starts (PrintRing): in a grid, to position + 1 of one
+// dimension's ring (where the grid's rings and Bruck's rounds send anyway), every rank asked by
+// exactly the ranks that print to it, and the arrows joining every rank to one ring, so that a
+// disagreement anywhere is one between two ranks that print to each other. Without a grid: the
+// ranks in order.
+TEST(CallCheck, EveryRankPrintsToPositionPlusOneOfADimensionAndTheArrowsJoinEveryRank) {
+  struct Shape {
+    int ranks, perHost, hostsPerRack;
+  };
+  for (Shape shape :
+       {Shape{64, 8, 4}, Shape{60, 3, 5}, Shape{16, 1, 4}, Shape{24, 4, 6}, Shape{4096, 8, 32}}) {
+    SCOPED_TRACE(std::to_string(shape.ranks) + " ranks, " + std::to_string(shape.perHost) +
+                 " a host, " + std::to_string(shape.hostsPerRack) + " hosts a rack");
+    std::vector<Locality> where;
+    RackMap racks;
+    for (int r = 0; r < shape.ranks; ++r) {
+      const std::string host = "h" + std::to_string(r / shape.perHost);
+      where.push_back(Locality{host, "m" + host});
+      racks[host] = "r" + std::to_string(r / shape.perHost / shape.hostsPerRack);
+    }
+    const int n = shape.ranks;
+    const BlockPlan grid = planBlockStages(buildTopology(where, racks), false);
+    ASSERT_FALSE(grid.empty());
+    std::vector<int> next(n);
+    std::vector<std::vector<int>> asks(n);
+    for (int r = 0; r < n; ++r) {
+      const PrintRing ring = printRing(r, n, &grid);
+      next[r] = ring.next;
+      asks[r] = ring.previous;
+      std::sort(asks[r].begin(), asks[r].end());
+      int moved = 0;  // dimensions where next's coordinate differs: one, by one place on
+      for (size_t k = 0; k < grid.dims.size(); ++k) {
+        const int from = grid.coords[r][k], to = grid.coords[next[r]][k];
+        if (from == to) continue;
+        ++moved;
+        EXPECT_EQ(to, (from + 1) % grid.dims[k]) << "rank " << r;
+      }
+      EXPECT_EQ(moved, 1) << "rank " << r << " prints to " << next[r];
+    }
+    std::vector<std::vector<int>> printedBy(n);
+    for (int r = 0; r < n; ++r) printedBy[next[r]].push_back(r);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(asks[r], printedBy[r]) << "rank " << r;
+    // Every rank's arrows end in the same ring: after n steps each stands on it, and the ring's
+    // lowest rank is the same from everywhere.
+    int common = -1;
+    for (int r = 0; r < n; ++r) {
+      int at = r;
+      for (int i = 0; i < n; ++i) at = next[at];
+      int lowest = at;
+      for (int x = next[at]; x != at; x = next[x]) lowest = std::min(lowest, x);
+      if (common < 0) common = lowest;
+      EXPECT_EQ(lowest, common) << "rank " << r;
+    }
+  }
+  for (int n : {1, 2, 5}) {
+    for (int r = 0; r < n; ++r) {
+      const PrintRing ring = printRing(r, n, nullptr);
+      EXPECT_EQ(ring.next, (r + 1) % n);
+      EXPECT_EQ(ring.previous, std::vector<int>{(r + n - 1) % n});
+    }
+  }
 }
 
 // torch 2.14's reconfigure: processes form a group from each other's handles, no store; a

@@ -6,7 +6,8 @@
 // distance d = 2^k from the largest below P down to 1: in each, rank r sends its partial sums of
 // the blocks r+d, ..., r+d+c-1 (c = min(d, P - d), the window's last c) to rank r + d, receives
 // from rank r - d its partial sums of the blocks r, ..., r+c-1 and reduces them into its own, and
-// its window shrinks to d. Each message of the allgather goes the other way, so every rank's
+// its window shrinks to d: the allgather's rounds in reverse and mirrored (it too sends to r + d,
+// so that the last round meets the next rank, where the call print goes), and every rank's
 // contribution to block b reaches rank b once. A run of blocks that wraps past block P - 1 goes
 // as two messages, split the same way by sender and receiver: at most 2 ceil(log2 P) messages
 // each way per rank, and every rank sends P - 1 blocks in all, as in the ring.

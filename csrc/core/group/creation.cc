@@ -166,6 +166,11 @@ std::shared_ptr<Communicator> Creation::finish() {
   Engine& engine = *engine_;
   const GroupOptions& options = options_;
   group->incarnation = bootstrapped.incarnation;
+  const Config& settings = engine.config();
+  PlanRequest request = options.plan ? *options.plan : planRequest(settings);
+  std::shared_ptr<PlanBook> book = PlanBook::forMachine(
+      std::move(found_->topology), std::move(found_->links), request, settings.hierarchical);
+  group->printRing = printRing(group->rank, group->size, book->blockStages(false).get());
   engine.notices().open(group);
   // Peers on this host are watched: one that exits fails the group's ops at once (liveness.h).
   Identities identities;
@@ -174,12 +179,8 @@ std::shared_ptr<Communicator> Creation::finish() {
   }
   engine.watch(group, identities);
   bootstrapped = Bootstrapped{};
-  const Config& settings = engine.config();
-  PlanRequest request = options.plan ? *options.plan : planRequest(settings);
   auto comm = std::shared_ptr<Communicator>(
-      new Communicator(engine, group, options.timeout,
-                       PlanBook::forMachine(std::move(found_->topology), std::move(found_->links),
-                                            request, settings.hierarchical)));
+      new Communicator(engine, group, options.timeout, std::move(book)));
   comm->ownsId_ = claimed_;
   comm->identities_ = std::move(identities);
   claimed_ = false;

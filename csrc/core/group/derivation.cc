@@ -391,9 +391,10 @@ std::shared_ptr<Communicator> Derivation::finish() {
   group->incarnation = result_->incarnation;
   group->directory = directory_;
   Communicator::nameGroup(*group, engine);
+  auto book = PlanBook::forMachine(std::move(topology_), links_, request_, hierarchical_);
+  group->printRing = printRing(rank_, size_, book->blockStages(false).get());
   engine.notices().open(group);
   engine.watch(group, identities_);
-  auto book = PlanBook::forMachine(std::move(topology_), links_, request_, hierarchical_);
   auto comm =
       std::shared_ptr<Communicator>(new Communicator(engine, group, timeout_, std::move(book)));
   comm->ownsId_ = true;

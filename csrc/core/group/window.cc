@@ -131,6 +131,7 @@ Window::Window(std::shared_ptr<Communicator> comm, uint64_t number)
   group_->size = of.size;
   group_->id = tag::kAgreementGroup;
   group_->directory = of.directory;
+  group_->printRing = of.printRing;
   group_->name = of.name + "'s window " + std::to_string(number);
   group_->buffers = of.buffers;
   group_->state = of.state;  // closing or failing the group ends its windows' ops too

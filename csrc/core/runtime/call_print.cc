@@ -1,5 +1,6 @@
 #include "call_print.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../base/tag.h"
@@ -147,8 +148,14 @@ void CallCheck::start() {
     std::memcpy(out_.data() + sizeof(CallPrint), inlineData_, inlineBytes_);
   }
   started_ = true;
-  send((op_.rank() + 1) % n);
-  ask((op_.rank() + n - 1) % n);
+  const PrintRing& ring = op_.group().printRing;
+  if (ring.next < 0) {
+    send((op_.rank() + 1) % n);
+    ask((op_.rank() + n - 1) % n);
+    return;
+  }
+  send(ring.next);
+  for (int previous : ring.previous) ask(previous);
 }
 
 bool CallCheck::mark(int peer, uint8_t bit) {
@@ -175,7 +182,41 @@ bool CallCheck::done() const {
 bool CallCheck::isStartPrint(const Request& req) const {
   // Every rank sends its print to the next as it starts; the prints it sends to other peers go
   // before its first message to each, so a missing one only says it has not got that far.
-  return req.isCallPrint && !req.isSend && req.peer == (op_.rank() + op_.size() - 1) % op_.size();
+  if (!req.isCallPrint || req.isSend) return false;
+  const PrintRing& ring = op_.group().printRing;
+  if (ring.next < 0) return req.peer == (op_.rank() + op_.size() - 1) % op_.size();
+  return std::find(ring.previous.begin(), ring.previous.end(), req.peer) != ring.previous.end();
+}
+
+PrintRing printRing(int rank, int size, const BlockPlan* grid) {
+  PrintRing ring;
+  if (grid == nullptr || grid->empty()) {
+    ring.next = (rank + 1) % size;
+    ring.previous.push_back((rank + size - 1) % size);
+    return ring;
+  }
+  std::vector<int> dims;  // those with more than one place, innermost first
+  for (size_t k = 0; k < grid->dims.size(); ++k) {
+    if (grid->dims[k] > 1) dims.push_back(static_cast<int>(k));
+  }
+  auto next = [&](std::vector<int> c) {
+    for (int k : dims) {
+      if (c[k] + 1 < grid->dims[k]) {
+        ++c[k];
+        return grid->rankAt[grid->placeOf(c)];
+      }
+    }
+    c[dims.back()] = 0;
+    return grid->rankAt[grid->placeOf(c)];
+  };
+  const std::vector<int>& mine = grid->coords[rank];
+  ring.next = next(mine);
+  for (int k : dims) {  // whose next this rank is: one place back along some dimension
+    std::vector<int> c = mine;
+    c[k] = (c[k] + grid->dims[k] - 1) % grid->dims[k];
+    if (next(c) == rank) ring.previous.push_back(grid->rankAt[grid->placeOf(c)]);
+  }
+  return ring;
 }
 
 void CallCheck::send(int peer) {

@@ -17,6 +17,7 @@
 
 #include "../base/status.h"
 #include "../base/types.h"
+#include "../topology/block_plan.h"
 
 namespace ddl {
 
@@ -72,6 +73,24 @@ static_assert(sizeof(CallPrint) == 24);
 CallPrint callPrint(Collective collective, size_t count = 0,
                     std::optional<DataType> type = std::nullopt,
                     std::optional<ReduceOp> reduce = std::nullopt, int root = -1);
+
+// Whom a rank's print goes to as an op starts (next), and whose it asks for (previous): every
+// rank has one next, and its ranks' arrows join every rank to a ring, so where two ranks called
+// different things two that print to each other did. In a group without a grid (block_plan.h)
+// the ring is the ranks in order (next = rank + 1). In a grid, next is the rank one position on
+// along the innermost dimension whose coordinate can grow, and the ranks at the end of every
+// dimension go to the next along the outermost, wrapping: each arrow is position + 1 of one
+// dimension's ring, which the grid's rings and Bruck's rounds (algorithms/allgather_bruck.cc,
+// reduce_scatter_bruck.cc) send to anyway, so that the print needs no message of its own there.
+// The ranks at the end of the outermost dimension's other coordinates are the ring; every other
+// rank's arrows lead to it. A rank is asked by at most one rank a dimension, and the first rank
+// of a host by none.
+// Unset (next -1, in groups made by hand): the ranks in order.
+struct PrintRing {
+  int next = -1;
+  std::vector<int> previous;
+};
+PrintRing printRing(int rank, int size, const BlockPlan* grid);
 
 class Op;
 struct Request;

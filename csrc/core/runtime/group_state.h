@@ -14,6 +14,7 @@
 #include "../base/clock.h"
 #include "../base/status.h"
 #include "../transport/transport.h"
+#include "call_print.h"
 #include "peer_directory.h"
 
 namespace ddl {
@@ -85,6 +86,8 @@ struct Group {
   // The endpoint to group rank r if one is open, else -1.
   PeerId openPeer(int r) const;
   std::string name;  // for messages, e.g. "group 3"
+  // Whom this rank's call print goes to as an op starts, and whose it asks for (call_print.h).
+  PrintRing printRing;
   // The group's shared-memory ring (shm/shared_ring.h), set up by the first allreduce that
   // uses it; touched on the progress thread only.
   std::shared_ptr<SharedRing> sharedRing;
