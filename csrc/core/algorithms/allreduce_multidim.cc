@@ -128,13 +128,19 @@ class LaneRun {
       // No link of this stage has seen a request complete since none of its pipelines could
       // move: none can (found without touching them).
       if (stuckAt_ >= 0 && completions() == stuckAt_) return false;
-      bool done = true;
-      for (auto& p : pipelines_) done = p->advance() && done;
-      if (!done) {
+      // Those done leave the list that is walked (a multi-lane op wakes here for every message
+      // of any lane, and walking the done ones was most of this function's time).
+      size_t moving = 0;
+      for (RingPipeline* p : active_) {
+        if (!p->advance()) active_[moving++] = p;
+      }
+      active_.resize(moving);
+      if (moving > 0) {
         stuckAt_ = counted_ && !op_.turnGivenUp() ? completions() : -1;
         return false;
       }
       pipelines_.clear();
+      active_.clear();
       started_ = false;
       ++turn_;
     }
@@ -185,6 +191,7 @@ class LaneRun {
                                                           reduce_, settings_.segmentBytes / es,
                                                           settings_.depth, std::move(link)));
     }
+    for (const std::unique_ptr<RingPipeline>& p : pipelines_) active_.push_back(p.get());
     counted_ = pipelines_.size() <= counts_.size();
     for (size_t i = 0; counted_ && i < pipelines_.size(); ++i) {
       counted_ = pipelines_[i]->countInto(&counts_[i]);
@@ -204,6 +211,7 @@ class LaneRun {
   int turn_ = 0;  // stages reduce-scattered so far, then plus those gathered
   bool started_ = false;
   std::vector<std::unique_ptr<RingPipeline>> pipelines_;
+  std::vector<RingPipeline*> active_;  // pipelines_ not yet done, in order
   // The stage's links' completions, counted here side by side (where every link counts them);
   // their sum when the stage last could not move (-1: look again). A LaneRun does not move once
   // its pipelines count into it.

@@ -166,9 +166,23 @@ bool CallCheck::mark(int peer, uint8_t bit) {
     mask |= one;
     return was;
   }
-  uint8_t& flags = flags_[peer];  // the peers this op meets, not the group: O(log P) in most
-  const bool was = (flags & bit) != 0;
-  flags |= bit;
+  // The peers this op meets, not the group: O(log P) in most, looked through while they are few
+  // (this runs for every message), hashed past that (an all_to_all meets every rank).
+  uint8_t* flags = nullptr;
+  if (flags_.empty()) {
+    for (size_t i = 0; i < fewMet_ && flags == nullptr; ++i) {
+      if (few_[i].first == peer) flags = &few_[i].second;
+    }
+    if (flags == nullptr && fewMet_ < few_.size()) {
+      few_[fewMet_] = {peer, 0};
+      flags = &few_[fewMet_++].second;
+    } else if (flags == nullptr) {
+      for (const auto& [met, bits] : few_) flags_[met] = bits;
+    }
+  }
+  if (flags == nullptr) flags = &flags_[peer];
+  const bool was = (*flags & bit) != 0;
+  *flags |= bit;
   return was;
 }
 

@@ -8,6 +8,7 @@
 // (shared memory or messages, one host or many) and costs no extra round trip.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -162,7 +163,9 @@ class CallCheck {
   bool carries_ = false;
   uint64_t mismatchesAtStart_ = 0;
   uint64_t sentMask_ = 0, askedMask_ = 0;
-  std::unordered_map<int, uint8_t> flags_;
+  std::array<std::pair<int, uint8_t>, 16> few_;  // the first peers met, in large groups
+  size_t fewMet_ = 0;
+  std::unordered_map<int, uint8_t> flags_;      // all of them, once more than few_ are met
   std::vector<std::unique_ptr<PrintIn>> ins_;   // one per peer asked
   std::unordered_map<int, PrintIn*> inByPeer_;  // the same, by peer, in large groups
   const void* inlineData_ = nullptr;
