@@ -181,14 +181,15 @@ class Run {
   // maps the group's ranks, which the status names, to the cluster's.
   bool names(int r, const Status& status, const std::vector<int>& clusterOf) const {
     const StatusKind k = status.kind;
-    auto meets = [&](const std::vector<int>& culprits) {
-      if (among(culprits, r)) return true;
-      for (int q : status.ranks) {
-        if (q >= 0 && q < static_cast<int>(clusterOf.size()) && among(culprits, clusterOf[q])) {
-          return true;
-        }
-      }
-      return false;
+    // Whether the ranks (or all but them) hold r or a rank the status names, by a map of the
+    // cluster (a search of each named rank among a partition's side was O(P^2) a rank).
+    auto meets = [&](const std::vector<int>& ranks, bool allBut = false) {
+      std::vector<char> in(cluster_.size(), allBut);
+      for (int x : ranks) in[x] = !allBut;
+      auto held = [&](int q) { return q >= 0 && q < static_cast<int>(clusterOf.size()); };
+      return in[r] || std::any_of(status.ranks.begin(), status.ranks.end(), [&](int q) {
+               return held(q) && clusterOf[q] >= 0 && in[clusterOf[q]];
+             });
     };
     for (const Fault& f : struck_) {
       switch (f.kind) {
@@ -203,14 +204,9 @@ class Run {
           // Found by the heartbeats (a peer lost on the other side, or this rank counted gone
           // by the others) or by a timeout, whose waits may lead through ranks not at fault.
           if (k == StatusKind::kTimeout) return true;
-          std::vector<int> culprits = f.ranks;
-          if (f.kind == Fault::Kind::kPartition && among(f.ranks, r)) {
-            culprits.clear();
-            for (int q = 0; q < cluster_.size(); ++q) {
-              if (!among(f.ranks, q)) culprits.push_back(q);
-            }
-          }
-          if ((k == StatusKind::kPeerLost || k == StatusKind::kPartitioned) && meets(culprits)) {
+          const bool otherSide = f.kind == Fault::Kind::kPartition && among(f.ranks, r);
+          if ((k == StatusKind::kPeerLost || k == StatusKind::kPartitioned) &&
+              meets(f.ranks, otherSide)) {
             return true;
           }
           // News from a witness this fault kept from the rank it counts gone (a rank cut off,

@@ -251,6 +251,7 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
   // never end theirs), a look at the dead: whether every op still running is a dead rank's. (A
   // look at every rank there was O(P) an event, as the last ops of a group that lost a host ran
   // out: at 65 536 ranks nearly all of a shrunk group's all_gather.)
+  int holding = 0;
   auto allEnded = [&] {
     if (look_ && network_->now() >= lookWhen_) {
       std::function<void()> look = std::move(look_);
@@ -263,7 +264,11 @@ SimCluster::Outcome SimCluster::run(const std::vector<Communicator*>& comms, con
       for (int r : network_->deadRanks()) deadRunning += works[r] && !works[r]->done() ? 1 : 0;
       return *running == deadRunning;
     }
-    for (int r = 0; r < n; ++r) {
+    // From the first rank that held the run up when last looked: a rank that no longer does
+    // never will again (an op ends once, the dead stay dead, and waitFor lets go of a rank for
+    // good), and a look at every rank was O(P) an event.
+    for (; holding < n; ++holding) {
+      const int r = holding;
       if (works[r] && !works[r]->done() && !network_->dead(r) && (!waitFor || waitFor(r))) {
         return false;
       }
@@ -322,11 +327,12 @@ int SimCluster::Shrink::size() const {
 
 void SimCluster::awaitDerivations(const std::vector<std::unique_ptr<Derivation>>& pending,
                                   std::chrono::milliseconds limit) {
+  size_t holding = 0;  // as in run(): the ranks before it hold nothing up, for good
   runUntil(
       [&] {
-        for (size_t r = 0; r < pending.size(); ++r) {
-          const bool waited = !waitFor || waitFor(static_cast<int>(r));
-          if (pending[r] && waited && !pending[r]->work()->done()) return false;
+        for (; holding < pending.size(); ++holding) {
+          const bool waited = !waitFor || waitFor(static_cast<int>(holding));
+          if (pending[holding] && waited && !pending[holding]->work()->done()) return false;
         }
         return true;
       },

@@ -87,6 +87,7 @@ class SimCluster {
   // Runs the event loop until `done()` holds or `limit` of virtual time has passed.
   bool runUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
   // Ranks whose op runs on: not dead, and not stalled for good (a rank the run must wait for).
+  // Once false for a rank it stays false for the rest of a run (a run looks at it no more).
   std::function<bool(int)> waitFor;
   // Called once, inside run(), at the first event at or after `when` (a look at the ranks while
   // their ops run: python -m torch_ddl.sim --status-at).

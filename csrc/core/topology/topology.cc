@@ -414,24 +414,27 @@ Grid gridOf(const Topology& t) {
   grid.coords.assign(t.size, std::vector<int>(levels + 1, 0));
   // Coordinate k: the index of the rank's level-(k-1) block (k = 0: the rank itself) among those
   // of its level-k block (k = levels: the whole group), in order of their lowest rank.
+  // Levels nest, so an inner block lies in one outer block: its index there is found by the
+  // inner block alone (a search among the outer block's inner ones was O(P) a rank on machines
+  // of many uneven hosts, and every rank's link probe asks for the grid).
   for (int k = 0; k <= levels; ++k) {
-    std::map<int, std::vector<int>> innerSeen;  // outer block -> inner ids in order
-    std::vector<std::set<int>> shapes;
+    const int outers = k < levels ? t.levels[k].blocks() : 1;
+    const int inners = k == 0 ? t.size : t.levels[k - 1].blocks();
+    std::vector<int> indexOf(inners, -1);  // by inner block
+    std::vector<int> seen(outers, 0);      // by outer block: inner blocks met so far
     for (int r = 0; r < t.size; ++r) {
-      int outer = k < levels ? t.levels[k].blockOf(r) : 0;
-      int inner = k == 0 ? r : t.levels[k - 1].blockOf(r);
-      std::vector<int>& ids = innerSeen[outer];
-      auto it = std::find(ids.begin(), ids.end(), inner);
-      int index = static_cast<int>(it - ids.begin());
-      if (it == ids.end()) ids.push_back(inner);
-      grid.coords[r][k] = index;
+      const int outer = k < levels ? t.levels[k].blockOf(r) : 0;
+      const int inner = k == 0 ? r : t.levels[k - 1].blockOf(r);
+      if (indexOf[inner] < 0) indexOf[inner] = seen[outer]++;
+      grid.coords[r][k] = indexOf[inner];
     }
-    size_t extent = 0;
-    for (auto& [outer, ids] : innerSeen) {
-      if (extent != 0 && ids.size() != extent) grid.regular = false;
-      extent = std::max(extent, ids.size());
+    int extent = 0;
+    for (int n : seen) {
+      if (n == 0) continue;
+      if (extent != 0 && n != extent) grid.regular = false;
+      extent = std::max(extent, n);
     }
-    grid.dims[k] = static_cast<int>(extent);
+    grid.dims[k] = extent;
   }
   return grid;
 }
