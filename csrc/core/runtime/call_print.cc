@@ -168,22 +168,22 @@ bool CallCheck::mark(int peer, uint8_t bit) {
   }
   // The peers this op meets, not the group: O(log P) in most, looked through while they are few
   // (this runs for every message), hashed past that (an all_to_all meets every rank).
-  uint8_t* flags = nullptr;
+  auto set = [bit](uint8_t& flags) {
+    const bool was = (flags & bit) != 0;
+    flags |= bit;
+    return was;
+  };
   if (flags_.empty()) {
-    for (size_t i = 0; i < fewMet_ && flags == nullptr; ++i) {
-      if (few_[i].first == peer) flags = &few_[i].second;
+    for (size_t i = 0; i < fewMet_; ++i) {
+      if (few_[i].first == peer) return set(few_[i].second);
     }
-    if (flags == nullptr && fewMet_ < few_.size()) {
-      few_[fewMet_] = {peer, 0};
-      flags = &few_[fewMet_++].second;
-    } else if (flags == nullptr) {
-      for (const auto& [met, bits] : few_) flags_[met] = bits;
+    if (fewMet_ < few_.size()) {
+      few_[fewMet_++] = {peer, bit};
+      return false;
     }
+    for (const auto& [met, flags] : few_) flags_[met] = flags;
   }
-  if (flags == nullptr) flags = &flags_[peer];
-  const bool was = (*flags & bit) != 0;
-  *flags |= bit;
-  return was;
+  return set(flags_[peer]);
 }
 
 bool CallCheck::done() const {
