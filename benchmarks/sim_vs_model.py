@@ -15,7 +15,6 @@ import os
 
 os.environ.setdefault("TORCH_DDL_TRACE_ENTRIES", "0")
 
-LINKS = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB"  # the simulator's default machine (docs/sim.md)
 
 
 def dimensions(ranks, per_host, per_rack):
@@ -26,15 +25,17 @@ def dimensions(ranks, per_host, per_rack):
 
 
 def main():
+    from torch_ddl import _C
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="8x4x0,16x8x0,8x1x0,64x1x8,64x4x8,256x4x8,1024x4x8")
     parser.add_argument("--sizes", default="1,4,16")
-    parser.add_argument("--links", default=LINKS)
+    parser.add_argument("--links", default=_C.SIMULATED_LINKS,
+                        help="the simulator's default machine (docs/sim.md)")
     parser.add_argument("--candidates", action="store_true",
                         help="simulate every candidate plan, not only auto's pick")
     parser.add_argument("--max-colors", type=int, default=3, help="with --candidates")
     args = parser.parse_args()
-    from torch_ddl import _C
 
     def simulate(ranks, per_host, per_rack, mib, algo="auto", colors=0, rings=0, waves=0):
         return _C.simulate(dict(

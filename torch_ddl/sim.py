@@ -38,7 +38,7 @@ UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 ALGORITHMS = ["auto", "ring", "multidim", "leaders", "recursive_doubling", "shared"]
 COLLECTIVES = ["allreduce", "broadcast", "allgather", "reduce_scatter", "reduce", "gather",
                "scatter", "alltoall", "barrier"]
-DEFAULT_LINKS = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB"
+DEFAULT_LINKS = _C.SIMULATED_LINKS
 
 
 def parse_bytes(text):

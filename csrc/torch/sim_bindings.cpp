@@ -193,6 +193,7 @@ py::dict campaignDict(const CampaignReport& report) {
 }  // namespace
 
 void defineSimulator(py::module_& m) {
+  m.attr("SIMULATED_LINKS") = kSimulatedLinks;
   // One run, as a dict of its figures.
   m.def("simulate", [](const py::dict& a) {
     SimRequest q = simRequestOf(a);

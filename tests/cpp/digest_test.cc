@@ -13,7 +13,7 @@
 namespace ddl::test {
 namespace {
 
-constexpr const char* kLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+constexpr const char* kLinks = kSimulatedLinks;
 
 struct Scenario {
   const char* name;

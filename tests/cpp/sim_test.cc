@@ -17,7 +17,7 @@
 namespace ddl::test {
 namespace {
 
-constexpr const char* kLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+constexpr const char* kLinks = kSimulatedLinks;
 
 SimRequest request(int ranks, int perHost, int hostsPerRack, size_t bytes,
                    AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto) {

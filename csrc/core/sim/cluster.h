@@ -20,6 +20,11 @@
 
 namespace ddl {
 
+// The machine the simulator assumes unless told (TORCH_DDL_LINKS syntax): 20 GB/s within a host,
+// 100 Gbit/s NICs, a rack uplink at half of that. An assumption, not a measured machine; the
+// command's default (torch_ddl.sim), the campaign's and the tests' (docs/sim.md).
+inline constexpr const char* kSimulatedLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+
 struct ClusterSpec {
   // Ranks of each host, in rank order (uneven allowed); or `ranks` in hosts of `ranksPerHost`.
   std::vector<int> hostSizes;

@@ -225,7 +225,7 @@ Scenario drawScenario(uint64_t seed) {
   const int hosts = static_cast<int>(s.cluster.hostSizes.size());
   s.cluster.hostsPerRack =
       hosts >= 4 && rng.chance(0.5) ? rng.between(2, std::min(8, hosts / 2)) : 0;
-  s.cluster.links = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+  s.cluster.links = kSimulatedLinks;
   s.cluster.timeout = std::chrono::milliseconds(10000);
   s.cluster.payload = true;
   // The ops: a few, the faults striking in them.
