@@ -477,6 +477,12 @@ std::vector<int> ringPartners(const Topology& t, int rank) {
     }
     for (int p : recursiveDoublingPartners(rank / host, hosts)) add(p * host);
   }
+  // Recursive doubling over the whole group, where the fold moves the partners off the distances
+  // 2^j: a 1 KiB allreduce of 192 ranks took 3.9 ms where the model says 42 us, its ranks looking
+  // them up at the store as it ran.
+  if ((t.size & (t.size - 1)) != 0) {
+    for (int p : recursiveDoublingPartners(rank, t.size)) add(p);
+  }
   if (!everyLevelOneRun(t)) return out;
   int stride = 1;
   for (size_t k = 0; k <= t.levels.size(); ++k) {

@@ -162,7 +162,8 @@ std::vector<int> gridDims(const Topology& topology);
 // positions of its dimension rings at distances 2^j each way, wraps included, and those of the
 // rings of a dimension split in two: splitInner); on a host's first rank, where the hosts are
 // equal, the other hosts' first ranks at distances 2^j (the leaders' trees) and its partners in
-// the leaders' recursive doubling (recursiveDoublingPartners); and a host's first rank and its
+// the leaders' recursive doubling (recursiveDoublingPartners); where P is not a power of two, its
+// partners in recursive doubling over the whole group; and a host's first rank and its
 // other ranks to each other: what the plans send to besides the group-wide distances 2^j. The
 // rings' only where every level is one run of equal blocks (a rank of an uneven or interleaved
 // machine looks its other peers up as it first sends).
