@@ -47,7 +47,8 @@ def _hosts(spec):
 
 def print_plans(topology, links, rows):
     print(f"topology   {topology}")
-    print(f"links      {links}  (dimension:latency:bandwidth; 0 within a host, 1 across hosts)")
+    print(f"links      {links}  (dimension:latency:bandwidth:overhead of a message;"
+          " 0 within a host, 1 across hosts)")
     for size, candidates in rows:
         print(f"\n{_size(size)}:")
         best = candidates[0][1]

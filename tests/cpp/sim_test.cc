@@ -301,11 +301,12 @@ TEST(Sim, EveryCollectiveIsRightAt64And130Ranks) {
 // level, with at most 2 P log2 P messages, call prints included (each round's one message and
 // the print before it; the print a collective sends as it starts goes to a rank the rounds meet:
 // runtime/call_print.h), where the grid's rings move P (P - 1). On hosts of 8 an allgather takes
-// Bruck level by level too (as fast as the grid's rings in the simulation, in a fifteenth of their
-// messages, since each position's blocks are copied once and under the next round's messages), a
-// reduce-scatter, which sums each round's blocks before its messages, the grid's rings; flat Bruck
-// (which takes all 8 ranks of a host across its link at once) is the slowest. Then extents that are
-// not powers of two.
+// Bruck level by level too (faster than the grid's rings in the simulation, in a fifteenth of their
+// messages, since each position's blocks are copied once and under the next round's messages), and
+// so does a reduce-scatter, which sums each round's blocks before its messages (the grid's rings
+// until each message cost its processors an overhead: 157 us against 105 in the simulation); flat
+// Bruck (which takes all 8 ranks of a host across its link at once) is the slowest. Then extents
+// that are not powers of two.
 TEST(Sim, SmallAllgathersTakeBrucksRoundsWhereTheModelFindsThemFaster) {
   const int ranks = 256;
   const double bound = 2.0 * ranks * std::log2(ranks);
@@ -316,8 +317,7 @@ TEST(Sim, SmallAllgathersTakeBrucksRoundsWhereTheModelFindsThemFaster) {
       PlanBook book(gridTopology(ranks, perHost, 4), parseLinks(kLinks), planRequest(), true);
       const bool reduceScatter = std::string(collective) == "reduce_scatter";
       const S chosen = book.allgatherSchedule(1024, reduceScatter);
-      const S expected = perHost == 1 || !reduceScatter ? S::kGridBruck : S::kGrid;
-      EXPECT_EQ(chosen, expected) << allgatherScheduleName(chosen);
+      EXPECT_EQ(chosen, S::kGridBruck) << allgatherScheduleName(chosen);
       std::map<S, SimReport> runs;
       for (S schedule : {S::kGrid, S::kBruck, S::kGridBruck}) {
         SimRequest q = request(ranks, perHost, 4, 1024);
@@ -362,7 +362,10 @@ TEST(Sim, SmallAllgathersTakeBrucksRoundsWhereTheModelFindsThemFaster) {
 // position on the host's stage), that is within 1.1x the allgather's time (it was 1.24x when each
 // round packed its blocks before its messages and reduced them after), and the model prices it
 // within 3% (2% while the ranks at a host's end sent their call prints to the next host's first
-// rank, a peer the rounds do not meet, which the simulation found 25 us slower).
+// rank, a peer the rounds do not meet, which the simulation found 25 us slower), and within 8%
+// since each message costs its processors an overhead: the model's price rose 4 us, and the
+// simulation went 40 us faster (1 024 to 985 us), the rounds' packets meeting on the links
+// otherwise.
 TEST(Sim, BrucksReduceScatterSumsWhatItSendsOnWhereItArrived) {
   std::map<std::string, SimReport> runs;
   for (const char* collective : {"allgather", "reduce_scatter"}) {
@@ -376,7 +379,7 @@ TEST(Sim, BrucksReduceScatterSumsWhatItSendsOnWhereItArrived) {
   std::printf("64 ranks, 64 KiB blocks: allgather %.0f us, reduce_scatter %.0f us (model %.0f)\n",
               runs["allgather"].simMicros, rs.simMicros, rs.modelMicros);
   EXPECT_LE(rs.simMicros, 1.1 * runs["allgather"].simMicros);
-  EXPECT_NEAR(rs.modelMicros, rs.simMicros, 0.03 * rs.simMicros);
+  EXPECT_NEAR(rs.modelMicros, rs.simMicros, 0.08 * rs.simMicros);
 }
 
 TEST(Sim, SmallBroadcastsBarriersAndAllreducesTakeLogarithmicRounds) {
@@ -418,6 +421,27 @@ TEST(Sim, RecursiveDoublingNotOverAPowerOfTwoTakesWhatTheModelSays) {
           << hosts << " hosts, " << r.algorithm;
     }
   }
+}
+
+// Each message costs its sender its level's overhead before it leaves and its receiver the same
+// as it takes it in. A flat ring of 4 bytes over 2 hosts of 4 ranks: the ranks at a host's ends
+// pay 10 us a step where the overhead across hosts is 10 us, so the 14 steps go at that pace
+// (140 us) once a lap has filled the ring (62 us, against 22 without); the model says so, and
+// the simulation takes 206 us longer (the call prints that cross the hosts pay it too: 25%).
+TEST(Sim, EveryMessageCostsItsSenderAndItsReceiverTheOverheadOfItsLevel) {
+  std::map<int, SimReport> runs;
+  for (int overhead : {0, 1, 10}) {
+    SimRequest q = request(8, 4, 0, 4, AllreduceAlgorithm::kRing);
+    q.cluster.links = "0:2us:20GB:0us,1:5us:12.5GB:" + std::to_string(overhead) + "us";
+    runs[overhead] = simulate(q);
+    expectRight(runs[overhead]);
+    std::printf("overhead %d us: %.1f us (model %.1f)\n", overhead, runs[overhead].simMicros,
+                runs[overhead].modelMicros);
+    EXPECT_NEAR(runs[overhead].modelMicros, runs[overhead].simMicros,
+                (overhead < 10 ? 0.1 : 0.25) * runs[overhead].simMicros);
+  }
+  EXPECT_GE(runs[1].simMicros - runs[0].simMicros, 4 * 1);  // two crossings a lap, 2o each
+  EXPECT_GE(runs[10].simMicros - runs[0].simMicros, 14 * 10);
 }
 
 TEST(Sim, OneInputGivesOneRunBitForBit) {

@@ -501,6 +501,14 @@ TEST(Plan, LinksParseWithUnitsAndRejectNonsense) {
   EXPECT_THROW(parseLinks("x:50us:1GB"), Error);
   EXPECT_THROW(parseLinks("1:50parsecs:1GB"), Error);
   EXPECT_THROW(parseLinks("1:50us:-3GB"), Error);
+  // A message's overhead: given as a fourth field, the default's where not.
+  links = parseLinks("1:5us:12.5GB:0.5us,2:8us:6GB");
+  EXPECT_DOUBLE_EQ(links.at(1).overhead, 0.5e-6);
+  EXPECT_DOUBLE_EQ(links.at(2).overhead, defaultLinks().at(2).overhead);
+  EXPECT_DOUBLE_EQ(links.at(0).overhead, defaultLinks().at(0).overhead);
+  EXPECT_NE(links.describe().find("1:5us:12500MB:0.5us"), std::string::npos) << links.describe();
+  EXPECT_THROW(parseLinks("1:5us:12.5GB:fast"), Error);
+  EXPECT_THROW(parseLinks("1:5us:12.5GB:2parsecs"), Error);
 }
 
 TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
@@ -544,10 +552,11 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
 }
 
 TEST(Plan, WavesFlowThroughTheLinksAsThroughAFlowShop) {
-  // No latency, so the times are exact: 2 hosts of 2 ranks, B bytes. One wave of W holds the
-  // host link for its reduce-scatter and its allgather, B/(2W) each at 100 MB/s; the host
-  // stages of the first wave (B/(2W) per rank at 1 GB/s, in and out) are not hidden behind it.
-  const LinkCosts links = parseLinks("0:0us:1GB,1:0us:100MB");
+  // No latency and no overheads, so the times are exact: 2 hosts of 2 ranks, B bytes. One wave of
+  // W holds the host link for its reduce-scatter and its allgather, B/(2W) each at 100 MB/s; the
+  // host stages of the first wave (B/(2W) per rank at 1 GB/s, in and out) are not hidden behind
+  // it.
+  const LinkCosts links = parseLinks("0:0us:1GB:0us,1:0us:100MB:0us");
   const Topology t = simulated({0, 0, 1, 1});
   const size_t count = 1 << 20;
   const double bytes = 4.0 * count;
@@ -565,16 +574,43 @@ TEST(Plan, ARingStepWaitsForItsPredecessorNotForTheRingsSlowestEdge) {
   // A busy host's ranks may answer more slowly than the network. A flat ring's rank waits only
   // for the message of the rank before it: 2(P-1) steps cost what 2(P-1) consecutive edges of
   // the ring cost, here half within the hosts (1 ms) and half across (10 us).
-  const LinkCosts links = parseLinks("0:1ms:1000GB,1:10us:1000GB");
+  const LinkCosts links = parseLinks("0:1ms:1000GB:0us,1:10us:1000GB:0us");
   const Topology t = simulated({0, 0, 1, 1});
   const double ring =
       planAllreduce(t, links, 4, 4, PlanRequest{AllreduceAlgorithm::kRing}).predicted;
   EXPECT_NEAR(ring, 2 * 3 * (1e-3 + 10e-6) / 2, 1e-5);
 }
 
+// A message costs each side's processor its level's overhead (LogP's o), and a rank's messages
+// take turns on it: where nothing else costs anything, a flat ring's 2(P-1) steps cost a rank's
+// 2o each, after one lap (P edges, 2o each) has filled the ring; a multidim
+// plan's waves send a message a step each, so where the overhead outweighs what they hide the
+// planner takes fewer.
+TEST(Plan, EveryMessageCostsBothProcessorsTheOverheadOfItsLevel) {
+  const Topology t = simulated({0, 0, 1, 1});
+  const LinkCosts free = parseLinks("0:0us:1000GB:0us,1:0us:1000GB:0us");
+  const LinkCosts costly = parseLinks("0:0us:1000GB:1us,1:0us:1000GB:1us");
+  const PlanRequest ring{AllreduceAlgorithm::kRing};
+  EXPECT_NEAR(planAllreduce(t, free, 4, 4, ring).predicted, 0, 1e-9);
+  EXPECT_NEAR(planAllreduce(t, costly, 4, 4, ring).predicted, 2 * 3 * 2e-6 + 4 * 2e-6, 1e-9);
+  // 64 ranks in hosts of 8, 1 MiB: the network's latency is small beside 5 us a message, and the
+  // planner sends fewer of them (2 rings of 4 waves without it, 1 of 1 with it).
+  const Topology grid = simulated([] {
+    std::vector<int> hosts;
+    for (int r = 0; r < 64; ++r) hosts.push_back(r / 8);
+    return hosts;
+  }());
+  auto messages = [&](const char* spec) {
+    const AllreducePlan plan = planAllreduce(grid, parseLinks(spec), 1 << 18, 4, PlanRequest{});
+    EXPECT_EQ(plan.algorithm, AllreduceAlgorithm::kMultiDim) << spec;
+    return plan.rings * plan.waves;
+  };
+  EXPECT_LT(messages("0:1us:20GB:0us,1:2us:12GB:5us"), messages("0:1us:20GB:0us,1:2us:12GB:0us"));
+}
+
 TEST(Plan, ReductionsCostWhatTheReduceBandwidthSays) {
-  const LinkCosts free = parseLinks("0:0us:1GB,1:0us:100MB");
-  const LinkCosts slow = parseLinks("0:0us:1GB,1:0us:100MB,reduce:100MB");
+  const LinkCosts free = parseLinks("0:0us:1GB:0us,1:0us:100MB:0us");
+  const LinkCosts slow = parseLinks("0:0us:1GB:0us,1:0us:100MB:0us,reduce:100MB");
   EXPECT_DOUBLE_EQ(free.reduceBandwidth, 0);
   EXPECT_DOUBLE_EQ(slow.reduceBandwidth, 100e6);
   EXPECT_NE(slow.describe().find("reduce:100MB"), std::string::npos) << slow.describe();

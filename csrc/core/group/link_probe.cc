@@ -77,7 +77,18 @@ double median(std::vector<double> v) {
 // `bytes` took `took` seconds, of which `latency` was waiting (left out unless it is most of it).
 LinkCost measured(double latency, size_t bytes, double took) {
   const double wire = took - latency > took / 4 ? took - latency : took;
-  return LinkCost{latency, static_cast<double>(bytes) / wire, "probed"};
+  return LinkCost{latency, static_cast<double>(bytes) / wire, 0, "probed"};
+}
+
+// Dimension d's latency and bandwidth as measured; its overhead a message stays what it was (a
+// probe's round trip holds it, but not apart from the latency).
+void setMeasured(LinkCosts& links, int d, const LinkCost& cost) {
+  if (static_cast<int>(links.byDimension.size()) <= d) {
+    links.byDimension.resize(d + 1, links.byDimension.back());
+  }
+  const double overhead = links.byDimension[d].overhead;
+  links.byDimension[d] = cost;
+  links.byDimension[d].overhead = overhead;
 }
 
 // The figures of one probe, from the ranks that measured them to every rank, over the group's
@@ -113,7 +124,7 @@ Task spread(Op& op, std::optional<LinkCost> mine, std::optional<LinkCost>* out) 
     co_await receiveFrom(op, parent, kResultSlot, figures, sizeof(figures));
   }
   for (int child : children) co_await sendTo(op, child, kResultSlot, figures, sizeof(figures));
-  *out = figures[1] > 0 ? std::optional<LinkCost>(LinkCost{figures[0], figures[1], "probed"})
+  *out = figures[1] > 0 ? std::optional<LinkCost>(LinkCost{figures[0], figures[1], 0, "probed"})
                         : std::nullopt;
 }
 
@@ -228,7 +239,7 @@ Task probeHosts(Op& op, Engine& engine, const Topology& topology, LinkCosts* lin
   // Every rank plans with the slowest host's figures: a stage ends when its last host is done.
   std::optional<LinkCost> worst;
   co_await spread(op, measuredHere, &worst);
-  if (worst) links->byDimension[0] = *worst;
+  if (worst) setMeasured(*links, 0, *worst);
 }
 
 }  // namespace
@@ -271,10 +282,7 @@ Task probeLinks(Op& op, Engine& engine, const Topology& topology, LinkCosts* lin
     if (!cost) {
       throw Error("ddl: the link probe of dimension " + std::to_string(d) + " measured nothing");
     }
-    if (static_cast<int>(links->byDimension.size()) <= d) {
-      links->byDimension.resize(d + 1, links->byDimension.back());
-    }
-    links->byDimension[d] = *cost;
+    setMeasured(*links, d, *cost);
   }
 }
 

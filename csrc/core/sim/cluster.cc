@@ -99,7 +99,7 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
   links_ = parseLinks(spec.links);
   for (int level = 0; level < 3; ++level) {
     const LinkCost& cost = links_.at(level);
-    layout.levels.push_back(SimLevel{cost.latency, cost.bandwidth});
+    layout.levels.push_back(SimLevel{cost.latency, cost.bandwidth, cost.overhead});
   }
   layout.payload = spec.payload;
   const int racks = layout.rackOf.back() + 1;

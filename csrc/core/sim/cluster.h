@@ -21,9 +21,11 @@
 namespace ddl {
 
 // The machine the simulator assumes unless told (TORCH_DDL_LINKS syntax): 20 GB/s within a host,
-// 100 Gbit/s NICs, a rack uplink at half of that. An assumption, not a measured machine; the
-// command's default (torch_ddl.sim), the campaign's and the tests' (docs/sim.md).
-inline constexpr const char* kSimulatedLinks = "0:2us:20GB,1:5us:12.5GB,2:8us:6GB";
+// 100 Gbit/s NICs, a rack uplink at half of that; a message costs each side's processor 0.1 us
+// within a host and 0.5 us across hosts. An assumption, not a measured machine; the command's
+// default (torch_ddl.sim), the campaign's and the tests' (docs/sim.md).
+inline constexpr const char* kSimulatedLinks =
+    "0:2us:20GB:0.1us,1:5us:12.5GB:0.5us,2:8us:6GB:0.5us";
 
 struct ClusterSpec {
   // Ranks of each host, in rank order (uneven allowed); or `ranks` in hosts of `ranksPerHost`.

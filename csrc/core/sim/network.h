@@ -19,8 +19,9 @@
 //
 // Time. One event loop in virtual time (nanoseconds) delivers messages and turns ranks (run()).
 // A rank that computes (a reduction, a copy: sim/memory.h) is busy until that work is done: its
-// sends leave then, and what arrives meanwhile waits for it. The same inputs give the same
-// events in the same order, bit for bit.
+// sends leave then, and what arrives meanwhile waits for it. Each message costs its sender its
+// level's overhead before it leaves, and its receiver the same when it takes it in (LogP's o). The
+// same inputs give the same events in the same order, bit for bit.
 //
 // Faults, as the world makes them, and what the transport sees of each:
 //   kill(ranks, at): the ranks stop: never turned again, what is sent to them dropped. Where a
@@ -203,10 +204,12 @@ inline void SimCalendar<Event>::pop() {
   --size_;
 }
 
-// One level's links: latency (seconds) and bandwidth (bytes per second, per direction).
+// One level's links: latency (seconds) and bandwidth (bytes per second, per direction), and the
+// time a rank's processor spends on each message it sends or receives across the level.
 struct SimLevel {
   double latency = 0;
   double bandwidth = 0;
+  double overhead = 0;
 };
 
 struct SimNetworkSpec {
@@ -345,6 +348,7 @@ class SimNetwork {
   void push(int64_t at, Kind kind, int rank, int other = -1, uint64_t index = 0);
   int levelBetween(int a, int b) const;
   int64_t latencyNs(int level) const;
+  int64_t overheadNs(int level) const;
   void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
   // Books the links of message `index`'s next packet from `at` (no earlier than now).
   void bookPacket(uint64_t index, int64_t at);
@@ -434,7 +438,10 @@ class SimTransport : public Transport {
   void closeRegion(uint64_t id) override;
 
   // Network side.
-  void arrive(Delivered message) { inbox_.push_back(std::move(message)); }
+  void arrive(Delivered message, int64_t overheadNs) {
+    inbox_.push_back(std::move(message));
+    inboxOverheadNs_ += overheadNs;
+  }
   void sent(Request* req) { sentDone_.push_back(req); }
   void lost(int peerRank, const std::string& why);
   // A put arrived: written into the region now where it is registered and the bytes fit it;
@@ -449,6 +456,7 @@ class SimTransport : public Transport {
   std::vector<int> peers_;  // PeerId -> rank
   std::map<int, PeerId> byRank_;
   std::vector<Delivered> inbox_;
+  int64_t inboxOverheadNs_ = 0;  // what taking the inbox in costs
   std::vector<Request*> sentDone_;
   std::vector<std::pair<PeerId, std::string>> lost_;
   TagMatcher matcher_;

@@ -64,6 +64,8 @@ bool SimTransport::progress() {
   if (!inbox_.empty()) {
     std::vector<Delivered> arrived;
     arrived.swap(inbox_);
+    network_->charge(static_cast<double>(inboxOverheadNs_) * 1e-9);
+    inboxOverheadNs_ = 0;
     for (Delivered& message : arrived) matcher_.arrive(std::move(message));
     any = true;
   }

@@ -69,6 +69,14 @@ class Loads {
     }
     return worst;
   }
+  // What a message costs each side's processor: the largest overhead of the dimensions crossed.
+  double overhead(const LinkCosts& links) const {
+    double worst = 0;
+    for (int k = 0; k < 32; ++k) {
+      if (crossed_ >> k & 1u) worst = std::max(worst, links.at(k).overhead);
+    }
+    return worst;
+  }
   // A message of `bytes` over the slowest link this load uses (a ring's edges cross the same
   // dimensions).
   double messageSeconds(const LinkCosts& links, double bytes) const {
@@ -132,27 +140,37 @@ double reduceSeconds(const LinkCosts& links, double bytes) {
 double predictRing(const Topology& t, const LinkCosts& links, double bytes, int rings) {
   // A step's message travels in segments, each passed on as soon as it has arrived (and been
   // reduced): a segment's trip round the ring costs what the ring's edges cost it, and the
-  // others follow it as fast as the busiest link lets them.
+  // others follow it as fast as the busiest link lets them, or as a rank's processor passes
+  // every ring's segments on.
   Loads total(t);
-  double path = 0;  // one lap of one segment: each edge's latency and transfer
+  double path = 0;  // one lap of one segment: each edge's latency, transfer and overheads
   const double message = bytes / rings / t.size;
   const double segment = std::min(message, links.segmentBytes);
-  double slowest = 0;
+  const double segments = segment > 0 ? std::ceil(message / segment) : 1;
+  double slowest = 0, processor = 0;  // a rank's overheads a step: its in-edge's and out-edge's
   for (int r = 0; r < rings; ++r) {
     RingPlan ring = naturalRing(t.size, r % 2 == 1);
     ringLoads(total, ring.order, bytes / rings);
     if (r > 0) continue;
+    std::vector<double> overheads(t.size);  // by edge: from position p to p + 1
     for (int p = 0; p < t.size; ++p) {
       Loads edge(t);
       edge.transfer(ring.order[p], ring.order[(p + 1) % t.size], segment);
-      path += edge.latency(links) + edge.messageSeconds(links, segment);
+      overheads[p] = edge.overhead(links);
+      path += edge.latency(links) + edge.messageSeconds(links, segment) + 2 * overheads[p];
       slowest = std::max(slowest, edge.latency(links));
+    }
+    for (int p = 0; p < t.size; ++p) {
+      processor = std::max(processor, overheads[p] + overheads[(p + t.size - 1) % t.size]);
     }
   }
   const double steps = 2.0 * (t.size - 1);
   const double reduce = reduceSeconds(links, segment);
-  return std::max(path * steps / t.size + (t.size - 1) * reduce,
-                  total.seconds(links) + slowest + reduce);
+  // Where a rank's overheads outlast a lap's share of a step, its processor sets the pace, after
+  // one lap to fill the ring.
+  return std::max({path * steps / t.size + (t.size - 1) * reduce,
+                   total.seconds(links) + slowest + reduce,
+                   steps * rings * segments * processor + path});
 }
 
 // Recursive doubling among `ranks` (the fold pairs the first 2E, as the algorithm does).
@@ -166,7 +184,8 @@ double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, doubl
   if (extra > 0) {
     Loads fold(t);
     for (int i = 0; i < extra; ++i) fold.transfer(ranks[2 * i], ranks[2 * i + 1], bytes);
-    seconds += 2 * (fold.seconds(links) + fold.latency(links)) + reduceSeconds(links, bytes);
+    seconds += 2 * (fold.seconds(links) + fold.latency(links) + 2 * fold.overhead(links)) +
+               reduceSeconds(links, bytes);
   }
   std::vector<int> virtualRanks;
   for (int v = 0; v < p2; ++v)
@@ -174,7 +193,8 @@ double predictRecursiveDoubling(const Topology& t, const LinkCosts& links, doubl
   for (int d = 1; d < p2; d *= 2) {
     Loads round(t);
     for (int v = 0; v < p2; ++v) round.transfer(virtualRanks[v], virtualRanks[v ^ d], bytes);
-    seconds += round.seconds(links) + round.latency(links) + reduceSeconds(links, bytes);
+    seconds += round.seconds(links) + round.latency(links) + 2 * round.overhead(links) +
+               reduceSeconds(links, bytes);
   }
   return seconds;
 }
@@ -183,13 +203,14 @@ double predictLeaders(const Topology& t, const LinkCosts& links, double bytes,
                       const std::vector<std::vector<int>>& hosts) {
   Loads gather(t);
   std::vector<int> leaders;
-  double reduce = 0;
+  double reduce = 0, overheads = 0;  // a leader's: a message from each rank of its host
   for (const std::vector<int>& h : hosts) {
     reduce = std::max(reduce, (h.size() - 1) * reduceSeconds(links, bytes));
+    overheads = std::max(overheads, static_cast<double>(h.size()) * links.at(0).overhead);
     leaders.push_back(h.front());
     for (size_t i = 1; i < h.size(); ++i) gather.transfer(h[i], h.front(), bytes);
   }
-  double local = gather.seconds(links) + gather.latency(links);
+  double local = gather.seconds(links) + gather.latency(links) + overheads;
   return 2 * local + reduce + predictRecursiveDoubling(t, links, bytes, leaders);
 }
 
@@ -214,14 +235,16 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
   for (size_t i = 0; i < stages; ++i) {
     Loads first(t);  // the first waves' bytes in stage i
     size_t longest = 0;
-    double message = 0;      // the largest a first-wave ring sends in one step
-    double firstReduce = 0;  // a rank's reductions in this stage, over the first waves
-    int firstLanes = 0;      // first-wave lanes in this stage
-    double ringLatency = 0;  // the most a first-wave ring's step waits, on average over its edges
+    double message = 0;       // the largest a first-wave ring sends in one step
+    double firstReduce = 0;   // a rank's reductions and overheads in this stage, first waves
+    double firstSends = 0;    // a rank's overheads in this stage's allgather, first waves
+    int firstLanes = 0;       // first-wave lanes in this stage
+    double ringLatency = 0;   // the most a first-wave ring's step waits, on average over its edges
+    double stepOverhead = 0;  // the most a first-wave ring's step costs a rank's processor
     for (const Lane& lane : plan.lanes) {
       if (i >= lane.stages.size()) continue;
       Loads loads(t);
-      double laneReduce = 0;
+      double laneReduce = 0, laneSends = 0;
       for (const StageRing& ring : lane.stages[i].rings) {
         const size_t n = ring.order.size();
         double piece = 0, chunk = 0;
@@ -234,24 +257,33 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
         // A step of rank p waits for p - 1's message of the step before: over the ring's steps
         // the wait goes once round every edge, each at its own dimension's latency (a ring over
         // hosts of several racks crosses a rack at a few of its edges only).
-        double waits = 0;
+        double waits = 0, overhead = 0;
         for (size_t p = 0; p < n; ++p) {
           const int k = loads.transfer(ring.order[p], ring.order[(p + 1) % n], piece * (n - 1) / n);
           waits += links.at(k).latency;
+          overhead = std::max(overhead, links.at(k).overhead);
         }
-        laneReduce = std::max(laneReduce, (n - 1) * reduceSeconds(links, chunk));
+        // A step sends and receives its message in segments, each costing both processors.
+        const double segments = chunk > 0 ? std::ceil(chunk / links.segmentBytes) : 1;
+        const double perStep = 2 * overhead * segments;
+        laneReduce = std::max(laneReduce, (n - 1) * (reduceSeconds(links, chunk) + perStep));
+        laneSends = std::max(laneSends, (n - 1) * perStep);
         if (lane.after < 0) {
           longest = std::max(longest, n);
           message = std::max(message, chunk);
-          if (n > 1) ringLatency = std::max(ringLatency, waits / static_cast<double>(n));
+          if (n > 1) {
+            ringLatency = std::max(ringLatency, waits / static_cast<double>(n));
+            stepOverhead = std::max(stepOverhead, perStep);
+          }
         }
       }
       total->add(loads, 2);
-      *allReduce += laneReduce;
+      *allReduce += laneReduce + laneSends;
       if (lane.after < 0) {
         ++firstLanes;
         first.add(loads, 1);
         firstReduce += laneReduce;
+        firstSends += laneSends;
       }
     }
     // A step: its latency, then its message, reduced segment by segment as they arrive; or, where
@@ -262,20 +294,25 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
     const double latency = ringLatency > 0 ? ringLatency : first.latency(links);
     const double send = first.messageSeconds(links, message);
     const double part = message > 0 ? std::min(1.0, links.segmentBytes / message) : 1;
-    const double reduce = reduceSeconds(links, message);
+    const double reduce = reduceSeconds(links, message) + stepOverhead;
     // Segments of a step's message follow each other through the stage's steps.
-    const double own = latency + part * (send + reduce) + (1 - part) * std::max(send, reduce);
+    auto own = [&](double cpu) {
+      return latency + part * (send + cpu) + (1 - part) * std::max(send, cpu);
+    };
     const double link = steps > 0 ? first.seconds(links) / steps : 0;
-    const double ranks = steps > 0 ? firstReduce / steps : 0;
     const double units = std::max(1, firstLanes) / part;  // a rank's segments in one step
-    const double shared = std::max(link, ranks) + std::min(link, ranks) / units;
-    gather[i].seconds = std::max(steps * (latency + send), steps * link + latency);
-    scatter[i].seconds = std::max(steps * own, steps * shared + latency);
+    auto shared = [&](double processor) {
+      const double ranks = steps > 0 ? processor / steps : 0;
+      return std::max(link, ranks) + std::min(link, ranks) / units;
+    };
+    gather[i].seconds = std::max(steps * own(stepOverhead), steps * shared(firstSends) + latency);
+    scatter[i].seconds = std::max(steps * own(reduce), steps * shared(firstReduce) + latency);
     // While one ring waits out its latency the others use the link: a stage holds each link
     // for its bytes' time.
     first.occupy(links, gather[i].holds);
     scatter[i].holds = gather[i].holds;
     scatter[i].holds[rank] = firstReduce;
+    if (firstSends > 0) gather[i].holds[rank] = firstSends;
   }
 }
 
@@ -377,7 +414,7 @@ double estimateSeconds(CollectiveShape shape, const Topology& topology, const Li
   if (p <= 1) return 0;
   const LinkCost& slowest =
       links.at(topology.hosts() > 1 ? static_cast<int>(topology.levels.size()) : 0);
-  const double alpha = slowest.latency, beta = slowest.bandwidth;
+  const double alpha = slowest.latency + 2 * slowest.overhead, beta = slowest.bandwidth;
   const double steps = std::ceil(std::log2(static_cast<double>(p)));
   switch (shape) {
     case CollectiveShape::kBarrier:
@@ -441,7 +478,8 @@ AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, 
   }
   AllgatherCosts::Round round;
   for (int r = 0; r < p; ++r) {
-    round.latency = std::max(round.latency, links.at(dimension[r]).latency);
+    round.latency = std::max(round.latency,
+                             links.at(dimension[r]).latency + 2 * links.at(dimension[r]).overhead);
     double perByte = 1 / links.at(0).bandwidth;
     for (int k = 1; k <= dimension[r]; ++k) {
       const double sharers = leaving[k - 1][topology.levels[k - 1].blockOf(r)];
@@ -473,7 +511,7 @@ AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) 
     const LinkCost& link = links.at(static_cast<int>(k));
     double sharers = 1;
     for (size_t j = 0; j < k; ++j) sharers *= grid.dims[j];
-    costs.grid.push_back({link.latency, outside * sharers / link.bandwidth});
+    costs.grid.push_back({link.latency + 2 * link.overhead, outside * sharers / link.bandwidth});
     costs.gridSteps.push_back(grid.dims[k] - 1);
     costs.gridBlocks.push_back(outside);
     outside *= grid.dims[k];

@@ -17,7 +17,7 @@ double parseNumber(const std::string& text, const std::string& entry, size_t& us
   used = static_cast<size_t>(end - text.c_str());
   if (used == 0 || !(v > 0 || (zeroAllowed && v == 0)) || !std::isfinite(v)) {
     throw Error("ddl: TORCH_DDL_LINKS entry '" + entry +
-                "' is not 'dimension:latency:bandwidth' (e.g. '1:50us:117MB')");
+                "' is not 'dimension:latency:bandwidth[:overhead]' (e.g. '1:50us:117MB')");
   }
   return v;
 }
@@ -42,6 +42,25 @@ double parseBandwidth(const std::string& bw, const std::string& entry) {
   return bandwidth;
 }
 
+// "50us", "2ms", "0.5": seconds (a bare number is microseconds).
+double parseTime(const std::string& text, const std::string& entry) {
+  size_t used = 0;
+  double value = parseNumber(text, entry, used, true);
+  const std::string unit = text.substr(used);
+  if (unit == "s") {
+  } else if (unit == "ms") {
+    value *= 1e-3;
+  } else if (unit == "us" || unit.empty()) {
+    value *= 1e-6;
+  } else if (unit == "ns") {
+    value *= 1e-9;
+  } else {
+    throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': time unit '" + unit +
+                "' is not s, ms, us or ns");
+  }
+  return value;
+}
+
 }  // namespace
 
 const LinkCost& LinkCosts::at(int dimension) const {
@@ -56,7 +75,7 @@ std::string LinkCosts::describe() const {
   for (size_t k = 0; k < byDimension.size(); ++k) {
     if (k > 0) out << ",";
     out << k << ":" << byDimension[k].latency * 1e6 << "us:" << byDimension[k].bandwidth / 1e6
-        << "MB";
+        << "MB:" << byDimension[k].overhead * 1e6 << "us";
   }
   if (reduceBandwidth > 0) out << ",reduce:" << reduceBandwidth / 1e6 << "MB";
   std::string origins;
@@ -68,7 +87,9 @@ std::string LinkCosts::describe() const {
   return out.str();
 }
 
-LinkCosts defaultLinks() { return LinkCosts{{{2e-6, 5e9}, {30e-6, 1.25e9}, {50e-6, 1.25e9}}}; }
+LinkCosts defaultLinks() {
+  return LinkCosts{{{2e-6, 5e9, 0.1e-6}, {30e-6, 1.25e9, 3e-6}, {50e-6, 1.25e9, 3e-6}}};
+}
 
 LinkCosts parseLinks(const std::string& spec) {
   LinkCosts links = defaultLinks();
@@ -96,25 +117,20 @@ LinkCosts parseLinks(const std::string& spec) {
     int k = std::stoi(dim);
     std::string lat = entry.substr(a + 1, b - a - 1);
     std::string bw = entry.substr(b + 1);
-    size_t used = 0;
-    double latency = parseNumber(lat, entry, used, true);
-    std::string unit = lat.substr(used);
-    if (unit == "s") {
-    } else if (unit == "ms") {
-      latency *= 1e-3;
-    } else if (unit == "us" || unit.empty()) {
-      latency *= 1e-6;
-    } else if (unit == "ns") {
-      latency *= 1e-9;
-    } else {
-      throw Error("ddl: TORCH_DDL_LINKS entry '" + entry + "': latency unit '" + unit +
-                  "' is not s, ms, us or ns");
+    const size_t c = bw.find(':');
+    std::string overheadText;
+    if (c != std::string::npos) {
+      overheadText = bw.substr(c + 1);
+      bw.resize(c);
     }
+    const double latency = parseTime(lat, entry);
     const double bandwidth = parseBandwidth(bw, entry);
     if (static_cast<int>(links.byDimension.size()) <= k) {
       links.byDimension.resize(k + 1, links.byDimension.back());
     }
-    links.byDimension[k] = LinkCost{latency, bandwidth, "TORCH_DDL_LINKS"};
+    const double overhead =
+        overheadText.empty() ? links.byDimension[k].overhead : parseTime(overheadText, entry);
+    links.byDimension[k] = LinkCost{latency, bandwidth, overhead, "TORCH_DDL_LINKS"};
   }
   return links;
 }

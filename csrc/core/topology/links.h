@@ -7,15 +7,19 @@
 
 namespace ddl {
 
-// Latency (seconds) and bandwidth (bytes per second, per direction) of one dimension's links.
+// Latency (seconds) and bandwidth (bytes per second, per direction) of one dimension's links,
+// and the time a rank's processor spends on each message it sends or receives over them (LogP's
+// o: the transport's and the engine's work for one message, which no other message of the rank
+// overlaps).
 struct LinkCost {
   double latency = 0;
   double bandwidth = 0;
+  double overhead = 0;  // seconds, each side of a message
   // Where the figures come from: "default", "TORCH_DDL_LINKS" or "probed" (group/link_probe.h).
   std::string origin = "default";
 };
-// By dimension. Defaults: 0 (shared memory) 2 us, 5 GB/s; 1 (hosts) 30 us, 1.25 GB/s (10 Gbit/s);
-// 2 and above (racks) 50 us, 1.25 GB/s.
+// By dimension. Defaults: 0 (shared memory) 2 us, 5 GB/s, 0.1 us a message; 1 (hosts) 30 us,
+// 1.25 GB/s (10 Gbit/s), 3 us a message (TCP); 2 and above (racks) 50 us, 1.25 GB/s, 3 us.
 struct LinkCosts {
   std::vector<LinkCost> byDimension;
   // Bytes per second a rank reduces (TORCH_DDL_LINKS entry "reduce:8GB"); 0: reductions cost
@@ -29,9 +33,10 @@ struct LinkCosts {
   std::string describe() const;
 };
 LinkCosts defaultLinks();
-// "1:50us:117MB,2:100us:40MB" (TORCH_DDL_LINKS): per dimension, its latency (s, ms, us or ns)
-// and bandwidth (bytes/s with optional K, M, G, each 1000x; e.g. 117MB or 1.2GB); dimensions not
-// named keep their defaults; "reduce:8GB" sets reduceBandwidth. Throws naming the malformed entry.
+// "1:50us:117MB,2:100us:40MB:1us" (TORCH_DDL_LINKS): per dimension, its latency (s, ms, us or
+// ns), bandwidth (bytes/s with optional K, M, G, each 1000x; e.g. 117MB or 1.2GB) and optionally
+// the overhead of a message (a time; the default's where not given); dimensions not named keep
+// their defaults; "reduce:8GB" sets reduceBandwidth. Throws naming the malformed entry.
 LinkCosts parseLinks(const std::string& spec);
 
 }  // namespace ddl
