@@ -227,9 +227,11 @@ int64_t SimNetwork::latencyNs(int level) const {
   return static_cast<int64_t>(std::llround(spec_.levels[level].latency * 1e9));
 }
 
-int64_t SimNetwork::overheadNs(int level) const {
-  return static_cast<int64_t>(std::llround(spec_.levels[level].overhead * 1e9));
+int64_t SimNetwork::overheadNs(int from, int to) const {
+  return static_cast<int64_t>(std::llround(spec_.levels[levelBetween(from, to)].overhead * 1e9));
 }
+
+int64_t SimNetwork::overheadNs(const Message& m) const { return overheadNs(m.from, m.to); }
 
 void SimNetwork::lose(int rank, int peer, int64_t at) { push(at, Kind::kLost, rank, peer); }
 
@@ -310,7 +312,7 @@ void SimNetwork::launch(uint64_t index, int64_t at) {
 
 void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t bytes,
                       Request* req) {
-  if (from == turning_) charge(static_cast<double>(overheadNs(levelBetween(from, to))) * 1e-9);
+  if (from == turning_) charge(static_cast<double>(overheadNs(from, to)) * 1e-9);
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
   const uint64_t index = newMessage(from, to, tag, bytes, req);
   Message& message = inFlight_[index];
@@ -334,7 +336,7 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
 
 void SimNetwork::put(int from, int to, uint64_t region, size_t offset, const void* data,
                      size_t bytes, Request* req) {
-  if (from == turning_) charge(static_cast<double>(overheadNs(levelBetween(from, to))) * 1e-9);
+  if (from == turning_) charge(static_cast<double>(overheadNs(from, to)) * 1e-9);
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
   const uint64_t index = newMessage(from, to, 0, bytes, req);
   Message& message = inFlight_[index];
@@ -452,8 +454,7 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
                m.region);
           break;
         }
-        transports_[m.to]->arrive(Delivered{m.tag, std::move(m.bytes), m.size},
-                                  overheadNs(levelBetween(m.from, m.to)));
+        transports_[m.to]->arrive(Delivered{m.tag, std::move(m.bytes), m.size}, overheadNs(m));
         wake(m.to, now_);
         break;
       }

@@ -348,7 +348,8 @@ class SimNetwork {
   void push(int64_t at, Kind kind, int rank, int other = -1, uint64_t index = 0);
   int levelBetween(int a, int b) const;
   int64_t latencyNs(int level) const;
-  int64_t overheadNs(int level) const;
+  int64_t overheadNs(int from, int to) const;  // a message's, each side
+  int64_t overheadNs(const Message& m) const;
   void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
   // Books the links of message `index`'s next packet from `at` (no earlier than now).
   void bookPacket(uint64_t index, int64_t at);

@@ -10,15 +10,6 @@
 namespace ddl {
 namespace {
 
-// The dimension of a message from a to b: 0 on one host, else the lowest level whose block holds
-// both, plus one (the number of levels when only the whole group does).
-int edgeDimension(const Topology& t, int a, int b) {
-  for (size_t k = 0; k < t.levels.size(); ++k) {
-    if (t.levels[k].blockOf(a) == t.levels[k].blockOf(b)) return static_cast<int>(k);
-  }
-  return static_cast<int>(t.levels.size());
-}
-
 // A link: its dimension, the block it leaves or enters, the direction (out of the block).
 using LinkKey = std::tuple<int, int, bool>;
 
@@ -38,7 +29,7 @@ class Loads {
   explicit Loads(const Topology& t) : t_(t), dimensions_(t.levels.size() + 1) {}
   // Returns the message's dimension.
   int transfer(int from, int to, double bytes) {
-    const int k = edgeDimension(t_, from, to);
+    const int k = dimensionBetween(t_, from, to);
     crossed_ |= 1u << std::min(k, 31);
     if (k == 0) {
       at(0, from, true) += bytes;
@@ -224,23 +215,58 @@ struct PassTask {
   Loads::Busy holds;
 };
 
+// One stage's first waves, as priceStages gathers them.
+struct StageFigures {
+  size_t longest = 0;
+  double message = 0;       // the largest a first-wave ring sends in one step
+  double reduce = 0;        // a rank's reductions and overheads in the reduce-scatter
+  double sends = 0;         // a rank's overheads in the allgather
+  int lanes = 0;            // first-wave lanes in this stage
+  double ringLatency = 0;   // the most a first-wave ring's step waits, on average over its edges
+  double stepOverhead = 0;  // the most a first-wave ring's step costs a rank's processor
+};
+
+// A step: its latency, then its message, reduced segment by segment as they arrive; or, where
+// the rings of the stage share a link or a rank's processor, their turns on those: the segments
+// of every lane through the rank pass the link, then the reduction and overheads, one after
+// another (a flow shop: the busier of the two, plus the other's share of one segment).
+void priceStage(const StageFigures& f, const Loads& first, const LinkCosts& links,
+                PassTask& scatter, PassTask& gather) {
+  const std::tuple<int, int, bool> rank{-1, 0, true};  // the ranks, as a resource
+  const double steps = static_cast<double>(f.longest - 1);
+  const double latency = f.ringLatency > 0 ? f.ringLatency : first.latency(links);
+  const double send = first.messageSeconds(links, f.message);
+  const double part = f.message > 0 ? std::min(1.0, links.segmentBytes / f.message) : 1;
+  // Segments of a step's message follow each other through the stage's steps.
+  auto own = [&](double processor) {
+    return latency + part * (send + processor) + (1 - part) * std::max(send, processor);
+  };
+  const double link = steps > 0 ? first.seconds(links) / steps : 0;
+  const double units = std::max(1, f.lanes) / part;  // a rank's segments in one step
+  auto shared = [&](double processor) {
+    const double ranks = steps > 0 ? processor / steps : 0;
+    return std::max(link, ranks) + std::min(link, ranks) / units;
+  };
+  const double reduce = reduceSeconds(links, f.message) + f.stepOverhead;
+  gather.seconds = std::max(steps * own(f.stepOverhead), steps * shared(f.sends) + latency);
+  scatter.seconds = std::max(steps * own(reduce), steps * shared(f.reduce) + latency);
+  // While one ring waits out its latency the others use the link: a stage holds each link
+  // for its bytes' time.
+  first.occupy(links, gather.holds);
+  scatter.holds = gather.holds;
+  scatter.holds[rank] = f.reduce;
+  if (f.sends > 0) gather.holds[rank] = f.sends;
+}
+
 // Prices each stage's reduce-scatter and allgather tasks (of the first waves), adds every lane's
-// bytes to *total (no schedule beats its busiest link) and every lane's reductions on one rank
-// to *allReduce.
+// bytes to *total (no schedule beats its busiest link) and every lane's reductions and overheads
+// on one rank to *allReduce.
 void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& links,
                  std::vector<PassTask>& scatter, std::vector<PassTask>& gather, Loads* total,
                  double* allReduce) {
-  const size_t stages = scatter.size();
-  const std::tuple<int, int, bool> rank{-1, 0, true};  // the ranks, as a resource
-  for (size_t i = 0; i < stages; ++i) {
+  for (size_t i = 0; i < scatter.size(); ++i) {
     Loads first(t);  // the first waves' bytes in stage i
-    size_t longest = 0;
-    double message = 0;       // the largest a first-wave ring sends in one step
-    double firstReduce = 0;   // a rank's reductions and overheads in this stage, first waves
-    double firstSends = 0;    // a rank's overheads in this stage's allgather, first waves
-    int firstLanes = 0;       // first-wave lanes in this stage
-    double ringLatency = 0;   // the most a first-wave ring's step waits, on average over its edges
-    double stepOverhead = 0;  // the most a first-wave ring's step costs a rank's processor
+    StageFigures f;
     for (const Lane& lane : plan.lanes) {
       if (i >= lane.stages.size()) continue;
       Loads loads(t);
@@ -269,50 +295,24 @@ void priceStages(const AllreducePlan& plan, const Topology& t, const LinkCosts& 
         laneReduce = std::max(laneReduce, (n - 1) * (reduceSeconds(links, chunk) + perStep));
         laneSends = std::max(laneSends, (n - 1) * perStep);
         if (lane.after < 0) {
-          longest = std::max(longest, n);
-          message = std::max(message, chunk);
+          f.longest = std::max(f.longest, n);
+          f.message = std::max(f.message, chunk);
           if (n > 1) {
-            ringLatency = std::max(ringLatency, waits / static_cast<double>(n));
-            stepOverhead = std::max(stepOverhead, perStep);
+            f.ringLatency = std::max(f.ringLatency, waits / static_cast<double>(n));
+            f.stepOverhead = std::max(f.stepOverhead, perStep);
           }
         }
       }
       total->add(loads, 2);
       *allReduce += laneReduce + laneSends;
       if (lane.after < 0) {
-        ++firstLanes;
+        ++f.lanes;
         first.add(loads, 1);
-        firstReduce += laneReduce;
-        firstSends += laneSends;
+        f.reduce += laneReduce;
+        f.sends += laneSends;
       }
     }
-    // A step: its latency, then its message, reduced segment by segment as they arrive; or, where
-    // the rings of the stage share a link or a rank's reductions, their turns on those: the
-    // segments of every lane through the rank pass the link, then the reduction, one after
-    // another (a flow shop: the busier of the two, plus the other's share of one segment).
-    const double steps = static_cast<double>(longest - 1);
-    const double latency = ringLatency > 0 ? ringLatency : first.latency(links);
-    const double send = first.messageSeconds(links, message);
-    const double part = message > 0 ? std::min(1.0, links.segmentBytes / message) : 1;
-    const double reduce = reduceSeconds(links, message) + stepOverhead;
-    // Segments of a step's message follow each other through the stage's steps.
-    auto own = [&](double cpu) {
-      return latency + part * (send + cpu) + (1 - part) * std::max(send, cpu);
-    };
-    const double link = steps > 0 ? first.seconds(links) / steps : 0;
-    const double units = std::max(1, firstLanes) / part;  // a rank's segments in one step
-    auto shared = [&](double processor) {
-      const double ranks = steps > 0 ? processor / steps : 0;
-      return std::max(link, ranks) + std::min(link, ranks) / units;
-    };
-    gather[i].seconds = std::max(steps * own(stepOverhead), steps * shared(firstSends) + latency);
-    scatter[i].seconds = std::max(steps * own(reduce), steps * shared(firstReduce) + latency);
-    // While one ring waits out its latency the others use the link: a stage holds each link
-    // for its bytes' time.
-    first.occupy(links, gather[i].holds);
-    scatter[i].holds = gather[i].holds;
-    scatter[i].holds[rank] = firstReduce;
-    if (firstSends > 0) gather[i].holds[rank] = firstSends;
+    priceStage(f, first, links, scatter[i], gather[i]);
   }
 }
 
@@ -429,168 +429,6 @@ double estimateSeconds(CollectiveShape shape, const Topology& topology, const Li
       return (p - 1) * (alpha + bytes / p / beta);
   }
   return 0;
-}
-
-const char* allgatherScheduleName(AllgatherSchedule schedule) {
-  switch (schedule) {
-    case AllgatherSchedule::kRing:
-      return "ring";
-    case AllgatherSchedule::kGrid:
-      return "grid";
-    case AllgatherSchedule::kBruck:
-      return "bruck";
-    case AllgatherSchedule::kGridBruck:
-      return "grid_bruck";
-  }
-  return "?";
-}
-
-namespace {
-
-// The dimension of the links between ranks a and b: 0 on one host, else the first level above
-// the hosts whose block holds both (the number of levels where none does).
-int dimensionBetween(const Topology& topology, int a, int b) {
-  for (size_t level = 0; level < topology.levels.size(); ++level) {
-    if (topology.levels[level].blockOf(a) == topology.levels[level].blockOf(b)) {
-      return static_cast<int>(level);
-    }
-  }
-  return static_cast<int>(topology.levels.size());
-}
-
-// A round in which rank r sends to rank to(r): its slowest exchange. A message across dimension k
-// loads the links of dimensions 1..k of the blocks it leaves, each shared by every rank of that
-// block whose message leaves it in the round (a host's ranks its link, a rack's its uplink).
-template <typename To>
-AllgatherCosts::Round roundOf(const Topology& topology, const LinkCosts& links, To to) {
-  const int p = topology.size;
-  const size_t levels = topology.levels.size();
-  std::vector<int> dimension(p);
-  std::vector<std::vector<int>> leaving(levels);  // by level, by block: ranks leaving it
-  for (size_t level = 0; level < levels; ++level) {
-    leaving[level].assign(topology.levels[level].blocks(), 0);
-  }
-  for (int r = 0; r < p; ++r) {
-    dimension[r] = dimensionBetween(topology, r, to(r));
-    for (int k = 1; k <= dimension[r]; ++k) {
-      ++leaving[k - 1][topology.levels[k - 1].blockOf(r)];
-    }
-  }
-  AllgatherCosts::Round round;
-  for (int r = 0; r < p; ++r) {
-    round.latency = std::max(round.latency,
-                             links.at(dimension[r]).latency + 2 * links.at(dimension[r]).overhead);
-    double perByte = 1 / links.at(0).bandwidth;
-    for (int k = 1; k <= dimension[r]; ++k) {
-      const double sharers = leaving[k - 1][topology.levels[k - 1].blockOf(r)];
-      perByte = std::max(perByte, sharers / links.at(k).bandwidth);
-    }
-    round.secondsPerByte = std::max(round.secondsPerByte, perByte);
-  }
-  return round;
-}
-
-}  // namespace
-
-AllgatherCosts allgatherCosts(const Topology& topology, const LinkCosts& links) {
-  AllgatherCosts costs;
-  const int p = topology.size;
-  costs.size = p;
-  if (p <= 1) return costs;
-  for (int d = 1; d < p; d *= 2) {
-    costs.bruck.push_back(roundOf(topology, links, [d, p](int r) { return (r - d + p) % p; }));
-  }
-  costs.ringStep = roundOf(topology, links, [p](int r) { return (r + 1) % p; });
-  // The grid: per dimension, outermost first, its extent's steps carrying the blocks gathered by
-  // the dimensions outside it; every rank of a host in a ring of each dimension at once.
-  // Every rank of a block of dimension k - 1 (a host, a rack) is in a ring of dimension k at
-  // once, so they share the block's link.
-  const Grid grid = gridOf(topology);
-  int outside = 1;
-  for (size_t k = grid.dims.size(); k-- > 0;) {
-    const LinkCost& link = links.at(static_cast<int>(k));
-    double sharers = 1;
-    for (size_t j = 0; j < k; ++j) sharers *= grid.dims[j];
-    costs.grid.push_back({link.latency + 2 * link.overhead, outside * sharers / link.bandwidth});
-    costs.gridSteps.push_back(grid.dims[k] - 1);
-    costs.gridBlocks.push_back(outside);
-    outside *= grid.dims[k];
-  }
-  costs.copySecondsPerByte = 1 / links.at(0).bandwidth;
-  return costs;
-}
-
-double alltoallBruckSeconds(const AllgatherCosts& costs, double bytes) {
-  double seconds = 0;
-  const int n = costs.size;
-  int d = 1;
-  for (const AllgatherCosts::Round& round : costs.bruck) {
-    const int count = n / (2 * d) * d + std::max(0, n % (2 * d) - d);  // i < n with bit d
-    seconds += round.latency + count * bytes * (round.secondsPerByte + costs.copySecondsPerByte);
-    d *= 2;
-  }
-  return seconds;
-}
-
-double allgatherSeconds(AllgatherSchedule schedule, const AllgatherCosts& costs, double bytes,
-                        bool reduceScatter) {
-  if (costs.size <= 1) return 0;
-  double seconds = 0;
-  switch (schedule) {
-    case AllgatherSchedule::kRing:
-      return (costs.size - 1) * (costs.ringStep.latency + bytes * costs.ringStep.secondsPerByte);
-    case AllgatherSchedule::kGrid:
-      for (size_t k = 0; k < costs.grid.size(); ++k) {
-        seconds +=
-            costs.gridSteps[k] * (costs.grid[k].latency + bytes * costs.grid[k].secondsPerByte);
-      }
-      return seconds;
-    case AllgatherSchedule::kBruck: {
-      int held = 1;
-      for (const AllgatherCosts::Round& round : costs.bruck) {
-        const int count = std::min(held, costs.size - held);
-        seconds += round.latency + count * bytes * round.secondsPerByte;
-        held += count;
-      }
-      return seconds;
-    }
-    case AllgatherSchedule::kGridBruck:  // the grid's bytes, Bruck's rounds per dimension;
-                                         // every position's blocks copied once, each round's
-                                         // while the next round's move (allgather_bruck.cc)
-      for (size_t k = 0; k < costs.grid.size(); ++k) {
-        const int extent = costs.gridSteps[k] + 1;
-        const double copy = costs.gridBlocks[k] * bytes * costs.copySecondsPerByte;
-        if (reduceScatter) {  // the rounds backwards: each round's blocks summed (the first's
-                              // packed) before its messages, the positions the last round
-                              // brought that this rank keeps reduced while they move
-          std::vector<int> counts;
-          for (int held = 1; held < extent; held += counts.back()) {
-            counts.push_back(std::min(held, extent - held));
-          }
-          int arrived = 0;
-          for (size_t i = counts.size(); i-- > 0;) {
-            const int keeping = std::min(1 << i, arrived);
-            seconds += counts[i] * copy + costs.grid[k].latency +
-                       std::max(counts[i] * bytes * costs.grid[k].secondsPerByte, keeping * copy);
-            arrived = counts[i];
-          }
-          seconds += arrived * copy;
-          continue;
-        }
-        seconds += copy;  // this rank's own position, packed
-        int copying = 0;  // positions the last round brought
-        for (int held = 1; held < extent;) {
-          const int count = std::min(held, extent - held);
-          seconds += costs.grid[k].latency +
-                     std::max(count * bytes * costs.grid[k].secondsPerByte, copying * copy);
-          copying = count;
-          held += count;
-        }
-        seconds += copying * copy;
-      }
-      return seconds;
-  }
-  return seconds;
 }
 
 }  // namespace ddl

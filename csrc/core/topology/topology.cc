@@ -452,6 +452,13 @@ std::vector<int> gridDims(const Topology& t) {
   return dims;
 }
 
+int dimensionBetween(const Topology& t, int a, int b) {
+  for (size_t k = 0; k < t.levels.size(); ++k) {
+    if (t.levels[k].blockOf(a) == t.levels[k].blockOf(b)) return static_cast<int>(k);
+  }
+  return static_cast<int>(t.levels.size());
+}
+
 std::vector<int> ringPartners(const Topology& t, int rank) {
   std::vector<int> out;
   auto add = [&](int r) {

@@ -154,6 +154,9 @@ struct Grid {
   bool regular = true;  // every block of every level has the same shape
 };
 Grid gridOf(const Topology& topology);
+// The dimension of a message from rank a to rank b: 0 on one host, else the lowest level whose
+// block holds both, plus one (the number of levels where only the whole group does).
+int dimensionBetween(const Topology& topology, int a, int b);
 // Its dims alone: O(levels) on a regular machine (every level one run of equal blocks), where
 // gridOf is O(P); gridOf's otherwise.
 std::vector<int> gridDims(const Topology& topology);
