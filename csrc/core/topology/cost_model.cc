@@ -53,21 +53,9 @@ class Loads {
   }
   // A step waits for its slowest message: the largest latency of the dimensions it crosses (not
   // always the outermost: a busy host's ranks may answer more slowly than the network).
-  double latency(const LinkCosts& links) const {
-    double worst = 0;
-    for (int k = 0; k < 32; ++k) {
-      if (crossed_ >> k & 1u) worst = std::max(worst, links.at(k).latency);
-    }
-    return worst;
-  }
+  double latency(const LinkCosts& links) const { return worst(links, &LinkCost::latency); }
   // What a message costs each side's processor: the largest overhead of the dimensions crossed.
-  double overhead(const LinkCosts& links) const {
-    double worst = 0;
-    for (int k = 0; k < 32; ++k) {
-      if (crossed_ >> k & 1u) worst = std::max(worst, links.at(k).overhead);
-    }
-    return worst;
-  }
+  double overhead(const LinkCosts& links) const { return worst(links, &LinkCost::overhead); }
   // A message of `bytes` over the slowest link this load uses (a ring's edges cross the same
   // dimensions).
   double messageSeconds(const LinkCosts& links, double bytes) const {
@@ -100,6 +88,14 @@ class Loads {
       d.touched.push_back(index);
     }
     return b;
+  }
+  // The largest figure of the dimensions a message crosses.
+  double worst(const LinkCosts& links, double LinkCost::*figure) const {
+    double most = 0;
+    for (int k = 0; k < 32; ++k) {
+      if (crossed_ >> k & 1u) most = std::max(most, links.at(k).*figure);
+    }
+    return most;
   }
   template <typename F>
   void each(F f) const {
