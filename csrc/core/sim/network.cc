@@ -29,41 +29,49 @@ void mix(uint64_t* digest, uint64_t value) {
 
 }  // namespace
 
-struct SimNetwork::Message {
+// What a packet's booking reads, in one cache line; the bytes and a put's target are kept
+// apart (SimNetwork::Cold), by the same index.
+struct alignas(64) SimNetwork::Message {
   int from;
   int to;
   uint64_t tag;
   size_t size;
-  std::vector<char> bytes;     // empty without payload
   uint64_t sendIndex = 0;      // its request's slot
   size_t booked = 0;           // bytes whose links are booked
   int64_t end = 0;             // when the last packet booked so far leaves its slowest link
   uint64_t next = kNoMessage;  // the pair's next message, booked once this one is
   enum : uint8_t { kTagged, kPut, kFlush } kind = kTagged;
-  uint64_t region = 0;  // a put's target region; a flush's id
-  size_t offset = 0;    // a put's
+  uint8_t level = 0;  // of the links it crosses (levelBetween)
+  bool cold = false;  // it has bytes, or is a put or a flush: its Cold is read on arrival
+};
+
+struct SimNetwork::Cold {
+  std::vector<char> bytes;  // empty without payload
+  uint64_t region = 0;      // a put's target region; a flush's id
+  size_t offset = 0;        // a put's
 };
 
 int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
-  // Forget what ended by `now` (ends rise with starts: the spans are disjoint and in order).
-  while (!chunks_.empty() && chunks_.front().back().second <= now) chunks_.erase(chunks_.begin());
-  if (!chunks_.empty()) {
-    std::vector<Span>& front = chunks_.front();
-    auto ended =
-        std::find_if(front.begin(), front.end(), [&](const Span& b) { return b.second > now; });
-    front.erase(front.begin(), ended);
+  if (at >= tail_.second) {  // past every booking: no search
+    if (length <= 0) return at;
+    booked_ += length;
+    if (at > 0 && tail_.second == at) {  // touches the last one
+      tail_.second = at + length;
+      return at;
+    }
+    if (tail_.second > now) {
+      insert(end(), tail_, now);
+    } else {
+      chunks_.clear();  // the last span ended by now, so did every one before it
+    }
+    tail_ = {at, at + length};
+    return at;
   }
-  // The first booking that starts after `at`; the one before may still run then.
-  Place next = end();
-  auto chunk =
-      std::upper_bound(chunks_.begin(), chunks_.end(), at,
-                       [](int64_t value, const auto& c) { return value < c.back().first; });
-  if (chunk != chunks_.end()) {
-    auto in = std::upper_bound(chunk->begin(), chunk->end(), at,
-                               [](int64_t value, const Span& b) { return value < b.first; });
-    next = Place{static_cast<size_t>(chunk - chunks_.begin()),
-                 static_cast<size_t>(in - chunk->begin())};
-  }
+  // Among the spans: the tail joins the last chunk while they are searched (past its size for
+  // a moment: a chunk made for it here would be freed again below).
+  if (chunks_.empty()) chunks_.emplace_back();
+  chunks_.back().push_back(tail_);
+  Place next = firstAfter(at);
   const Place first{0, 0};
   int64_t t = at;
   if (!(next == first)) t = std::max(t, span(previous(next)).second);
@@ -71,27 +79,63 @@ int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
     t = std::max(t, span(next).second);
     next = after(next);
   }
-  if (length <= 0) return t;
-  booked_ += length;
-  const int64_t finish = t + length;
-  const bool joinsBefore = !(next == first) && span(previous(next)).second == t;
-  const bool joinsAfter = !(next == end()) && span(next).first == finish;
-  if (joinsBefore && joinsAfter) {
-    span(previous(next)).second = span(next).second;
-    erase(next);
-  } else if (joinsBefore) {
-    span(previous(next)).second = finish;
-  } else if (joinsAfter) {
-    span(next).first = t;
-  } else {
-    insert(next, {t, finish});
+  if (length > 0) {
+    booked_ += length;
+    const int64_t finish = t + length;
+    const bool joinsBefore = !(next == first) && span(previous(next)).second == t;
+    const bool joinsAfter = !(next == end()) && span(next).first == finish;
+    if (joinsBefore && joinsAfter) {
+      span(previous(next)).second = span(next).second;
+      erase(next);
+    } else if (joinsBefore) {
+      span(previous(next)).second = finish;
+    } else if (joinsAfter) {
+      span(next).first = t;
+    } else {
+      insert(next, {t, finish}, now);
+    }
   }
+  tail_ = chunks_.back().back();
+  erase(Place{chunks_.size() - 1, chunks_.back().size() - 1});
   return t;
 }
 
-void SimLink::insert(Place p, Span span) {
+SimLink::Place SimLink::firstAfter(int64_t at) {
+  // Bookings land near the end (the next packets of the flows on the link): look back from it
+  // a few spans, then search.
+  Place p = end();
+  for (int k = 0; k < 16; ++k) {
+    if (p == Place{0, 0}) return p;
+    const Place before = previous(p);
+    if (span(before).first <= at) return p;
+    p = before;
+  }
+  auto chunk =
+      std::upper_bound(chunks_.begin(), chunks_.end(), at,
+                       [](int64_t value, const auto& c) { return value < c.back().first; });
+  if (chunk == chunks_.end()) return end();
+  auto in = std::upper_bound(chunk->begin(), chunk->end(), at,
+                             [](int64_t value, const Span& b) { return value < b.first; });
+  return Place{static_cast<size_t>(chunk - chunks_.begin()),
+               static_cast<size_t>(in - chunk->begin())};
+}
+
+void SimLink::forget(int64_t now) {
+  // Ends rise with starts: the spans are disjoint and in order.
+  while (!chunks_.empty() && chunks_.front().back().second <= now) chunks_.erase(chunks_.begin());
+  if (chunks_.empty()) return;
+  std::vector<Span>& front = chunks_.front();
+  auto ended =
+      std::find_if(front.begin(), front.end(), [&](const Span& b) { return b.second > now; });
+  front.erase(front.begin(), ended);
+}
+
+void SimLink::insert(Place p, Span span, int64_t now) {
   if (p == end()) {
-    if (chunks_.empty() || chunks_.back().size() >= kChunk) chunks_.emplace_back();
+    if (chunks_.empty() || chunks_.back().size() >= kChunk) {
+      forget(now);  // a chunk more: first let go of what has ended
+      chunks_.emplace_back();
+    }
     chunks_.back().push_back(span);
     return;
   }
@@ -133,6 +177,10 @@ SimNetwork::SimNetwork(SimNetworkSpec spec) : spec_(std::move(spec)) {
   nicIn_.assign(hosts, SimLink{});
   upOut_.assign(racks, SimLink{});
   upIn_.assign(racks, SimLink{});
+  for (int level = 0; level < 3; ++level) {
+    latencyNs_[level] = static_cast<int64_t>(std::llround(spec_.levels[level].latency * 1e9));
+    overheadNs_[level] = static_cast<int64_t>(std::llround(spec_.levels[level].overhead * 1e9));
+  }
 }
 
 SimNetwork::~SimNetwork() = default;
@@ -165,7 +213,7 @@ void SimNetwork::waitUntil(int rank, TimePoint until) {
 }
 
 void SimNetwork::push(int64_t at, Kind kind, int rank, int other, uint64_t index) {
-  queue_.push(Event{at, order_++, kind, rank, other, index});
+  queue_.push(Event{at, order_++ << 8 | static_cast<uint64_t>(kind), rank, other, index});
 }
 
 void SimNetwork::wake(int rank, TimePoint at) {
@@ -223,15 +271,11 @@ int SimNetwork::levelBetween(int a, int b) const {
   return spec_.rackOf[ha] == spec_.rackOf[hb] ? 1 : 2;
 }
 
-int64_t SimNetwork::latencyNs(int level) const {
-  return static_cast<int64_t>(std::llround(spec_.levels[level].latency * 1e9));
-}
-
 int64_t SimNetwork::overheadNs(int from, int to) const {
-  return static_cast<int64_t>(std::llround(spec_.levels[levelBetween(from, to)].overhead * 1e9));
+  return overheadNs_[levelBetween(from, to)];
 }
 
-int64_t SimNetwork::overheadNs(const Message& m) const { return overheadNs(m.from, m.to); }
+int64_t SimNetwork::overheadNs(const Message& m) const { return overheadNs_[m.level]; }
 
 void SimNetwork::lose(int rank, int peer, int64_t at) { push(at, Kind::kLost, rank, peer); }
 
@@ -278,12 +322,14 @@ uint64_t SimNetwork::newMessage(int from, int to, uint64_t tag, size_t bytes, Re
   if (!freeMessages_.empty()) {
     index = freeMessages_.back();
     freeMessages_.pop_back();
-    inFlight_[index] = Message{from, to, tag, bytes, {}};
+    inFlight_[index] = Message{from, to, tag, bytes};
   } else {
     index = inFlight_.size();
-    inFlight_.push_back(Message{from, to, tag, bytes, {}});
+    inFlight_.push_back(Message{from, to, tag, bytes});
+    cold_.emplace_back();
   }
   Message& message = inFlight_[index];
+  message.level = static_cast<uint8_t>(levelBetween(from, to));
   if (!freeSends_.empty()) {
     message.sendIndex = freeSends_.back();
     freeSends_.pop_back();
@@ -315,13 +361,14 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
   if (from == turning_) charge(static_cast<double>(overheadNs(from, to)) * 1e-9);
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
   const uint64_t index = newMessage(from, to, tag, bytes, req);
-  Message& message = inFlight_[index];
   // Without payload, data is sizes only; what the engine itself says (call prints, notices, the
   // group's creation: the control phase) always carries its bytes.
   const uint64_t phase =
       (tag >> (tag::kSlotShift + tag::kStepBits)) & ((1u << tag::kPhaseBits) - 1);
   if ((spec_.payload || phase == tag::kControlPhase) && bytes > 0) {
-    message.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    inFlight_[index].cold = true;
+    cold_[index].bytes.assign(static_cast<const char*>(data),
+                              static_cast<const char*>(data) + bytes);
   }
   ++bySlot_[(tag >> tag::kSlotShift) & ((uint64_t{1} << tag::kSlotBits) - 1)];
   const uint64_t step = (tag >> tag::kSlotShift) & (tag::kMaxSteps - 1);
@@ -330,7 +377,7 @@ void SimNetwork::send(int from, int to, uint64_t tag, const void* data, size_t b
     ++byOp_[tag >> tag::kSequenceShift];
   }
   if (from == recorded_ && sentByRecorded_.size() < 4096)
-    sentByRecorded_.push_back(Sent{to, tag, message.bytes});
+    sentByRecorded_.push_back(Sent{to, tag, cold_[index].bytes});
   launch(index, t0);
 }
 
@@ -339,8 +386,9 @@ void SimNetwork::put(int from, int to, uint64_t region, size_t offset, const voi
   if (from == turning_) charge(static_cast<double>(overheadNs(from, to)) * 1e-9);
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
   const uint64_t index = newMessage(from, to, 0, bytes, req);
-  Message& message = inFlight_[index];
-  message.kind = Message::kPut;
+  inFlight_[index].kind = Message::kPut;
+  inFlight_[index].cold = true;
+  Cold& message = cold_[index];
   message.region = region;
   message.offset = offset;
   if (spec_.payload && bytes > 0) {
@@ -353,13 +401,14 @@ void SimNetwork::flush(int from, int to, uint64_t id) {
   const int64_t t0 = from == turning_ ? local_ : ns(timeOf(from));
   const uint64_t index = newMessage(from, to, 0, 0, nullptr);
   inFlight_[index].kind = Message::kFlush;
-  inFlight_[index].region = id;
+  inFlight_[index].cold = true;
+  cold_[index].region = id;
   launch(index, t0);
 }
 
 void SimNetwork::bookPacket(uint64_t index, int64_t at) {
   Message& m = inFlight_[index];
-  const int level = levelBetween(m.from, m.to);
+  const int level = m.level;
   const double hostBw = spec_.levels[0].bandwidth, nicBw = spec_.levels[1].bandwidth,
                rackBw = spec_.levels[2].bandwidth;
   const int hf = spec_.hostOf[m.from], ht = spec_.hostOf[m.to];
@@ -436,9 +485,10 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
     queue_.pop();
     now_ = point(e.at);
     ++events_;
-    switch (e.kind) {
+    switch (e.kind()) {
       case Kind::kArrive: {
-        Message m = std::move(inFlight_[e.index]);
+        const Message m = inFlight_[e.index];
+        Cold cold = m.cold ? std::move(cold_[e.index]) : Cold{};  // left empty for its next use
         freeMessages_.push_back(e.index);
         if (dead_[m.to] || severed(m.from, m.to)) break;
         mix(&digest_, static_cast<uint64_t>(e.at));
@@ -446,15 +496,14 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         mix(&digest_, m.tag);
         mix(&digest_, m.size);
         if (m.kind == Message::kPut) {  // lands with nothing asked of the receiver
-          transports_[m.to]->land(m.region, m.offset, m.bytes, m.size);
+          transports_[m.to]->land(cold.region, cold.offset, cold.bytes, m.size);
           break;
         }
         if (m.kind == Message::kFlush) {  // every put before it has landed: the answer goes back
-          push(e.at + latencyNs(levelBetween(m.from, m.to)), Kind::kFlushed, m.from, m.to,
-               m.region);
+          push(e.at + latencyNs(m.level), Kind::kFlushed, m.from, m.to, cold.region);
           break;
         }
-        transports_[m.to]->arrive(Delivered{m.tag, std::move(m.bytes), m.size}, overheadNs(m));
+        transports_[m.to]->arrive(Delivered{m.tag, std::move(cold.bytes), m.size}, overheadNs(m));
         wake(m.to, now_);
         break;
       }

@@ -60,10 +60,10 @@ class SimTransport;
 class SimLink {
  public:
   // The earliest t >= at such that [t, t + length) is free, booked; what ended by `now` (no
-  // later than any `at` to come) is forgotten first.
+  // later than any `at` to come) may be forgotten.
   int64_t book(int64_t now, int64_t at, int64_t length);
   // Nothing is booked from `at` on.
-  bool freeFrom(int64_t at) const { return chunks_.empty() || chunks_.back().back().second <= at; }
+  bool freeFrom(int64_t at) const { return tail_.second <= at; }
   int64_t bookedNs() const { return booked_; }  // every booking's length so far
 
  private:
@@ -79,12 +79,20 @@ class SimLink {
     return p.i > 0 ? Place{p.c, p.i - 1} : Place{p.c - 1, chunks_[p.c - 1].size() - 1};
   }
   Place end() const { return Place{chunks_.size(), 0}; }
-  void insert(Place p, Span span);
+  // The first span that starts after `at` (end(): none).
+  Place firstAfter(int64_t at);
+  void insert(Place p, Span span, int64_t now);
   void erase(Place p);
+  void forget(int64_t now);  // the spans that ended by `now`
 
-  // The spans in order, in chunks of at most 2 kChunk (none empty): a booking in the middle of
-  // a link booked far ahead moves the rest of its chunk, not every later span (at 4 096 ranks an
-  // uplink holds about a thousand spans, and most bookings land among them).
+  // The last span is held here, apart from the chunks, so that the commonest booking (from a
+  // time past it: a link's own next packet, or a link nobody else is on) reads and writes this
+  // object alone. At 65 536 ranks the links' spans are far apart in memory, and reaching them
+  // through the chunks was most of a packet's cost. Its end is 0 where there is none.
+  Span tail_{0, 0};
+  // The spans before it in order, in chunks of at most 2 kChunk (none empty): a booking in the
+  // middle of a link booked far ahead moves the rest of its chunk, not every later span (at
+  // 4 096 ranks an uplink holds about a thousand spans, and most bookings land among them).
   static constexpr size_t kChunk = 64;
   std::vector<std::vector<Span>> chunks_;
   int64_t booked_ = 0;
@@ -333,21 +341,24 @@ class SimNetwork {
     kStall,
     kFlushed
   };
+  // 32 bytes (the calendar sorts hundreds of millions): the kind rides below the order made,
+  // which alone breaks ties (no two events share it).
   struct Event {
-    int64_t at;  // ns
-    uint64_t order;
-    Kind kind;
+    int64_t at;      // ns
+    uint64_t order;  // order made << 8 | kind
     int rank;
     int other;
     uint64_t index;  // kArrive, kPacket: the message; kSent: the request's slot
+    Kind kind() const { return static_cast<Kind>(order & 0xff); }
     bool operator>(const Event& e) const { return at != e.at ? at > e.at : order > e.order; }
   };
   struct Message;
+  struct Cold;
   uint64_t newMessage(int from, int to, uint64_t tag, size_t bytes, Request* req);
   void launch(uint64_t index, int64_t at);  // after the pair's messages before it
   void push(int64_t at, Kind kind, int rank, int other = -1, uint64_t index = 0);
   int levelBetween(int a, int b) const;
-  int64_t latencyNs(int level) const;
+  int64_t latencyNs(int level) const { return latencyNs_[level]; }
   int64_t overheadNs(int from, int to) const;  // a message's, each side
   int64_t overheadNs(const Message& m) const;
   void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
@@ -357,6 +368,7 @@ class SimNetwork {
   static TimePoint point(int64_t ns);
 
   SimNetworkSpec spec_;
+  int64_t latencyNs_[3] = {}, overheadNs_[3] = {};  // by level, from spec_
   std::vector<SimTransport*> transports_;
   std::function<TimePoint(int)> turn_;
   SimCalendar<Event> queue_;
@@ -389,6 +401,7 @@ class SimNetwork {
   Pair& laneOf(const Message& m);
   std::vector<std::vector<Pair>> pairs_;  // by sender, sorted by receiver
   std::vector<Message> inFlight_;
+  std::vector<Cold> cold_;  // by the same index
   std::vector<uint64_t> freeMessages_;
   std::vector<Request*> sends_;
   std::vector<uint64_t> freeSends_;
