@@ -52,20 +52,21 @@ struct SimNetwork::Cold {
 };
 
 int64_t SimLink::book(int64_t now, int64_t at, int64_t length) {
-  if (at >= tail_.second) {  // past every booking: no search
-    if (length <= 0) return at;
+  if (at >= tail_.first) {  // no span starts after `at`: it joins the last one or goes after it
+    const int64_t t = std::max(at, tail_.second);
+    if (length <= 0) return t;
     booked_ += length;
-    if (at > 0 && tail_.second == at) {  // touches the last one
-      tail_.second = at + length;
-      return at;
+    if (tail_.second > 0 && t == tail_.second) {  // a busy link's next packet, most often
+      tail_.second = t + length;
+      return t;
     }
     if (tail_.second > now) {
       insert(end(), tail_, now);
     } else {
       chunks_.clear();  // the last span ended by now, so did every one before it
     }
-    tail_ = {at, at + length};
-    return at;
+    tail_ = {t, t + length};
+    return t;
   }
   // Among the spans: the tail joins the last chunk while they are searched (past its size for
   // a moment: a chunk made for it here would be freed again below).

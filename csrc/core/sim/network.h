@@ -85,10 +85,11 @@ class SimLink {
   void erase(Place p);
   void forget(int64_t now);  // the spans that ended by `now`
 
-  // The last span is held here, apart from the chunks, so that the commonest booking (from a
-  // time past it: a link's own next packet, or a link nobody else is on) reads and writes this
-  // object alone. At 65 536 ranks the links' spans are far apart in memory, and reaching them
-  // through the chunks was most of a packet's cost. Its end is 0 where there is none.
+  // The last span is held here, apart from the chunks, so that the commonest bookings (from a
+  // time no earlier than its start: a busy link's next packet joins it, an idle link's starts
+  // after it) read and write this object alone. At 65 536 ranks the links' spans are far apart in
+  // memory, and reaching them through the chunks was most of a packet's cost. Its end is 0 where
+  // there is none.
   Span tail_{0, 0};
   // The spans before it in order, in chunks of at most 2 kChunk (none empty): a booking in the
   // middle of a link booked far ahead moves the rest of its chunk, not every later span (at
