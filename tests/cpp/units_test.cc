@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "../../csrc/core/base/config.h"
 #include "../../csrc/core/base/rank_set.h"
@@ -12,6 +13,8 @@
 #include "../../csrc/core/runtime/peer_directory.h"
 #include "../../csrc/core/runtime/stats.h"
 #include "../../csrc/core/topology/ring_plan.h"
+#include "../../csrc/core/transport/tag_matching.h"
+#include "../../csrc/core/transport/tag_table.h"
 #include "harness.h"
 #include "values.h"
 
@@ -293,3 +296,76 @@ TEST(OpStats, JsonStringsAreEscaped) {
 
 }  // namespace
 }  // namespace ddl::test
+
+// The tag table against std::map over random insertions, lookups and erasures of keys that
+// collide in their low bits (as tags do: they differ in the group, sequence and slot fields),
+// through growth and the erasures' backward shifts.
+TEST(TagTable, AgreesWithAMapThroughGrowthAndErasures) {
+  ddl::TagTable<int> table;
+  std::map<uint64_t, int> reference;
+  uint64_t x = 12345;
+  auto next = [&x] { return (x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t key = (next() % 512) << 40 | (next() % 3);
+    switch (next() % 3) {
+      case 0:
+        table[key] = i;
+        reference[key] = i;
+        break;
+      case 1:
+        table.erase(key);
+        reference.erase(key);
+        break;
+      default: {
+        int* found = table.find(key);
+        auto it = reference.find(key);
+        ASSERT_EQ(found != nullptr, it != reference.end()) << "step " << i;
+        if (found != nullptr) ASSERT_EQ(*found, it->second) << "step " << i;
+      }
+    }
+    ASSERT_EQ(table.size(), reference.size()) << "step " << i;
+  }
+  size_t seen = 0;
+  table.forEach([&](uint64_t key, int value) {
+    ++seen;
+    EXPECT_EQ(reference.at(key), value);
+  });
+  EXPECT_EQ(seen, reference.size());
+}
+
+// Receives posted under one tag match arrivals oldest first; one withdrawn from the middle, the
+// front or the back of them is skipped, and one not posted (done, or never posted) is not
+// found.
+TEST(TagMatcher, ReceivesOfOneTagMatchInOrderAndAWithdrawnOneIsSkipped) {
+  for (int withdrawn = 0; withdrawn < 4; ++withdrawn) {
+    ddl::TagMatcher matcher;
+    const uint64_t tag = ddl::tag::make(3, 7, 1, 2);
+    std::vector<ddl::Request> reqs(4);
+    std::vector<int> buffers(4, -1);
+    for (int i = 0; i < 4; ++i) {
+      matcher.recv(tag, ddl::tag::kMatchAll, &buffers[i], sizeof(int), &reqs[i]);
+    }
+    EXPECT_EQ(matcher.posted(), 4u);
+    EXPECT_TRUE(matcher.cancel(&reqs[withdrawn]));
+    EXPECT_TRUE(reqs[withdrawn].failed());
+    EXPECT_FALSE(matcher.withdraw(&reqs[withdrawn]));
+    for (int m = 0; m < 3; ++m) {
+      ddl::Delivered message;
+      message.tag = tag;
+      message.bytes.resize(sizeof(int));
+      std::memcpy(message.bytes.data(), &m, sizeof(int));
+      message.size = sizeof(int);
+      matcher.arrive(std::move(message));
+    }
+    int expected = 0;
+    for (int i = 0; i < 4; ++i) {
+      if (i == withdrawn) continue;
+      EXPECT_TRUE(reqs[i].done && !reqs[i].failed()) << withdrawn << " " << i;
+      EXPECT_EQ(buffers[i], expected++) << withdrawn << " " << i;
+      EXPECT_FALSE(matcher.withdraw(&reqs[i]));
+    }
+    EXPECT_EQ(matcher.posted(), 0u);
+    ddl::Request never;
+    EXPECT_FALSE(matcher.withdraw(&never));
+  }
+}

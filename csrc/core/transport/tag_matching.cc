@@ -99,8 +99,14 @@ void TagMatcher::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Req
   if (receiveArrived(tag, mask, data, bytes, req)) return;
   const Posted posted{tag, mask, data, bytes, req, posts_++};
   if (mask == tag::kMatchAll) {
-    exact_[tag].push_back(posted);
-    exactTag_[req] = tag;
+    req->senderTag = tag;  // where withdraw() finds it; a match sets the same
+    PostedQueue& q = exact_[tag];
+    if (q.any) {
+      q.rest.push_back(posted);
+    } else {
+      q.first = posted;
+      q.any = true;
+    }
   } else {
     masked_.push_back(posted);
   }
@@ -109,8 +115,8 @@ void TagMatcher::recv(uint64_t tag, uint64_t mask, void* data, size_t bytes, Req
 
 void TagMatcher::arrive(Delivered message) {
   // The oldest posted receive it matches: of those posted for its tag exactly, and of the masked.
-  auto exact = exact_.find(message.tag);
-  const uint64_t exactOrder = exact != exact_.end() ? exact->second.front().order : UINT64_MAX;
+  PostedQueue* exact = exact_.find(message.tag);
+  const uint64_t exactOrder = exact != nullptr ? exact->first.order : UINT64_MAX;
   auto masked = std::find_if(masked_.begin(), masked_.end(), [&](const Posted& r) {
     return (message.tag & r.mask) == (r.tag & r.mask);
   });
@@ -123,10 +129,13 @@ void TagMatcher::arrive(Delivered message) {
   }
   Posted recv;
   if (exactOrder < maskedOrder) {
-    recv = exact->second.front();
-    exact->second.pop_front();
-    if (exact->second.empty()) exact_.erase(exact);
-    exactTag_.erase(recv.req);
+    recv = exact->first;
+    if (exact->rest.empty()) {
+      exact_.erase(message.tag);
+    } else {
+      exact->first = exact->rest.front();
+      exact->rest.pop_front();
+    }
   } else {
     recv = *masked;
     masked_.erase(masked);
@@ -143,16 +152,22 @@ bool TagMatcher::withdraw(Request* req) {
     --postedCount_;
     return true;
   }
-  auto tagged = exactTag_.find(req);
-  if (tagged == exactTag_.end()) return false;
-  auto it = exact_.find(tagged->second);
-  exactTag_.erase(tagged);
-  if (it == exact_.end()) return false;
-  auto found = std::find_if(it->second.begin(), it->second.end(),
-                            [req](const Posted& r) { return r.req == req; });
-  if (found == it->second.end()) return false;
-  it->second.erase(found);
-  if (it->second.empty()) exact_.erase(it);
+  // An exact receive's request holds its tag while posted (what a match sets it to).
+  PostedQueue* q = exact_.find(req->senderTag);
+  if (q == nullptr) return false;
+  if (q->first.req == req) {
+    if (q->rest.empty()) {
+      exact_.erase(req->senderTag);
+    } else {
+      q->first = q->rest.front();
+      q->rest.pop_front();
+    }
+  } else {
+    auto it = std::find_if(q->rest.begin(), q->rest.end(),
+                           [req](const Posted& r) { return r.req == req; });
+    if (it == q->rest.end()) return false;
+    q->rest.erase(it);
+  }
   --postedCount_;
   return true;
 }

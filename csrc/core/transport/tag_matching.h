@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../base/fifo.h"
+#include "tag_table.h"
 #include "transport.h"
 
 namespace ddl {
@@ -61,9 +62,15 @@ class TagMatcher {
   void take(std::map<uint64_t, Delivered>::iterator it);
   // The index of waiting messages under `mask`, if it is one kept (null: scan).
   Index* indexFor(uint64_t mask);
+  // The receives posted for one exact tag, oldest first: the first held in place (one at a time
+  // is the rule), any others behind it.
+  struct PostedQueue {
+    Posted first{};
+    bool any = false;
+    Fifo<Posted> rest;
+  };
   // Posted receives: exact tags by tag (in post order), masked ones in post order.
-  std::unordered_map<uint64_t, Fifo<Posted>> exact_;
-  std::unordered_map<Request*, uint64_t> exactTag_;  // the tag each exact receive waits under
+  TagTable<PostedQueue> exact_;
   std::vector<Posted> masked_;
   uint64_t posts_ = 0;
   size_t postedCount_ = 0;
