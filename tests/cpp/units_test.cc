@@ -325,12 +325,11 @@ TEST(TagTable, AgreesWithAMapThroughGrowthAndErasures) {
     }
     ASSERT_EQ(table.size(), reference.size()) << "step " << i;
   }
-  size_t seen = 0;
-  table.forEach([&](uint64_t key, int value) {
-    ++seen;
-    EXPECT_EQ(reference.at(key), value);
-  });
-  EXPECT_EQ(seen, reference.size());
+  for (const auto& [key, value] : reference) {
+    const int* found = table.find(key);
+    ASSERT_NE(found, nullptr) << key;
+    EXPECT_EQ(*found, value) << key;
+  }
 }
 
 // Receives posted under one tag match arrivals oldest first; one withdrawn from the middle, the

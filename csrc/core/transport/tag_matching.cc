@@ -130,12 +130,7 @@ void TagMatcher::arrive(Delivered message) {
   Posted recv;
   if (exactOrder < maskedOrder) {
     recv = exact->first;
-    if (exact->rest.empty()) {
-      exact_.erase(message.tag);
-    } else {
-      exact->first = exact->rest.front();
-      exact->rest.pop_front();
-    }
+    if (!exact->dropFirst()) exact_.erase(message.tag);
   } else {
     recv = *masked;
     masked_.erase(masked);
@@ -156,12 +151,7 @@ bool TagMatcher::withdraw(Request* req) {
   PostedQueue* q = exact_.find(req->senderTag);
   if (q == nullptr) return false;
   if (q->first.req == req) {
-    if (q->rest.empty()) {
-      exact_.erase(req->senderTag);
-    } else {
-      q->first = q->rest.front();
-      q->rest.pop_front();
-    }
+    if (!q->dropFirst()) exact_.erase(req->senderTag);
   } else {
     auto it = std::find_if(q->rest.begin(), q->rest.end(),
                            [req](const Posted& r) { return r.req == req; });

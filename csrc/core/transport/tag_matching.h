@@ -68,6 +68,13 @@ class TagMatcher {
     Posted first{};
     bool any = false;
     Fifo<Posted> rest;
+    // The next one moves up; false where none is left (the queue is then taken out).
+    bool dropFirst() {
+      if (rest.empty()) return false;
+      first = rest.front();
+      rest.pop_front();
+      return true;
+    }
   };
   // Posted receives: exact tags by tag (in post order), masked ones in post order.
   TagTable<PostedQueue> exact_;

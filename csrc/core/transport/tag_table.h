@@ -29,13 +29,8 @@ class TagTable {
   V& operator[](uint64_t key) {
     if (V* v = find(key)) return *v;
     if (2 * (used_ + 1) > slots_.size()) grow();
-    size_t i = home(key);
-    while (slots_[i].used) i = next(i);
-    slots_[i].used = true;
-    slots_[i].key = key;
-    slots_[i].value = V{};
     ++used_;
-    return slots_[i].value;
+    return place(key, V{});
   }
   // Takes `key` out (nothing where it is not in).
   void erase(uint64_t key) {
@@ -60,13 +55,6 @@ class TagTable {
     slots_[hole].value = V{};
     --used_;
   }
-  // Calls f(key, value) for every entry, in no particular order.
-  template <typename F>
-  void forEach(F&& f) {
-    for (Slot& s : slots_) {
-      if (s.used) f(s.key, s.value);
-    }
-  }
 
  private:
   struct Slot {
@@ -81,16 +69,20 @@ class TagTable {
     return static_cast<size_t>(key) & (slots_.size() - 1);
   }
   size_t next(size_t i) const { return (i + 1) & (slots_.size() - 1); }
+  // Puts `key` in the first free slot of its probe run (it must not be in the table).
+  V& place(uint64_t key, V value) {
+    size_t i = home(key);
+    while (slots_[i].used) i = next(i);
+    slots_[i].used = true;
+    slots_[i].key = key;
+    slots_[i].value = std::move(value);
+    return slots_[i].value;
+  }
   void grow() {
     std::vector<Slot> old = std::move(slots_);
     slots_ = std::vector<Slot>(old.empty() ? 8 : 2 * old.size());
     for (Slot& s : old) {
-      if (!s.used) continue;
-      size_t i = home(s.key);
-      while (slots_[i].used) i = next(i);
-      slots_[i].used = true;
-      slots_[i].key = s.key;
-      slots_[i].value = std::move(s.value);
+      if (s.used) place(s.key, std::move(s.value));
     }
   }
   std::vector<Slot> slots_;  // a power of two in size, at most half used
