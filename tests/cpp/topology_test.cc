@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -778,6 +779,7 @@ TEST(BlockPlan, RegularGridsGoLevelByLevelAndCheckOut) {
       }
       ASSERT_FALSE(stages.empty());
       EXPECT_NO_THROW(checkBlockStages(plan, t.size, reduceScatter));
+      EXPECT_NO_THROW(replayBlockStages(plan, t.size, reduceScatter));
       // Reduce-scatter reduces within the host first; allgather crosses hosts first.
       if (gridOf(t).dims[0] > 1) {
         EXPECT_EQ(reduceScatter ? stages.front().dimension : stages.back().dimension, 0);
@@ -787,6 +789,56 @@ TEST(BlockPlan, RegularGridsGoLevelByLevelAndCheckOut) {
   BlockPlan bad = planBlockStages(simulated({0, 0, 1, 1}), false);
   std::swap(bad.stages[0], bad.stages[1]);  // spreading in the host before anything arrived
   EXPECT_THROW(checkBlockStages(bad, 4, false), Error);
+  EXPECT_THROW(replayBlockStages(bad, 4, false), Error);
+}
+
+// Each way of breaking a plan of 2 racks of 3 hosts of 2 ranks that the check refuses; where the
+// rings' own data goes wrong, the replay fails too.
+TEST(BlockPlan, TheCheckRefusesEveryBrokenPlanTheReplayRefuses) {
+  std::vector<int> hostOf, rackOf = {0, 0, 0, 1, 1, 1};
+  for (int r = 0; r < 12; ++r) hostOf.push_back(r / 2);
+  const Topology t = simulated(hostOf, rackOf);
+  for (bool reduceScatter : {false, true}) {
+    const BlockPlan good = planBlockStages(t, reduceScatter);
+    ASSERT_EQ(good.stages.size(), 3u);
+    struct Break {
+      const char* what;
+      std::function<void(BlockPlan&)> apply;
+      bool dataGoesWrong;
+    };
+    const std::vector<Break> breaks = {
+        {"stages swapped", [](BlockPlan& p) { std::swap(p.stages[0], p.stages[2]); }, true},
+        {"a stage left out", [](BlockPlan& p) { p.stages.pop_back(); }, true},
+        {"two ranks of different rings swapped",
+         [](BlockPlan& p) {
+           BlockStage& s = p.stages[1];
+           std::swap(s.rings[0][0], s.rings[1][0]);
+           std::swap(s.ringOf[s.rings[0][0]], s.ringOf[s.rings[1][0]]);
+         },
+         true},
+        {"a ring's member twice",
+         [](BlockPlan& p) { p.stages[0].rings[0][1] = p.stages[0].rings[0][0]; }, true},
+        {"combinations of one dimension too few",
+         [](BlockPlan& p) {
+           for (BlockStage& s : p.stages) {
+             if (s.combinations > 1) {
+               s.combinations = 1;
+               break;
+             }
+           }
+         },
+         true},
+        {"two ranks at one place", [](BlockPlan& p) { p.coords[1] = p.coords[0]; }, true},
+        {"tag steps overlapping", [](BlockPlan& p) { p.stages[1].firstStep = 0; }, false},
+    };
+    for (const Break& b : breaks) {
+      SCOPED_TRACE(std::string(b.what) + (reduceScatter ? ", reduce-scatter" : ", allgather"));
+      BlockPlan plan = good;
+      b.apply(plan);
+      EXPECT_THROW(checkBlockStages(plan, t.size, reduceScatter), Error);
+      if (b.dataGoesWrong) EXPECT_ANY_THROW(replayBlockStages(plan, t.size, reduceScatter));
+    }
+  }
 }
 
 TEST(BlockPlan, BroadcastEntersEachHostOnce) {

@@ -111,21 +111,98 @@ std::vector<BlockRing> BlockPlan::ringsOf(size_t stage, int rank) const {
   return rings;
 }
 
-void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter) {
-  for (const BlockStage& stage : plan.stages) {
-    if (static_cast<int>(stage.ringOf.size()) != size) {
-      throw Error("ddl: block plan stage has no ring index for every rank");
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) { throw Error("ddl: block plan " + what); }
+
+// Each stage's rings partition the ranks; a ring's members differ in the stage's dimension
+// alone and hold each of its coordinates once.
+void checkRings(const BlockPlan& plan, const BlockStage& stage, int size) {
+  if (static_cast<int>(stage.ringOf.size()) != size)
+    refuse("stage has no ring index for every rank");
+  const int j = stage.dimension;
+  size_t members = 0;
+  std::vector<char> seen;
+  for (size_t i = 0; i < stage.rings.size(); ++i) {
+    const std::vector<int>& ring = stage.rings[i];
+    if (ring.size() < 2 || ring.size() != static_cast<size_t>(plan.dims[j])) {
+      refuse("ring is malformed");
     }
-    for (size_t i = 0; i < stage.rings.size(); ++i) {
-      if (stage.rings[i].size() < 2) throw Error("ddl: block plan ring is malformed");
-      for (int r : stage.rings[i]) {
-        if (r < 0 || r >= size) throw Error("ddl: block plan names rank " + std::to_string(r));
-        if (stage.ringOf[r] != static_cast<int>(i)) {
-          throw Error("ddl: block plan puts rank " + std::to_string(r) + " in two rings");
+    seen.assign(ring.size(), 0);
+    for (int r : ring) {
+      if (r < 0 || r >= size) refuse("names rank " + std::to_string(r));
+      if (stage.ringOf[r] != static_cast<int>(i)) {
+        refuse("puts rank " + std::to_string(r) + " in two rings");
+      }
+      for (size_t k = 0; k < plan.dims.size(); ++k) {
+        if (static_cast<int>(k) != j && plan.coords[r][k] != plan.coords[ring[0]][k]) {
+          refuse("ring " + std::to_string(i) + " spans dimension " + std::to_string(k));
         }
       }
+      const int c = plan.coords[r][j];
+      if (c < 0 || c >= plan.dims[j] || seen[c]++ > 0) {
+        refuse("ring " + std::to_string(i) + " holds coordinate " + std::to_string(c) + " twice");
+      }
     }
+    members += ring.size();
   }
+  if (members != static_cast<size_t>(size)) refuse("leaves a rank out of a stage's rings");
+}
+
+}  // namespace
+
+void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter) {
+  // The grid: one rank at each place, its coordinates in range.
+  size_t places = 1;
+  for (int d : plan.dims) {
+    if (d < 1) refuse("has an empty dimension");
+    places *= static_cast<size_t>(d);
+  }
+  if (places != static_cast<size_t>(size) || plan.rankAt.size() != places ||
+      plan.coords.size() != places) {
+    refuse("does not place every rank once");
+  }
+  for (int r = 0; r < size; ++r) {
+    const std::vector<int>& c = plan.coords[r];
+    if (c.size() != plan.dims.size()) refuse("gives rank " + std::to_string(r) + " no place");
+    for (size_t k = 0; k < c.size(); ++k) {
+      if (c[k] < 0 || c[k] >= plan.dims[k])
+        refuse("puts rank " + std::to_string(r) + " off the grid");
+    }
+    if (plan.rankAt[plan.placeOf(c)] != r)
+      refuse("puts two ranks at rank " + std::to_string(r) + "'s place");
+  }
+  // Every dimension of more than one place once, in order (allgather outermost first), each
+  // stage's combinations over the dimensions above it, and tag steps apart.
+  std::vector<int> wanted;
+  for (int k = 0; k < static_cast<int>(plan.dims.size()); ++k) {
+    if (plan.dims[k] > 1) wanted.push_back(k);
+  }
+  if (!reduceScatter) std::reverse(wanted.begin(), wanted.end());
+  if (plan.stages.size() != wanted.size()) refuse("has a stage too many or too few");
+  uint64_t stepsFrom = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const BlockStage& stage = plan.stages[s];
+    if (stage.dimension != wanted[s]) refuse("runs its stages out of order");
+    std::vector<int> above;
+    size_t combinations = 1;
+    for (int k : wanted) {
+      if (k > stage.dimension) above.push_back(k);
+    }
+    for (int k : above) combinations *= static_cast<size_t>(plan.dims[k]);
+    if (stage.above != above || stage.combinations != combinations) {
+      refuse("stage " + std::to_string(s) + " has the wrong dimensions above it");
+    }
+    checkRings(plan, stage, size);
+    const uint64_t steps = combinations * static_cast<uint64_t>(plan.dims[stage.dimension] - 1);
+    if (stage.firstStep < stepsFrom || stage.firstStep + steps > tag::kMaxSteps) {
+      refuse("stage " + std::to_string(s) + "'s tag steps overlap or overflow");
+    }
+    stepsFrom = stage.firstStep + steps;
+  }
+}
+
+void replayBlockStages(const BlockPlan& plan, int size, bool reduceScatter) {
   // The blocks are followed a batch at a time, so that the check holds a bounded number of
   // counts whatever P: per rank and block of the batch, allgather: whether the rank holds the
   // block; reduce-scatter: over how many ranks its partial sum runs (0: not held).

@@ -56,11 +56,19 @@ struct BlockPlan {
 // flat ring serves those), or more steps than the tag holds.
 BlockPlan planBlockStages(const Topology& topology, bool reduceScatter);
 
-// Throws ddl::Error unless replaying the stages, spelled out as the ranks run them, leaves
-// (allgather) every rank with every block, or (reduce-scatter) rank r with block r summed over
-// every rank. O(P) memory: one block followed at a time, through the one ring of each stage
-// that carries it.
+// Throws ddl::Error unless the plan has the shape that leaves every rank with every block
+// (allgather), or rank r with block r summed over every rank (reduce-scatter): one rank at each
+// place of the grid; a stage for each dimension of more than one place, outermost first for an
+// allgather, innermost first for a reduce-scatter, over the combinations of the dimensions above
+// it; rings that partition the ranks, each over all places of its dimension and no other; tag steps
+// apart. By induction over the stages, ranks agreeing on the dimensions below a stage's then hold
+// the same blocks (docs/across-hosts.md). O(P) in time and memory: every group's creation runs it.
 void checkBlockStages(const BlockPlan& plan, int size, bool reduceScatter);
+
+// Throws ddl::Error unless replaying the stages, spelled out as the ranks run them (every ring of
+// every combination), leaves each rank with what checkBlockStages promises. O(P^2) time: for the
+// tests, which hold the check's rule to the rings' own data.
+void replayBlockStages(const BlockPlan& plan, int size, bool reduceScatter);
 
 // This rank's place in the broadcast tree from `root`: binomial among one leader per host (the
 // root on its host, elsewhere the host's lowest rank), then binomial within each host from its
