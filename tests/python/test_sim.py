@@ -167,3 +167,30 @@ def test_payload_auto_counts_a_block_per_rank_where_the_collective_holds_one():
     code, lines, err = sim("--ranks", "64", "--ranks-per-host", "8", "--bytes", "8K",
                            "--collective", "allgather", "--payload-limit", "64M")
     assert code == 0 and "CHECK payload=ok" in lines, err
+
+
+def test_large_runs_and_campaigns_run_again_with_huge_pages_unless_told_otherwise(monkeypatch):
+    import builtins
+    import io
+    from torch_ddl.sim import HUGE_PAGES, huge_pages_environment, parser
+
+    def environment(*argv):
+        return huge_pages_environment(parser().parse_args(list(argv)))
+
+    real_open = builtins.open
+    for mode, lent in [("always [madvise] never", True), ("always madvise [never]", False)]:
+        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(mode) if str(
+            path).startswith("/sys/kernel/mm/transparent_hugepage") else real_open(path, *a, **k))
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+        big = environment("--ranks", "4096")
+        assert (big is not None) == lent
+        if lent:
+            assert big["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + HUGE_PAGES
+            assert environment("--hosts", "2048,2048") is not None
+            assert environment("--campaign", "10") is not None
+        assert environment("--ranks", "4095") is None
+        assert environment("--ranks", "65536", "--no-huge-pages") is None
+        assert environment("--scenario", "1b65edfaacb24d12") is None
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+        assert environment("--ranks", "65536") is None  # the user's word stands
+    monkeypatch.setattr(builtins, "open", real_open)
