@@ -836,7 +836,9 @@ TEST(BlockPlan, TheCheckRefusesEveryBrokenPlanTheReplayRefuses) {
       BlockPlan plan = good;
       b.apply(plan);
       EXPECT_THROW(checkBlockStages(plan, t.size, reduceScatter), Error);
-      if (b.dataGoesWrong) EXPECT_ANY_THROW(replayBlockStages(plan, t.size, reduceScatter));
+      if (b.dataGoesWrong) {
+        EXPECT_ANY_THROW(replayBlockStages(plan, t.size, reduceScatter));
+      }
     }
   }
 }

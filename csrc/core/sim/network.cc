@@ -357,6 +357,20 @@ void SimNetwork::bookPacket(uint64_t index, int64_t at) {
   }
 }
 
+void SimNetwork::take() {
+  queue_.pop();
+  constexpr size_t kMessageAhead = 8, kLinkAhead = 4;
+  if (const Event* e = queue_.ahead(kMessageAhead)) {
+    if (e->kind() == Kind::kPacket || e->kind() == Kind::kArrive) {
+      __builtin_prefetch(&inFlight_[e->index]);
+    }
+  }
+  if (const Event* e = queue_.ahead(kLinkAhead); e != nullptr && e->kind() == Kind::kPacket) {
+    const Message& m = inFlight_[e->index];
+    __builtin_prefetch(m.level == 0 ? &shmOut_[m.from] : &nicOut_[spec_.hostOf[m.from]]);
+  }
+}
+
 SimNetwork::Pair& SimNetwork::laneOf(const Message& m) {
   return pair(m.from, m.kind == Message::kTagged ? m.to : m.to + size());
 }
@@ -379,7 +393,7 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
   while (!queue_.empty()) {
     const Event e = queue_.top();
     if (e.at > ns(limit)) return false;
-    queue_.pop();
+    take();
     now_ = point(e.at);
     ++events_;
     switch (e.kind()) {
