@@ -160,7 +160,7 @@ def parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--ranks-per-host", type=int, default=4)
-    p.add_argument("--hosts", default="",
+    p.add_argument("--hosts", type=host_sizes, default=[],
                    help="ranks of each host, comma-separated (uneven hosts): instead of --ranks")
     p.add_argument("--hosts-per-rack", type=int, default=0, help="0: no rack level")
     p.add_argument("--bytes", type=parse_bytes, default=1 << 20, help="per rank, float32")
@@ -223,6 +223,15 @@ def parser():
     return p
 
 
+def host_sizes(text):
+    """--hosts: each host's number of ranks, comma-separated."""
+    try:
+        return [int(h) for h in text.split(",") if h.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give each host's number of ranks, comma-separated (as 8,8,4)") from None
+
+
 def huge_pages_environment(args):
     """The environment to run again in, with malloc's memory in transparent huge pages, or None.
 
@@ -233,11 +242,7 @@ def huge_pages_environment(args):
     """
     if args.no_huge_pages or args.scenario is not None:
         return None
-    try:
-        hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
-    except ValueError:
-        return None  # main says what is wrong
-    if not args.campaign and (sum(hosts) if hosts else args.ranks) < 4096:
+    if not args.campaign and (sum(args.hosts) if args.hosts else args.ranks) < 4096:
         return None
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables:
@@ -259,8 +264,7 @@ def main(argv=None):
         return run_scenario(args.scenario)
     if args.campaign:
         return run_campaign(args.campaign, args.seed, args.max_ranks, args.verbose)
-    host_sizes = [int(h) for h in args.hosts.split(",") if h.strip()] if args.hosts else []
-    ranks = sum(host_sizes) if host_sizes else args.ranks
+    ranks = sum(args.hosts) if args.hosts else args.ranks
     if ranks < 1:
         p.error("give at least one rank")
     payload = args.payload == "on" or (
@@ -295,7 +299,7 @@ def main(argv=None):
     progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress else None
     try:
         r = _C.simulate(dict(
-            host_sizes=host_sizes, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
+            host_sizes=args.hosts, ranks=args.ranks, ranks_per_host=args.ranks_per_host,
             hosts_per_rack=args.hosts_per_rack, links=args.links, reduce_bw=args.reduce_bw,
             copy_bw=args.copy_bw, store_us=args.store_us, store_set_us=args.store_set_us,
             store_key_us=args.store_key_us, payload=payload, timeout_ms=args.timeout_ms,

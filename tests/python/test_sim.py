@@ -100,6 +100,8 @@ def test_bad_input_says_what_is_wrong():
     assert code != 0 and "the other side would be empty" in err
     code, _, err = sim("--ranks", "8", "--stall", "3@2")
     assert code != 0 and "give RANK@FRACTION[:MS]" in err
+    code, _, err = sim("--hosts", "4,x,4")
+    assert code != 0 and "'4,x,4': give each host's number of ranks" in err
     code, _, err = sim("--ranks", "8", "--slow", "3:0.5")
     assert code != 0 and "FACTOR at least 1" in err
     code, _, err = sim("--ranks", "8", "--slow", "9:2")
