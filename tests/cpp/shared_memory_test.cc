@@ -3,6 +3,8 @@
 // tensors in shared buffers (offers, adoption, fallbacks).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -339,6 +341,30 @@ TEST(Staged, HalvesSmallerThanAnElementAreRefusedOnEveryRank) {
   }
 }
 
+TEST(Staged, EveryRankEndsWithTheSameBitsWhereTheOrderOfReducingMatters) {
+  // max(NaN, 1) is NaN but max(1, NaN) is 1: each element is reduced once, by one rank, whose
+  // result every rank copies. One piece and many, both halves.
+  for (const char* half : {"64", "524288"}) {
+    ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", half}});
+    for (int n : {2, 3}) {
+      SharedRingWorld world(n);
+      std::vector<std::vector<float>> results(n);
+      world.run([&](Communicator& comm) {
+        std::vector<float> buf(1031);
+        for (size_t i = 0; i < buf.size(); ++i) {
+          buf[i] = (i + comm.rank()) % 2 == 0 ? std::nanf("") : static_cast<float>(i);
+        }
+        check(comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kMax));
+        results[comm.rank()] = buf;
+      });
+      for (int r = 1; r < n; ++r) {
+        EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), 1031 * sizeof(float)), 0)
+            << n << " ranks, halves of " << half << " bytes: rank " << r << " differs from rank 0";
+      }
+    }
+  }
+}
+
 TEST(Staged, OpsInFlightTakeTurns) {
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4096"}});
   opsInFlightTakeTurns();
@@ -349,26 +375,30 @@ TEST(Staged, DisagreeingCountsFailEveryRankAndTheNextOpsGoOn) {
   // peer is used. The ranks may have staged different numbers of pieces by then: they agree on
   // the count again before the next op stages.
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}, {"TORCH_DDL_STAGED_BYTES", "4096"}});
-  SharedRingWorld world(3);
-  std::vector<std::string> errors(3);
-  world.run(
-      [&](Communicator& comm) {
-        sumOfRanks(comm, 5000);  // sets the buffers up
-        std::vector<float> buf(comm.rank() == 2 ? 3000 : 6000, 1.0f);
-        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-        w->wait();
-        errors[comm.rank()] = w->error();
-        sumOfRanks(comm, 5000, 0.5f);
-        sumOfRanks(comm, 1, 1.5f);
-        EXPECT_EQ(world.windowsInUse(comm.rank()), 5u);  // the ring's 2 and the staging 3, once
-      },
-      std::chrono::seconds(20));
-  // Every rank sees every header; the call check may name the calls first.
-  for (int r = 0; r < 3; ++r) {
-    const std::string& e = errors[r];
-    EXPECT_TRUE(e.find("SUM of 3000 x float32") != std::string::npos ||
-                e.find("all_reduce(SUM, 3000 x float32)") != std::string::npos)
-        << e;
+  for (int n : {2, 3}) {
+    SharedRingWorld world(n);
+    std::vector<std::string> errors(n);
+    world.run(
+        [&](Communicator& comm) {
+          sumOfRanks(comm, 5000);  // sets the buffers up
+          const size_t windows = world.windowsInUse(comm.rank());
+          std::vector<float> buf(comm.rank() == n - 1 ? 3000 : 6000, 1.0f);
+          auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          w->wait();
+          errors[comm.rank()] = w->error();
+          sumOfRanks(comm, 5000, 0.5f);
+          sumOfRanks(comm, 1, 1.5f);
+          EXPECT_EQ(world.windowsInUse(comm.rank()), windows);  // set up once
+          if (n == 3) EXPECT_EQ(windows, 5u);                   // the ring's 2 and the staging 3
+        },
+        std::chrono::seconds(20));
+    // Every rank sees every header; the call check may name the calls first.
+    for (int r = 0; r < n; ++r) {
+      const std::string& e = errors[r];
+      EXPECT_TRUE(e.find("SUM of 3000 x float32") != std::string::npos ||
+                  e.find("all_reduce(SUM, 3000 x float32)") != std::string::npos)
+          << n << " ranks, rank " << r << ": " << e;
+    }
   }
 }
 
@@ -402,28 +432,36 @@ TEST(Staged, AMismatchThatCutsTheSetUpShortLeavesNothingHalfSetUp) {
 
 TEST(Staged, TimeoutNamesTheMissingRank) {
   ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}});
-  SharedRingWorld world(3);
-  std::vector<std::string> messages(3);
-  world.run(
-      [&](Communicator& comm) {
-        sumOfRanks(comm, 50000);
-        if (comm.rank() == 2) return;  // leaves the second one
-        std::vector<float> buf(50000, 1.0f);
-        auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-        w->wait();
-        EXPECT_TRUE(w->failed());
-        messages[comm.rank()] = w->error();
-      },
-      std::chrono::milliseconds(300));
-  for (int r = 0; r < 2; ++r) {
-    // Rank 0 misses rank 2's call print as well: the runtime's words name it there.
-    const size_t at = messages[r].find("Timed out after 300 ms");
-    ASSERT_NE(at, std::string::npos) << messages[r];
-    const std::string why = messages[r].substr(at);
-    // Rank 2 alone is named late; rank 0 may be named as the one that saw no call from it.
-    EXPECT_NE(why.find("rank 2 has not started this op"), std::string::npos) << why;
-    for (const char* late : {"rank 0 has", "rank 1 has", "to rank 0", "to rank 1"}) {
-      EXPECT_EQ(why.find(late), std::string::npos) << why;
+  for (int n : {2, 3}) {
+    const int gone = n - 1;
+    SharedRingWorld world(n);
+    std::vector<std::string> messages(n);
+    world.run(
+        [&](Communicator& comm) {
+          sumOfRanks(comm, 50000);
+          if (comm.rank() == gone) return;  // leaves the second one
+          std::vector<float> buf(50000, 1.0f);
+          auto w = comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+          w->wait();
+          EXPECT_TRUE(w->failed());
+          messages[comm.rank()] = w->error();
+        },
+        std::chrono::milliseconds(300));
+    for (int r = 0; r < gone; ++r) {
+      // Rank 0 misses the last rank's call print as well: the runtime's words name it there.
+      const size_t at = messages[r].find("Timed out after 300 ms");
+      ASSERT_NE(at, std::string::npos) << messages[r];
+      const std::string why = messages[r].substr(at);
+      // The last rank alone is named late; rank 0 may be named as the one that saw no call.
+      const std::string rank = "rank " + std::to_string(gone);
+      EXPECT_NE(why.find(rank + " has not started this op"), std::string::npos) << why;
+      for (int other = 0; other < gone; ++other) {
+        for (const char* late : {"rank %d has", "to rank %d"}) {
+          char words[32];
+          std::snprintf(words, sizeof(words), late, other);
+          EXPECT_EQ(why.find(words), std::string::npos) << why;
+        }
+      }
     }
   }
 }
