@@ -59,10 +59,11 @@ class CudaMemory : public Memory {
     check(cudaStreamSynchronize(s), "copy");
   }
 
-  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override {
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+              Operands order) override {
     if (count == 0) return;
     cudaStream_t s = stream();
-    check(launchReduce(type, op, dst, src, count, s), "reduction kernel launch");
+    check(launchReduce(type, op, dst, src, count, order, s), "reduction kernel launch");
     check(cudaStreamSynchronize(s), "reduction kernel");
   }
 

@@ -125,39 +125,55 @@ int blocksFor(size_t work) {
   return static_cast<int>(std::clamp<size_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
 
+// f with its operands the other way round: src[i] (op) dst[i].
+template <typename F>
+struct SourceFirst {
+  F f;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return f(b, a);
+  }
+};
+
 template <typename T, typename F>
-cudaError_t run(F f, void* dst, const void* src, size_t n, cudaStream_t stream) {
+cudaError_t run(F f, void* dst, const void* src, size_t n, Operands order, cudaStream_t stream) {
   const bool vectors =
       (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0;
   const size_t work = vectors ? n / (16 / sizeof(T)) + 16 : n;
-  reduceKernel<T><<<blocksFor(work), kThreads, 0, stream>>>(
-      static_cast<T*>(dst), static_cast<const T*>(src), n, f, vectors);
+  if (order == Operands::kSrcFirst) {
+    reduceKernel<T><<<blocksFor(work), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), n, SourceFirst<F>{f}, vectors);
+  } else {
+    reduceKernel<T><<<blocksFor(work), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), n, f, vectors);
+  }
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t reduceAs(ReduceOp op, void* dst, const void* src, size_t n, cudaStream_t stream) {
+cudaError_t reduceAs(ReduceOp op, void* dst, const void* src, size_t n, Operands order,
+                     cudaStream_t stream) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      return run<T>(Sum{}, dst, src, n, stream);
+      return run<T>(Sum{}, dst, src, n, order, stream);
     case ReduceOp::kProduct:
-      return run<T>(Prod{}, dst, src, n, stream);
+      return run<T>(Prod{}, dst, src, n, order, stream);
     case ReduceOp::kMin:
-      return run<T>(Min{}, dst, src, n, stream);
+      return run<T>(Min{}, dst, src, n, order, stream);
     case ReduceOp::kMax:
-      return run<T>(Max{}, dst, src, n, stream);
+      return run<T>(Max{}, dst, src, n, order, stream);
     default:
       break;
   }
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
       case ReduceOp::kBand:
-        return run<T>(Band{}, dst, src, n, stream);
+        return run<T>(Band{}, dst, src, n, order, stream);
       case ReduceOp::kBor:
-        return run<T>(Bor{}, dst, src, n, stream);
+        return run<T>(Bor{}, dst, src, n, order, stream);
       case ReduceOp::kBxor:
-        return run<T>(Bxor{}, dst, src, n, stream);
+        return run<T>(Bxor{}, dst, src, n, order, stream);
       default:
         break;
     }
@@ -166,18 +182,19 @@ cudaError_t reduceAs(ReduceOp op, void* dst, const void* src, size_t n, cudaStre
 }
 
 // Bool as bytes that are 0 or 1: every op is a bitwise one.
-cudaError_t reduceBool(ReduceOp op, void* dst, const void* src, size_t n, cudaStream_t stream) {
+cudaError_t reduceBool(ReduceOp op, void* dst, const void* src, size_t n, Operands order,
+                       cudaStream_t stream) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMax:
     case ReduceOp::kBor:
-      return run<uint8_t>(Bor{}, dst, src, n, stream);
+      return run<uint8_t>(Bor{}, dst, src, n, order, stream);
     case ReduceOp::kProduct:
     case ReduceOp::kMin:
     case ReduceOp::kBand:
-      return run<uint8_t>(Band{}, dst, src, n, stream);
+      return run<uint8_t>(Band{}, dst, src, n, order, stream);
     case ReduceOp::kBxor:
-      return run<uint8_t>(Bxor{}, dst, src, n, stream);
+      return run<uint8_t>(Bxor{}, dst, src, n, order, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -219,11 +236,12 @@ cudaError_t forType(DataType type, Fn&& fn) {
 }  // namespace
 
 cudaError_t launchReduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
-                         cudaStream_t stream) {
+                         Operands order, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (type == DataType::kBool) return reduceBool(op, dst, src, count, stream);
-  return forType(
-      type, [&](auto element) { return reduceAs<decltype(element)>(op, dst, src, count, stream); });
+  if (type == DataType::kBool) return reduceBool(op, dst, src, count, order, stream);
+  return forType(type, [&](auto element) {
+    return reduceAs<decltype(element)>(op, dst, src, count, order, stream);
+  });
 }
 
 cudaError_t launchAverage(DataType type, void* buf, size_t count, size_t divisor,

@@ -12,9 +12,9 @@
 
 namespace ddl::cuda {
 
-// dst[i] = dst[i] (op) src[i]; AVG accumulates as SUM.
+// dst[i] = dst[i] (op) src[i], or src[i] (op) dst[i] (Operands); AVG accumulates as SUM.
 cudaError_t launchReduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
-                         cudaStream_t stream);
+                         Operands order, cudaStream_t stream);
 // buf[i] /= divisor (integers truncate toward zero).
 cudaError_t launchAverage(DataType type, void* buf, size_t count, size_t divisor,
                           cudaStream_t stream);

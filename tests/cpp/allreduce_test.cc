@@ -125,6 +125,21 @@ TEST_P(AllreduceSize, AllreduceDirectLarge) {
   allreduceSweep(GetParam(), {16411, 300007}, false, true);
 }
 
+// Recursive doubling's partners once each put their own operand first, and so did two ranks whose
+// data came with their call prints: their results differed in MAX and MIN of NaNs and zeros.
+TEST(AllreduceBits, EveryRankEndsWithTheSameBitsWhereTheOrderOfOperandsMatters) {
+  for (const char* algo : {"auto", "recursive_doubling", "ring", "shm_ring", "staged"}) {
+    ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", algo}});
+    for (int n = 2; n <= 5; ++n) {
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1031}}) {
+        std::vector<std::vector<float>> results(n);
+        runRanks(n, [&](Communicator& comm) { reduceOrderSensitive(comm, count, results); });
+        EXPECT_EQ(firstDifference(results), "") << algo << ", " << n << " ranks, " << count;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, AllreduceSize, ::testing::Range(1, 13),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "P" + std::to_string(info.param);

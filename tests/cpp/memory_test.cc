@@ -33,9 +33,10 @@ class CountingMemory : public Memory {
     ++gCounts.copies;
     memoryFor(MemoryKind::kHost).copy(dst, src, bytes);
   }
-  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override {
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+              Operands order) override {
     ++gCounts.reductions;
-    memoryFor(MemoryKind::kHost).reduce(type, op, dst, src, count);
+    memoryFor(MemoryKind::kHost).reduce(type, op, dst, src, count, order);
   }
   void average(DataType type, void* buf, size_t count, size_t divisor) override {
     ++gCounts.averages;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "../../csrc/core/group/link_probe.h"
+#include "collective_checks.h"
 #include "harness.h"
 #include "values.h"
 
@@ -915,6 +916,23 @@ TEST(BlockPlan, BroadcastTreeIsTheOneTheMemberListsGive) {
         const TreePlace got = broadcastTreePlace(t, root, r, true);
         EXPECT_EQ(got.parent, want.parent) << t.describe() << " root " << root << " rank " << r;
         EXPECT_EQ(got.children, want.children) << t.describe() << " root " << root << " rank " << r;
+      }
+    }
+  }
+}
+
+// Across hosts too, every rank ends with the same bits where the order of operands matters
+// (the leaders' recursive doubling once put each partner's own first).
+TEST(Hierarchy, EveryRankEndsWithTheSameBitsWhereTheOrderOfOperandsMatters) {
+  for (const char* algo : {"auto", "multidim", "leaders"}) {
+    ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", algo}});
+    for (const Shape& shape : shapes()) {
+      Topology t = simulated(shape.hostOf, shape.rackOf);
+      if (t.hosts() < 2) continue;
+      for (size_t count : {size_t{1}, size_t{1031}}) {
+        std::vector<std::vector<float>> results(t.size);
+        runRanksOn(t, [&](Communicator& comm) { reduceOrderSensitive(comm, count, results); });
+        EXPECT_EQ(firstDifference(results), "") << algo << ", " << t.describe() << ", " << count;
       }
     }
   }

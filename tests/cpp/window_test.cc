@@ -415,8 +415,9 @@ class SlowMemory : public ddl::Memory {
     if (gDetached) gLate = true;
     std::memmove(dst, src, bytes);
   }
-  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override {
-    memoryFor(MemoryKind::kHost).reduce(type, op, dst, src, count);
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+              Operands order) override {
+    memoryFor(MemoryKind::kHost).reduce(type, op, dst, src, count, order);
   }
   void average(DataType type, void* buf, size_t count, size_t divisor) override {
     memoryFor(MemoryKind::kHost).average(type, buf, count, divisor);

@@ -140,6 +140,25 @@ def _allreduce_algorithm(rank, size):
         assert_same(w.result()[0], torch.full((300007 + i,), float(i * size)), f"in flight #{i}")
 
 
+def _same_bits_everywhere(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    # MAX of NaN and 1 is NaN one way round and 1 the other; of -0.0 and +0.0, the first.
+    kinds = torch.tensor([float("nan"), 1.0, -0.0, 0.0])
+    for n in (1, 7, 1031, 300007):
+        for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+            x = kinds[(torch.arange(n) + rank) % 4]
+            dist.all_reduce(x, op=op)
+            everyone = [torch.empty(n, dtype=torch.int32) for _ in range(size)]
+            dist.all_gather(everyone, x.view(torch.int32), group=gloo)
+            for r, theirs in enumerate(everyone):
+                assert torch.equal(theirs, everyone[0]), f"{op} of {n}: rank {r} differs from 0"
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_every_rank_ends_with_the_same_bits_where_the_order_of_operands_matters(size):
+    run_ranks(_same_bits_everywhere, size)
+
+
 @pytest.mark.parametrize("algo", ["shm_ring", "staged", "ring"])
 @pytest.mark.parametrize("size", [2, 3])
 def test_all_reduce_algorithm_matches_gloo(size, algo, monkeypatch):

@@ -33,8 +33,8 @@ struct PipelineSettings {
 // giving up the turn between blocks once the op has held it for Op::kTurnSlice, so that a rank's
 // heartbeats leave while it works through a large buffer slowly. Memory of a device is given to
 // it whole (its kernels do not hold the turn).
-Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void* src,
-                   size_t count);
+Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void* src, size_t count,
+                   Operands order = Operands::kDstFirst);
 Task copyInTurns(Op& op, void* dst, const void* src, size_t bytes);
 Task averageInTurns(Op& op, DataType type, void* data, size_t count, size_t divisor);
 

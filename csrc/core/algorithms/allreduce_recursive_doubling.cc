@@ -4,8 +4,9 @@
 // 1. Fold: among ranks [0, 2E), each even rank sends its buffer to the odd rank above it, which
 //    reduces it in and stands for both. Virtual ranks: odd r < 2E is r/2, r >= 2E is r - E.
 // 2. Exchange: for mask = 1, 2, ..., P2/2 every virtual rank swaps its whole buffer with virtual
-//    rank (v ^ mask) and reduces. Both partners compute a (op) b from the same two operands, so
-//    every rank ends with bitwise the same result.
+//    rank (v ^ mask) and reduces. Both partners compute a (op) b from the same two operands, the
+//    lower virtual rank's first (MAX of NaN and 1 depends on the order), so every rank ends with
+//    bitwise the same result.
 // 3. Unfold: each odd rank below 2E sends the result back to the even rank it stood for.
 // log2(P2) + 2 message rounds; each moves the whole buffer. The same runs among a subset of the
 // ranks (positions in `ranks` stand for ranks above), as the leaders' step of allreduce_leaders.
@@ -63,7 +64,9 @@ Task recursiveDoublingAmong(Op& op, std::vector<int> ranks, void* data, size_t c
       Request* s = op.send(peer, tag::slot(0, kExchange + round), data, bytes);
       Request* r = op.recv(peer, tag::slot(0, kExchange + round), incoming, bytes);
       co_await op.all(s, r);
-      co_await reduceInTurns(op, type, reduce, data, incoming, count);
+      const bool lower = (virtualRank & (1 << round)) == 0;
+      co_await reduceInTurns(op, type, reduce, data, incoming, count,
+                             lower ? Operands::kDstFirst : Operands::kSrcFirst);
     }
   }
   if (rank < 2 * extra) {

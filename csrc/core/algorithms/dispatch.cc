@@ -23,7 +23,8 @@ Task recursiveDoublingBody(Op& op, AllreduceCall c) {
   if (op.callCheck().inlined()) {  // two ranks: the peer's data came with its call print
     const int peer = 1 - op.rank();
     co_await op.all(op.callCheck().printFrom(peer));
-    op.memory().reduce(c.type, c.reduce, c.data, op.callCheck().inlinePayload(peer), c.count);
+    op.memory().reduce(c.type, c.reduce, c.data, op.callCheck().inlinePayload(peer), c.count,
+                       peer < op.rank() ? Operands::kSrcFirst : Operands::kDstFirst);
     co_return;
   }
   co_await allreduceRecursiveDoubling(op, c.data, c.count, c.type, c.reduce);

@@ -23,12 +23,12 @@ Task inTurns(Op& op, size_t count, size_t size, std::function<void(size_t, size_
 
 }  // namespace
 
-Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void* src,
-                   size_t count) {
+Task reduceInTurns(Op& op, DataType type, ReduceOp reduce, void* dst, const void* src, size_t count,
+                   Operands order) {
   const size_t size = elementSize(type);
-  return inTurns(op, count, size, [&op, type, reduce, dst, src, size](size_t at, size_t n) {
+  return inTurns(op, count, size, [&op, type, reduce, dst, src, size, order](size_t at, size_t n) {
     op.memory().reduce(type, reduce, static_cast<char*>(dst) + at * size,
-                       static_cast<const char*>(src) + at * size, n);
+                       static_cast<const char*>(src) + at * size, n, order);
   });
 }
 

@@ -90,7 +90,7 @@ bool RingPipeline::handle(const Arrival& a) {
   Memory& memory = op_.memory();
   if (s < schedule_.reduceSteps) {
     if (out == mine) {
-      memory.reduce(type_, reduce_, mine, a.data, seg.length);
+      memory.reduce(type_, reduce_, mine, a.data, seg.length, Operands::kDstFirst);
     } else if (s + 1 < schedule_.reduceSteps) {  // host memory: straight into the next inbox
       reduceTo(type_, reduce_, out, mine, a.data, seg.length);
     } else {  // final here: into the buffer, and on

@@ -26,6 +26,11 @@ enum class DataType : uint8_t {
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
 
+// Which operand an element-wise reduction takes first. The result can depend on it (MAX of NaN
+// and 1, or of -0.0 and +0.0): ranks that each compute the same element from each other's data
+// take them in one order, the lower rank's first, so that they end with the same bits.
+enum class Operands : uint8_t { kDstFirst, kSrcFirst };
+
 size_t elementSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* reduceOpName(ReduceOp op);

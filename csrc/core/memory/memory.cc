@@ -18,8 +18,13 @@ class HostMemory : public Memory {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
   }
-  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override {
-    reduceInto(type, op, dst, src, count);
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+              Operands order) override {
+    if (order == Operands::kDstFirst) {
+      reduceInto(type, op, dst, src, count);
+    } else {
+      reduceTo(type, op, dst, src, dst, count);
+    }
   }
   void average(DataType type, void* buf, size_t count, size_t divisor) override {
     finishAverage(type, buf, count, divisor);

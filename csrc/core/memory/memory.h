@@ -34,8 +34,10 @@ class Memory {
   virtual std::shared_ptr<char> allocate(size_t bytes) = 0;
   // memmove semantics.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // dst[i] = dst[i] (op) src[i] for i in [0, count); AVG accumulates as SUM (see average()).
-  virtual void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) = 0;
+  // dst[i] = dst[i] (op) src[i] for i in [0, count), or src[i] (op) dst[i] (Operands); AVG
+  // accumulates as SUM (see average()).
+  virtual void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+                      Operands order) = 0;
   // The last step of AVG: buf[i] /= divisor (integers truncate toward zero).
   virtual void average(DataType type, void* buf, size_t count, size_t divisor) = 0;
   // False for a simulation's memory that only counts the time its operations would take: then

@@ -42,11 +42,12 @@ void SimMemory::copy(void* dst, const void* src, size_t bytes) {
   if (payload_) host_.copy(dst, src, bytes);
 }
 
-void SimMemory::reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) {
+void SimMemory::reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+                       Operands order) {
   if (reduceBandwidth_ > 0) {
     network_.chargeReduction(static_cast<double>(count * elementSize(type)) / reduceBandwidth_);
   }
-  if (payload_) host_.reduce(type, op, dst, src, count);
+  if (payload_) host_.reduce(type, op, dst, src, count, order);
 }
 
 void SimMemory::average(DataType type, void* buf, size_t count, size_t divisor) {

@@ -17,7 +17,8 @@ class SimMemory : public Memory {
   MemoryKind kind() const override { return MemoryKind::kHost; }
   std::shared_ptr<char> allocate(size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
-  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count) override;
+  void reduce(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+              Operands order) override;
   void average(DataType type, void* buf, size_t count, size_t divisor) override;
   bool holdsBytes() const override { return payload_; }
   // Payload on or off from now on (between ops: what an op allocated keeps its kind).
