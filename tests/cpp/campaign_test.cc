@@ -125,6 +125,10 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " reached every rank of each group (2 x 53 x 52), with 36 timeouts"
                          " told to all: 7 393 failure messages against a budget of one group's"
                          " (the budget now counts each group running)"},
+    {0xa1141bce8be379a4, "26 ranks, rank 21 stalled 3.5 s as every rank shrank: rank 22 counted"
+                         " it gone and failed its shrink (23 and 24 with it) while the others"
+                         " agreed, counting the three in; their first op named rank 22 gone, a"
+                         " rank no fault struck (the check now counts such members left out)"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -225,11 +225,11 @@ class Run {
           break;
       }
     }
-    // What a hostile peer sent fails an op naming it (among the ranks, or in the words).
-    if (hostileStruck_ && (r == s_.hostile || namesRank(status, s_.hostile, clusterOf))) {
-      return true;
-    }
-    return false;
+    // What a hostile peer sent fails an op naming it (among the ranks, or in the words); so does
+    // a member left out of a shrink (leftOut_).
+    auto named = [&](int q) { return namesRank(status, q, clusterOf); };
+    if (hostileStruck_ && (r == s_.hostile || named(s_.hostile))) return true;
+    return k == StatusKind::kPeerLost && std::any_of(leftOut_.begin(), leftOut_.end(), named);
   }
 
   // One op on `members` (by cluster rank); its checks under `what`.
@@ -421,6 +421,10 @@ class Run {
       return;
     }
     if (ids.empty()) return;
+    // Left out: members whose shrink failed as the others agreed (a stalled peer counted gone).
+    for (int r : shrink.ranks) {
+      if (!shrink.groups[r] && !dead_.count(r) && !frozen_.count(r)) leftOut_.insert(r);
+    }
     disagree_.clear();
     for (size_t i = 0; i < s_.after.size(); ++i) {
       runOp(members, s_.after[i], -1, "after the shrink, op " + std::to_string(i), &shrink.ranks);
@@ -511,7 +515,7 @@ class Run {
   SimCluster cluster_;
   ScenarioResult result_;
   std::vector<Fault> struck_;
-  std::set<int> dead_, frozen_, stalled_;
+  std::set<int> dead_, frozen_, stalled_, leftOut_;
   bool cutOff_ = false;
   bool pointToPointDisagreed_ = false;   // a rank called a collective against sends and receives
   std::map<int, TimePoint> killedAt_;    // by dead rank
