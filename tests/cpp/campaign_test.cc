@@ -129,6 +129,9 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
                          " it gone and failed its shrink (23 and 24 with it) while the others"
                          " agreed, counting the three in; their first op named rank 22 gone, a"
                          " rank no fault struck (the check now counts such members left out)"},
+    {0xa97406ef9bcb78dd, "4 ranks on one host, rank 2 hostile and rank 3 killed in an all_to_all:"
+                         " rank 3 counted the junk a mismatch, and the next allreduce failed on"
+                         " every rank as designed, naming the counts (the check now takes it)"},
   };
   // clang-format on
   for (const Found& f : found) {

@@ -225,10 +225,12 @@ class Run {
           break;
       }
     }
-    // What a hostile peer sent fails an op naming it (among the ranks, or in the words); so does
-    // a member left out of a shrink (leftOut_).
+    // What a hostile peer sent fails an op naming it (among the ranks, or in the words), or the
+    // next op on every rank where only some counted it a mismatch; a member left out of a shrink
+    // (leftOut_) is named rightly.
     auto named = [&](int q) { return namesRank(status, q, clusterOf); };
-    if (hostileStruck_ && (r == s_.hostile || named(s_.hostile))) return true;
+    const bool counts = status.detail.find("knowing of different numbers") != std::string::npos;
+    if (hostileStruck_ && (r == s_.hostile || named(s_.hostile) || counts)) return true;
     return k == StatusKind::kPeerLost && std::any_of(leftOut_.begin(), leftOut_.end(), named);
   }
 
