@@ -273,30 +273,31 @@ bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
       "torch_ddl." + std::to_string(getpid()) + "." + std::to_string(serial);
   int fd = memfd_create(memfdName.c_str(), MFD_CLOEXEC);
   if (fd < 0) return false;
-  struct stat st {};
-  if (ftruncate(fd, static_cast<off_t>(length)) != 0 || fstat(fd, &st) != 0) {
-    close(fd);
-    return false;
-  }
-  if (!moveIntoFile(fd, start, length, step)) {
+  std::string key;
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0 || (key = memfdKey(fd)).empty() ||
+      !moveIntoFile(fd, start, length, step)) {
     close(fd);
     return false;
   }
   const std::string name = mappedAt(start, length);
+  buffers_.emplace(start, Buffer{length, 0, serial, std::move(key), fd, getpid(), name});
+  watchForks();
+  std::lock_guard<std::mutex> blocks(gBlocksMutex);
+  gBlocks->push_back(Block{start, length, fd, name});
+  return true;
+}
+
+std::string SharedBuffers::memfdKey(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return std::string();
   AdoptedKey key{};
   std::memcpy(key.magic, kMagic, sizeof(kMagic));
   std::snprintf(key.bootId, sizeof(key.bootId), "%s", bootId().c_str());
   key.pid = getpid();
   key.fd = fd;
   key.inode = st.st_ino;
-  key.length = length;
-  buffers_.emplace(start, Buffer{length, 0, serial,
-                                 std::string(reinterpret_cast<const char*>(&key), sizeof(key)), fd,
-                                 getpid(), name});
-  watchForks();
-  std::lock_guard<std::mutex> blocks(gBlocksMutex);
-  gBlocks->push_back(Block{start, length, fd, name});
-  return true;
+  key.length = static_cast<uint64_t>(st.st_size);
+  return std::string(reinterpret_cast<const char*>(&key), sizeof(key));
 }
 
 char* SharedBuffers::mapAdopted(const std::string& keyBytes, size_t* length, std::string* why) {

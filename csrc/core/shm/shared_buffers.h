@@ -55,6 +55,9 @@ class SharedBuffers {
   // Maps a peer's adopted buffer from its key; nullptr (and why) when it cannot, e.g. the peer
   // is on another host or in another PID namespace. Unmap with unmapAdopted().
   static char* mapAdopted(const std::string& key, size_t* length, std::string* why);
+  // The key mapAdopted() takes for the memfd `fd` of this process (its whole length); "" when
+  // fstat fails.
+  static std::string memfdKey(int fd);
   static void unmapAdopted(char* base, size_t length);
 
   struct Found {
