@@ -988,5 +988,25 @@ TEST(Hierarchy, CollectivesOnSimulatedTopologiesMatchTheExpectedValues) {
   }
 }
 
+TEST(Plan, OneHostStagesWhereTheDirectPathIsAskedForAndNotTaken) {
+  // TORCH_DDL_DIRECT_MIN_BYTES below TORCH_DDL_STAGED_BYTES (as TORCH_DDL_SHARED_ALLOCATOR=1
+  // sets it): a tensor that is not shared after all is staged, not sent round the ring.
+  const LinkCosts links = parseLinks("0:2us:5GB");
+  const Topology one = Topology::singleHost(3);
+  PlanRequest request;
+  request.directMinBytes = 64 << 10;
+  request.stagedBytes = 512 << 10;
+  const AllreducePlan medium = planAllreduce(one, links, (128 << 10) / 4, 4, request);
+  EXPECT_EQ(medium.algorithm, AllreduceAlgorithm::kShared);
+  EXPECT_TRUE(medium.asksDirect);
+  EXPECT_TRUE(medium.staged);
+  const AllreducePlan large = planAllreduce(one, links, (1 << 20) / 4, 4, request);
+  EXPECT_TRUE(large.asksDirect);
+  EXPECT_FALSE(large.staged);
+  const AllreducePlan small = planAllreduce(one, links, (32 << 10) / 4, 4, request);
+  EXPECT_FALSE(small.asksDirect);
+  EXPECT_TRUE(small.staged);
+}
+
 }  // namespace
 }  // namespace ddl::test

@@ -33,7 +33,7 @@ AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
   const bool large = count * elementSize >= request.directMinBytes;
   plan.asksDirect = algorithm == A::kDirect || (algorithm == A::kShared && large);
   plan.staged = algorithm == A::kStaged ||
-                (algorithm == A::kShared && !large && count * elementSize <= request.stagedBytes);
+                (algorithm == A::kShared && count * elementSize <= request.stagedBytes);
   plan.doublesUnshared = algorithm == A::kShared && count * elementSize <= kUnsharedDoublingBytes;
   plan.adopts = algorithm != A::kSharedRing && algorithm != A::kStaged && request.shareTensors;
   plan.offersAdoption = plan.adopts && large && request.algorithm != A::kShared;
