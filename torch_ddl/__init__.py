@@ -51,6 +51,8 @@ ProcessGroupDDL = _C.ProcessGroupDDL
 
 # Fail at import, naming the variable, rather than in the middle of a collective.
 _C.check_config()
+# TORCH_DDL_SHARED_ALLOCATOR=1: CPU tensors from shared memory from here on (docs/shared-memory.md).
+_C.install_shared_allocator()
 
 from . import _status  # noqa: E402 (needs _C)
 

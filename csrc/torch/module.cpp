@@ -11,7 +11,9 @@
 #include "../core/topology/allreduce_plan.h"
 #include "../core/topology/cost_model.h"
 #include "../core/transport/ucx/ucx_transport.h"
+#include "../core/shm/shared_arena.h"
 #include "process_group_ddl.hpp"
+#include "shared_allocator.hpp"
 #include "sim_bindings.hpp"
 #include "window.hpp"
 
@@ -316,6 +318,26 @@ void bindProcess(py::module_& m) {
     return torch::from_blob(
         data, {bytes}, [buffers](void* p) { buffers->release(p); },
         torch::TensorOptions().dtype(torch::kUInt8));
+  });
+  m.def("install_shared_allocator", [] {
+    try {
+      return ddl::installSharedAllocatorIfAsked();
+    } catch (const ddl::Error& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("shared_allocator", [] {
+    size_t minBytes = 0;
+    const bool installed = ddl::sharedAllocatorInstalled(&minBytes);
+    const ddl::SharedArena::Usage u = ddl::SharedArena::process().usage();
+    py::dict d;
+    d["installed"] = installed;
+    d["min_bytes"] = minBytes;
+    d["segments"] = u.segments;
+    d["segment_bytes"] = u.segmentBytes;
+    d["blocks"] = u.blocks;
+    d["block_bytes"] = u.blockBytes;
+    return d;
   });
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });
   m.def("adopted_buffers", [] { return ddl::Engine::process().sharedBuffers()->adopted(); });

@@ -251,6 +251,28 @@ TEST(Config, MalformedValuesNameTheVariable) {
   unsetenv("TORCH_DDL_DEVICE_STAGE_BYTES");
   reloadConfig();
   EXPECT_EQ(config().deviceStageBytes, 0u);  // off until measured on a GPU
+  // The shared allocator serves what the direct path is asked for: from 64 KiB unless set.
+  EXPECT_FALSE(config().sharedAllocator);
+  EXPECT_EQ(config().directMinBytes, 1u << 20);
+  setenv("TORCH_DDL_SHARED_ALLOCATOR", "1", 1);
+  reloadConfig();
+  EXPECT_TRUE(config().sharedAllocator);
+  EXPECT_EQ(config().directMinBytes, 65536u);
+  setenv("TORCH_DDL_DIRECT_MIN_BYTES", "2097152", 1);
+  reloadConfig();
+  EXPECT_EQ(config().directMinBytes, 2097152u);
+  unsetenv("TORCH_DDL_DIRECT_MIN_BYTES");
+  setenv("TORCH_DDL_SHARED_ALLOCATOR", "on", 1);
+  try {
+    reloadConfig();
+    FAIL() << "accepted a flag that is not 0 or 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TORCH_DDL_SHARED_ALLOCATOR=on is not 0 or 1"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("TORCH_DDL_SHARED_ALLOCATOR");
+  reloadConfig();
   for (const ConfigEntry& e : configTable()) {
     EXPECT_EQ(std::string(e.name).rfind("TORCH_DDL_", 0), 0u);
     EXPECT_GT(std::strlen(e.description), 10u);

@@ -18,6 +18,7 @@
 // buffer some peer has not mapped yet may not map everywhere (an adopted one from another PID
 // namespace): offers mark it fresh, and a round of "mapped" answers follows; if any rank could
 // not map, all go on with the ring before any byte moves.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -62,6 +63,15 @@ std::string listRanks(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
+}
+
+// Why TORCH_DDL_ALLREDUCE_ALGO=direct refuses an allreduce whose tensor of these ranks is private.
+std::string notSharedWords(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  return "TORCH_DDL_ALLREDUCE_ALGO=direct, but the tensor of rank(s) " + listRanks(ranks) +
+         " is not in a shared buffer (allocate it with torch_ddl.empty_shared, or set "
+         "TORCH_DDL_SHARED_ALLOCATOR=1 for tensors of at least TORCH_DDL_DIRECT_MIN_BYTES; pass "
+         "it contiguous)";
 }
 
 // What this rank offers: its tensor's buffer (when it lies in a shared one), and the buffers it
@@ -272,12 +282,7 @@ Task allreduceDirect(Op& op, void* data, size_t count, DataType type, ReduceOp r
                  std::to_string(count) + " (every rank must pass the same shape)");
   }
   if (!notShared.empty()) {
-    if (required) {
-      throw refuse("TORCH_DDL_ALLREDUCE_ALGO=direct, but the tensor of rank(s) " +
-                   listRanks(notShared) +
-                   " is not in a shared buffer (allocate it with torch_ddl.empty_shared, and pass "
-                   "it contiguous)");
-    }
+    if (required) throw refuse(notSharedWords(std::move(notShared)));
     co_return;  // the caller goes on with the ring
   }
 

@@ -26,7 +26,8 @@ const std::vector<ConfigEntry> kTable = {
      "doubling up to 64 KiB, a ring above)"},
     {"TORCH_DDL_DIRECT_MIN_BYTES", "1048576",
      "auto: an allreduce of at least this many bytes asks the peers whether every rank's tensor "
-     "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes"},
+     "is in a shared buffer (then: direct); smaller ones ask only while the last answer was yes "
+     "(65536 by default with TORCH_DDL_SHARED_ALLOCATOR=1)"},
     {"TORCH_DDL_SEGMENT_BYTES", "262144",
      "pipeline segment (bytes) of ring allreduce/allgather and tree broadcast; shm_ring slot"},
     {"TORCH_DDL_PIPELINE_DEPTH", "4",
@@ -126,6 +127,11 @@ const std::vector<ConfigEntry> kTable = {
      "there while the largest subtree a rank forwards is at most 256 MiB; linear: every rank "
      "sends to the root at once, each looking the root's address up; tree: ceil(log2 P) rounds, "
      "a rank holding up to half the blocks in scratch)"},
+    {"TORCH_DDL_SHARED_ALLOCATOR", "0",
+     "1: at import, torch_ddl becomes torch's CPU allocator for every allocation of at least "
+     "TORCH_DDL_DIRECT_MIN_BYTES (then 65536 unless set), served from shared memory the ranks "
+     "of one host map, so that their allreduces take the direct path at once; the memory is "
+     "kept for reuse, as a caching allocator keeps it (docs/shared-memory.md); 0: torch's own"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -187,6 +193,10 @@ Config read() {
   c.allreduceAlgorithm = *named;
   c.smallBytes = parseSize(kTable[1], 0);
   c.directMinBytes = parseSize(kTable[2], 0);
+  c.sharedAllocator = parseFlag(kTable[32]);
+  if (c.sharedAllocator && std::getenv(kTable[2].name) == nullptr) {
+    c.directMinBytes = kSharedAllocatorDirectMinBytes;
+  }
   c.segmentBytes = parseSize(kTable[3], 1);
   c.deviceSegmentBytes = parseSize(kTable[8], 1);
   c.pipelineDepth = parseSize(kTable[4], 1);

@@ -43,8 +43,12 @@ struct Config {
   std::string allgatherAlgorithm = "auto";  // auto, ring or bruck
   std::string alltoallAlgorithm = "auto";   // auto, pairwise or bruck
   std::string gatherAlgorithm = "auto";     // auto, linear or tree
-  size_t deviceStageBytes = 0;  // CUDA allreduces up to this large go through host memory
+  size_t deviceStageBytes = 0;   // CUDA allreduces up to this large go through host memory
+  bool sharedAllocator = false;  // torch's CPU allocator from shared memory (shm/shared_arena.h)
 };
+
+// TORCH_DDL_DIRECT_MIN_BYTES's default where TORCH_DDL_SHARED_ALLOCATOR=1.
+constexpr size_t kSharedAllocatorDirectMinBytes = 65536;
 
 struct ConfigEntry {
   const char* name;

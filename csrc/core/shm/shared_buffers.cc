@@ -13,6 +13,7 @@
 
 #include "../base/types.h"
 #include "../runtime/runtime.h"
+#include "shared_arena.h"
 
 namespace ddl {
 namespace {
@@ -161,17 +162,27 @@ void SharedBuffers::release(void* base) {
 
 bool SharedBuffers::find(const void* data, size_t bytes, Found* found) {
   const auto at = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = buffers_.upper_bound(at);
-  if (it == buffers_.begin()) return false;
-  --it;
-  const size_t offset = at - it->first;
-  if (offset > it->second.bytes || bytes > it->second.bytes - offset) return false;
-  if (!stillMapped(it)) return false;
-  found->serial = it->second.serial;
-  found->offset = offset;
-  found->key = it->second.key;
-  found->adopted = it->second.window == 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = buffers_.upper_bound(at);
+    if (it != buffers_.begin()) {
+      --it;
+      const size_t offset = at - it->first;
+      if (offset <= it->second.bytes && bytes <= it->second.bytes - offset && stillMapped(it)) {
+        found->serial = it->second.serial;
+        found->offset = offset;
+        found->key = it->second.key;
+        found->adopted = it->second.window == 0;
+        return true;
+      }
+    }
+  }
+  SharedArena::Found segment;
+  if (!SharedArena::process().find(data, bytes, &segment)) return false;
+  found->serial = segment.serial;
+  found->offset = segment.offset;
+  found->key = std::move(segment.key);
+  found->adopted = true;
   return true;
 }
 
@@ -265,6 +276,8 @@ bool SharedBuffers::adopt(void* data, size_t bytes, size_t step) {
       return true;
     }
   }
+  SharedArena::Found segment;
+  if (SharedArena::process().find(data, bytes, &segment)) return true;
   uintptr_t start = 0;
   size_t length = 0;
   if (!glibcBlock(at, bytes, &start, &length)) return false;

@@ -66,7 +66,8 @@ class SharedBuffers {
     std::string key;      // for a peer's Transport::mapWindow, or mapAdopted() if adopted
     bool adopted = false;
   };
-  // The buffer holding [data, data + bytes), if any.
+  // The buffer holding [data, data + bytes), if any: one of this registry's, or a segment of
+  // the process's SharedArena (shared_arena.h; found.adopted, as its key is a memfd's).
   bool find(const void* data, size_t bytes, Found* found);
   // Serials of buffers released after the first `*seen` releases; advances `*seen` past at most
   // `limit` of them. Peers that mapped those buffers can let them go.
