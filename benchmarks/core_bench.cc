@@ -7,6 +7,8 @@
 //
 //   core_bench BYTES ITERS [ROUNDS [RANKS [pin]]]   -> milliseconds per op
 //
+// Under TORCH_DDL_SHARED_ALLOCATOR=1 the buffer comes from the shared arena, as torch's tensor
+// would (from TORCH_DDL_DIRECT_MIN_BYTES), so that the direct allreduce is timed there.
 // `pin` pins rank r (and every thread it starts) to core r mod the cores, as Intel MPI pins.
 #include <fcntl.h>
 #include <sched.h>
@@ -27,7 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include "../csrc/core/base/config.h"
 #include "../csrc/core/group/communicator.h"
+#include "../csrc/core/shm/shared_arena.h"
 
 namespace {
 
@@ -89,12 +93,25 @@ int runRank(int rank, int ranks, const std::filesystem::path& dir, size_t bytes,
   ddl::Engine& engine = ddl::Engine::process();
   auto comm = ddl::Communicator::create(engine, store, rank, ranks, std::chrono::seconds(60));
   const size_t count = bytes / 4;
-  std::vector<float> buffer(std::max<size_t>(count, 1), 1.0f);
+  std::vector<float> ordinary;
+  float* buffer = nullptr;
+  // As torch allocates: from the shared arena under TORCH_DDL_SHARED_ALLOCATOR=1, from the
+  // smallest size it serves (csrc/torch/shared_allocator.cpp), else ordinary memory.
+  const ddl::Config& settings = ddl::config();
+  if (settings.sharedAllocator &&
+      count * 4 >= std::max(settings.directMinBytes, ddl::SharedArena::kPage)) {
+    buffer = static_cast<float*>(ddl::SharedArena::process().allocate(count * 4));
+  }
+  if (buffer == nullptr) {
+    ordinary.resize(std::max<size_t>(count, 1));
+    buffer = ordinary.data();
+  }
+  std::fill(buffer, buffer + count, 1.0f);
   ddl::CallOptions waited;  // each call is waited for at once, as a blocking torch call is
   waited.waited = true;
   auto allreduce = [&] {
     auto work =
-        comm->allreduce(buffer.data(), count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum, waited);
+        comm->allreduce(buffer, count, ddl::DataType::kFloat32, ddl::ReduceOp::kSum, waited);
     work->wait();
     if (work->failed()) throw ddl::Error(work->error());
   };
