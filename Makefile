@@ -344,9 +344,12 @@ scale-real: build $(CLUSTER_TOOLS)
 	  "tests/python/test_cluster.py::test_thirty_two_ranks_on_four_hosts_create_as_fast_as_gloo_and_match_it" \
 	  "tests/python/test_cluster.py::test_sixteen_hosts_take_their_level_split_in_two_and_match_gloo"
 
+# Pinned and not, then the same with torch's CPU tensors from shared memory (docs/shared-memory.md).
 bench-reference: build peers build/bench/core_bench
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference --pin
 	$(PY) benchmarks/allreduce_bench.py --world-size 2 --reference
+	TORCH_DDL_SHARED_ALLOCATOR=1 $(PY) benchmarks/allreduce_bench.py --world-size 2 --reference --pin --no-shared
+	TORCH_DDL_SHARED_ALLOCATOR=1 $(PY) benchmarks/allreduce_bench.py --world-size 2 --reference --no-shared
 
 # ddl's core alone, with no torch on the path (benchmarks/core_bench.cc): the Communicator's
 # allreduce over UCX, timed as the references time theirs, on the objects the extension links.
