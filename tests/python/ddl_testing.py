@@ -259,6 +259,13 @@ def glibc_block(numel, dtype=torch.float32):
     """An empty tensor whose storage glibc mmapped for it (what is adopted). Above the mmap
     threshold glibc still serves a request from a free chunk or the heap's top when one is large
     enough: those are held until glibc has to map a block of its own."""
+    import torch_ddl
+
+    if torch_ddl._C.shared_allocator()["installed"]:
+        # Its blocks lie in shared segments: no glibc header before them to read (nor memory,
+        # at a segment's start). Adoption is for torch's own allocator.
+        raise AssertionError("TORCH_DDL_SHARED_ALLOCATOR=1 serves torch's tensors from shared "
+                             "memory: there is no glibc block to adopt; run without it")
     held = []
     for _ in range(64):
         t = torch.empty(numel, dtype=dtype)
