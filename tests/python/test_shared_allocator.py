@@ -142,3 +142,20 @@ def _ddp_buckets(rank, size):
 def test_ddp_over_its_tensors_matches_gloo(monkeypatch):
     monkeypatch.setenv("TORCH_DDL_SHARED_ALLOCATOR", "1")
     run_ranks(_ddp_buckets, 2)
+
+
+def _window_rounds(rank, size):
+    import torch_ddl
+    from window_checks import every_round
+
+    # Ordinary tensors of 64 KiB and more lie in the arena: every peer on the host maps them.
+    seen = every_round(rank, size, [(1 << 18) + 3, 20011], dtypes=[torch.float32, torch.float64],
+                       memories=["plain"])
+    assert seen["plain"] == {"mapped"}, seen
+    assert torch_ddl._C.shared_allocator()["segments"] >= 1
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_window_puts_into_its_tensors_are_mapped_and_match_send_recv(size, monkeypatch):
+    monkeypatch.setenv("TORCH_DDL_SHARED_ALLOCATOR", "1")
+    run_ranks(_window_rounds, size)
