@@ -34,6 +34,16 @@ Task everyoneLookedUp(Op& op) {
   co_await op.all(requests);
 }
 
+void checkRankOf(int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
+                std::to_string(size));
+  }
+  if (static_cast<uint32_t>(size) > tag::kMaxRanks) {
+    throw Error("ddl: groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
+  }
+}
+
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine,
@@ -82,13 +92,7 @@ Creation::~Creation() {
 std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyValueStore> shared,
                                           int rank, int size, const GroupOptions& options) {
   KeyValueStore& store = *shared;
-  if (size < 1 || rank < 0 || rank >= size) {
-    throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
-                std::to_string(size));
-  }
-  if (static_cast<uint32_t>(size) > tag::kMaxRanks) {
-    throw Error("ddl: groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
-  }
+  checkRankOf(rank, size);
   auto pending = std::unique_ptr<Creation>(new Creation());
   pending->engine_ = &engine;
   pending->options_ = options;
