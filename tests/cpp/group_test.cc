@@ -1,5 +1,6 @@
 // A group's state and its calls: closing and timeouts fail ops on every rank, the call checks
-// (roots, refusals, leftovers, prints), and torch 2.14's reconfigure from handles.
+// (roots, refusals, leftovers, prints), settings that must agree, and torch 2.14's reconfigure
+// from handles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,72 @@
 
 namespace ddl::test {
 namespace {
+
+// Creates a group of engines over the loopback, engine r with settings[r]; each rank's creation
+// error ("" where it was made).
+std::vector<std::string> creationErrors(const std::vector<Config>& settings) {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (const Config& c : settings) {
+    engines.push_back(std::make_unique<Engine>(fabric.join(), Engine::Drive::kThread,
+                                               Clock::steady(), nullptr, &c));
+  }
+  const int size = static_cast<int>(settings.size());
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::string> errors(settings.size());
+  together(size, [&](int r) {
+    try {
+      auto comm = Communicator::create(*engines[r], store, r, size, std::chrono::seconds(20));
+      EXPECT_EQ(allreduceOnes(*comm), size);
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  return errors;
+}
+
+// Settings that choose what an op runs differ between ranks: every rank's creation fails at once,
+// naming each setting, its values and the ranks, instead of their first op timing out with each
+// waiting for a message the other never sends. Settings that choose nothing may differ.
+TEST(GroupState, RanksWhoseSettingsChooseDifferentPathsAreNotMadeAGroup) {
+  std::vector<Config> settings(3, config());
+  settings[2].smallBytes = settings[0].smallBytes * 2 + 1;
+  settings[2].directMinBytes = kSharedAllocatorDirectMinBytes;
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& error : creationErrors(settings)) {
+    EXPECT_NE(error.find("the ranks' settings differ"), std::string::npos) << error;
+    EXPECT_NE(error.find("TORCH_DDL_SMALL_BYTES is " + std::to_string(settings[2].smallBytes) +
+                         " on rank 2 and " + std::to_string(settings[0].smallBytes) + " on rank 0"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("TORCH_DDL_DIRECT_MIN_BYTES is 65536 on rank 2"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("TORCH_DDL_SHARED_ALLOCATOR=1 makes it 65536"), std::string::npos)
+        << error;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  std::vector<Config> harmless(2, config());
+  harmless[1].spinMicros = harmless[0].spinMicros + 7;
+  harmless[1].shareTensors = !harmless[0].shareTensors;
+  harmless[1].traceEntries = harmless[0].traceEntries + 1;
+  for (const std::string& error : creationErrors(harmless)) EXPECT_EQ(error, "");
+}
+
+TEST(Config, AgreedSettingsNameWhatDiffers) {
+  Config a = config(), b = config();
+  EXPECT_TRUE(settingDifferences(agreedSettings(a), agreedSettings(b)).empty());
+  b.allreduceAlgorithm = AllreduceAlgorithm::kRing;
+  b.topology = "r0:h0\nr1:h1";  // a line break in a value keeps the text one line a setting
+  const auto d = settingDifferences(agreedSettings(a), agreedSettings(b));
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].name, "TORCH_DDL_ALLREDUCE_ALGO");
+  EXPECT_EQ(d[0].theirs, "ring");
+  EXPECT_EQ(d[1].name, "TORCH_DDL_TOPOLOGY");
+  EXPECT_EQ(d[1].theirs, "r0:h0 r1:h1");
+  const auto unsaid = settingDifferences(agreedSettings(a), "");
+  ASSERT_FALSE(unsaid.empty());
+  EXPECT_EQ(unsaid[0].theirs, "(not said)");
+}
 
 // abort() and shutdown() close a group: its ops in flight fail at once, and so do later ones.
 TEST(GroupState, ClosingFailsOpsInFlightAndLaterOnes) {

@@ -294,21 +294,29 @@ TEST(Staged, BuffersLiveWithTheGroupAndAreReleasedAfterIt) {
 }
 
 TEST(Staged, RanksThatCannotShareStagingBuffersTakeTheRingOrFail) {
-  // Rank 1's buffers are of another size: no rank stages, every rank agrees.
-  auto settings = [](const char* algo) {
-    return [algo](int r) {
-      return std::make_unique<ScopedEnv>(std::initializer_list<std::pair<std::string, std::string>>{
-          {"TORCH_DDL_ALLREDUCE_ALGO", algo},
-          {"TORCH_DDL_STAGED_BYTES", r == 1 ? "1048576" : "2097152"}});
-    };
+  // Rank 1 can map no window once the ring's are set up (say /dev/shm is full): no rank stages,
+  // every rank agrees. (Ranks whose TORCH_DDL_STAGED_BYTES differ, the other way to get here,
+  // are no longer made a group: GroupState.RanksWhoseSettingsChooseDifferentPathsAreNotMadeAGroup.)
+  auto mapsNoMore = [](SharedRingWorld& world, Communicator& comm) {
+    std::vector<float> ring(300007, 1.0f);  // above TORCH_DDL_STAGED_BYTES: the ring's windows
+    check(comm.allreduce(ring.data(), ring.size(), DataType::kFloat32, ReduceOp::kSum));
+    if (comm.rank() == 1) world.engines[1]->call([&] { world.transports[1]->refuseWindows(true); });
+    check(comm.barrier());
   };
-  SharedRingWorld world(3, settings("auto"));
-  world.run([&](Communicator& comm) {
-    sumOfRanks(comm, 100003);
-    sumOfRanks(comm, 70001, 1.5f);
-    EXPECT_EQ(world.windowsInUse(comm.rank()), 2u);  // the ring's alone
-  });
-  SharedRingWorld forced(3, settings("staged"));
+  {
+    ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "auto"}});
+    SharedRingWorld world(3);
+    world.run([&](Communicator& comm) {
+      mapsNoMore(world, comm);
+      sumOfRanks(comm, 100003);
+      sumOfRanks(comm, 70001, 1.5f);
+      EXPECT_EQ(world.windowsInUse(comm.rank()), 2u);  // the ring's alone
+    });
+  }
+  // Forced, where rank 1 maps nothing at all: refused on every rank.
+  ScopedEnv env({{"TORCH_DDL_ALLREDUCE_ALGO", "staged"}});
+  SharedRingWorld forced(3);
+  forced.transports[1]->refuseWindows(true);
   std::vector<std::string> errors(3);
   forced.run([&](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);

@@ -159,3 +159,45 @@ def _window_rounds(rank, size):
 def test_window_puts_into_its_tensors_are_mapped_and_match_send_recv(size, monkeypatch):
     monkeypatch.setenv("TORCH_DDL_SHARED_ALLOCATOR", "1")
     run_ranks(_window_rounds, size)
+
+
+MIXED = r"""
+import os, sys, time
+import torch, torch.distributed as dist
+import torch_ddl
+start = time.monotonic()
+try:
+    dist.init_process_group("ddl", init_method="file://" + sys.argv[1], rank=int(sys.argv[2]),
+                            world_size=2, timeout=__import__("datetime").timedelta(seconds=60))
+    # 256 KiB then 768 KiB: after the first, the rank with the allocator asks for the direct path
+    # and the other takes the shared-memory ring (at a34e269: each timed out waiting on the other).
+    for n in (65536, 196608):
+        t = torch.ones(n)
+        dist.all_reduce(t)
+    print("made", float(t[0]))
+except Exception as e:
+    print(f"refused after {time.monotonic() - start:.1f} s:", e)
+"""
+
+
+def test_ranks_with_and_without_the_allocator_are_refused_at_creation(tmp_path):
+    """The allocator on one rank only lowers its TORCH_DDL_DIRECT_MIN_BYTES: its allreduces of 64
+    KiB - 1 MiB ask for the direct path where the other's do not, and the two wait for each other
+    until the timeout. Both ranks' group creation fails instead, at once, naming it."""
+    store = str(tmp_path / "store")
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "TORCH_DDL_SHARED_ALLOCATOR": str(1 - rank)}
+        env.pop("TORCH_DDL_DIRECT_MIN_BYTES", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", MIXED, store, str(rank)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for out, err in outs:
+        assert out.startswith("refused after"), out + err[-2000:]
+        assert float(out.split()[2]) < 30, out
+        assert ("TORCH_DDL_DIRECT_MIN_BYTES is 1048576 on rank 1 and 65536 on rank 0" in out
+                and "TORCH_DDL_SHARED_ALLOCATOR=1 makes it 65536" in out), out

@@ -152,8 +152,8 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     turn.release();
     throw Error(
         "TORCH_DDL_ALLREDUCE_ALGO=staged, but not every rank of the group can map every "
-        "other's staging buffer (see TORCH_DDL_DEBUG=WARN), their TORCH_DDL_STAGED_BYTES "
-        "differ, or it is smaller than one element; use auto");
+        "other's staging buffer (see TORCH_DDL_DEBUG=WARN), or it is smaller than one element; "
+        "use auto");
   }
   if (settings.segmentBytes < es) {  // slots too small for one element
     turn.release();

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include "tag.h"
 #include "types.h"
@@ -265,6 +266,73 @@ std::atomic<const Config*> gConfig{nullptr};
 }  // namespace
 
 const std::vector<ConfigEntry>& configTable() { return kTable; }
+
+std::string agreedSettings(const Config& c) {
+  auto number = [](size_t v) { return std::to_string(v); };
+  auto flag = [](bool v) { return std::string(v ? "1" : "0"); };
+  std::string order;
+  for (int level : c.levelOrder) order += (order.empty() ? "" : ",") + std::to_string(level);
+  const std::pair<const ConfigEntry&, std::string> agreed[] = {
+      {kTable[0], algorithmName(c.allreduceAlgorithm)},
+      {kTable[1], number(c.smallBytes)},
+      {kTable[2], number(c.directMinBytes)},
+      {kTable[3], number(c.segmentBytes)},
+      {kTable[4], number(c.pipelineDepth)},
+      {kTable[5], number(c.rings)},
+      {kTable[8], number(c.deviceSegmentBytes)},
+      {kTable[9], number(c.colors)},
+      {kTable[10], order},
+      {kTable[11], number(c.waves)},
+      {kTable[12], flag(c.hierarchical)},
+      {kTable[13], c.topology},
+      {kTable[14], c.links},
+      {kTable[15], flag(c.hostSlots)},
+      {kTable[16], flag(c.probeLinks)},
+      {kTable[23], number(c.stagedBytes)},
+      {kTable[28], c.allgatherAlgorithm},
+      {kTable[29], number(c.deviceStageBytes)},
+      {kTable[30], c.alltoallAlgorithm},
+      {kTable[31], c.gatherAlgorithm},
+  };
+  std::string text;
+  for (const auto& [entry, value] : agreed) {
+    std::string line = value;
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    text += std::string(entry.name) + "=" + line + "\n";
+  }
+  return text;
+}
+
+std::vector<SettingDifference> settingDifferences(const std::string& mine,
+                                                  const std::string& theirs) {
+  auto lines = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (size_t at = 0; at < text.size();) {
+      const size_t end = std::min(text.find('\n', at), text.size());
+      const std::string line = text.substr(at, end - at);
+      const size_t equals = line.find('=');
+      if (equals != std::string::npos)
+        out.emplace_back(line.substr(0, equals), line.substr(equals + 1));
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto ours = lines(mine), others = lines(theirs);
+  auto find = [](const std::vector<std::pair<std::string, std::string>>& in,
+                 const std::string& name) -> std::optional<std::string> {
+    for (const auto& [n, v] : in) {
+      if (n == name) return v;
+    }
+    return std::nullopt;
+  };
+  std::vector<SettingDifference> differences;
+  for (const ConfigEntry& entry : kTable) {
+    const auto a = find(ours, entry.name), b = find(others, entry.name);
+    if (a == b) continue;
+    differences.push_back({entry.name, a.value_or("(not said)"), b.value_or("(not said)")});
+  }
+  return differences;
+}
 
 std::string configValue(const ConfigEntry& entry) {
   const char* value = std::getenv(entry.name);

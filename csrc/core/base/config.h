@@ -50,6 +50,19 @@ struct Config {
 // TORCH_DDL_DIRECT_MIN_BYTES's default where TORCH_DDL_SHARED_ALLOCATOR=1.
 constexpr size_t kSharedAllocatorDirectMinBytes = 65536;
 
+// The settings that choose what an op runs (which algorithm, in what pieces), and so must be
+// the same on every rank of a group: a rank that planned another path would wait for messages
+// its peers never send. One "NAME=value" line each, values as parsed (so "04096" is 4096).
+// Group creation compares every rank's with rank 0's (group/creation.cc).
+std::string agreedSettings(const Config& c);
+// Where two texts of agreedSettings differ: each setting's name and value in `mine` and in
+// `theirs` ("(not said)" where one text lacks it), in the table's order.
+struct SettingDifference {
+  std::string name, mine, theirs;
+};
+std::vector<SettingDifference> settingDifferences(const std::string& mine,
+                                                  const std::string& theirs);
+
 struct ConfigEntry {
   const char* name;
   const char* defaultValue;

@@ -149,12 +149,13 @@ Task doubleFingers(Op& op, Group& group) {
 }
 
 // This rank's span: on its predecessor's host? in its rack? its host, its rack map's word.
-Span leafSpan(int rank, const RankCard& mine, const RankCard& before, const RackMap& racks) {
+Span leafSpan(int rank, const RankCard& mine, const RankCard& before, const RackMap& racks,
+              std::string refusal) {
   const Locality here = Locality::decode(mine.locality);
   const Locality previous = rank > 0 ? Locality::decode(before.locality) : Locality{};
-  std::string error;
+  std::string error = std::move(refusal);
   const std::string rack = rackOf(racks, here.hostName);
-  if (!racks.empty() && rack.empty()) {
+  if (error.empty() && !racks.empty() && rack.empty()) {
     error = "ddl: TORCH_DDL_TOPOLOGY does not name host " + here.hostName + " (rank " +
             std::to_string(rank) + ")";
   }
@@ -197,12 +198,13 @@ Task exchangeHostIdentities(Op& op, Group& group, const Topology& topology, cons
 
 }  // namespace
 
-Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine,
+Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, std::string refusal,
                     std::shared_ptr<const RackMap> rackMap, std::shared_ptr<Bootstrapped> out) {
   const RackMap& racks = *rackMap;
   const int n = group->size, rank = group->rank;
   if (n == 1) {
-    *out = machineFrom(leafSpan(0, mine, RankCard{}, racks), 1, group->id, racks);
+    *out =
+        machineFrom(leafSpan(0, mine, RankCard{}, racks, std::move(refusal)), 1, group->id, racks);
     if (out->error.ok()) out->incarnation = group->runtime->newIncarnation();
     co_return;
   }
@@ -211,7 +213,7 @@ Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine,
   co_await exchangeNeighbours(op, *group, mine, &before, &after);
   co_await doubleFingers(op, *group);
   // 4. Up: this rank's span, then its children's, in rank order.
-  Span span = leafSpan(rank, mine, before, racks);
+  Span span = leafSpan(rank, mine, before, racks, std::move(refusal));
   for (int child : bootstrapChildren(rank, n)) {
     std::string bytes;
     co_await receiveFramed(op, child, kSlot, kMaxCardBytes * static_cast<uint64_t>(n), &bytes);

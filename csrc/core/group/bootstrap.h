@@ -135,8 +135,9 @@ std::vector<int> bootstrapChildren(int rank, int size);
 
 // Steps 2 to 6 as an operation of `group`, whose directory knows the predecessor's address
 // (and rank 0's, on the last rank). `racks` is the rack map every rank was given. `out` is
-// filled once the op succeeds; the group's directory learns the fingers on the way.
-Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine,
+// filled once the op succeeds; the group's directory learns the fingers on the way. `refusal`:
+// why this rank cannot be of the group ("" where it can), which becomes every rank's error.
+Task bootstrapGroup(Op& op, std::shared_ptr<Group> group, RankCard mine, std::string refusal,
                     std::shared_ptr<const RackMap> racks, std::shared_ptr<Bootstrapped> out);
 
 }  // namespace ddl

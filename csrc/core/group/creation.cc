@@ -34,6 +34,34 @@ Task everyoneLookedUp(Op& op) {
   co_await op.all(requests);
 }
 
+// Why this rank cannot be of a group whose rank 0 wrote `groupId` (the id, then its
+// agreedSettings): the settings that differ, named ("" where none does).
+std::string settingsRefusal(const Config& mine, int rank, const std::string& groupId) {
+  const size_t settingsAt = std::min(groupId.find('\n'), groupId.size());
+  const std::string theirs = settingsAt < groupId.size() ? groupId.substr(settingsAt + 1) : "";
+  const std::vector<SettingDifference> differences =
+      settingDifferences(agreedSettings(mine), theirs);
+  if (differences.empty()) return "";
+  auto shown = [](const std::string& value) {
+    return value.size() <= 100 ? value : value.substr(0, 100) + "...";
+  };
+  std::string words;
+  bool direct = false;
+  for (const SettingDifference& d : differences) {
+    if (words.size() > 2000) break;
+    words += (words.empty() ? "" : "; ") + d.name + " is " + shown(d.mine) + " on rank " +
+             std::to_string(rank) + " and " + shown(d.theirs) + " on rank 0";
+    direct |= d.name == "TORCH_DDL_DIRECT_MIN_BYTES";
+  }
+  if (direct) {
+    words += " (TORCH_DDL_SHARED_ALLOCATOR=1 makes it " +
+             std::to_string(kSharedAllocatorDirectMinBytes) + " where it is not set)";
+  }
+  return "ddl: the ranks' settings differ where they choose what an op runs, so their ops would "
+         "not meet: " +
+         words + ". Set them alike on every rank";
+}
+
 void checkRankOf(int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error("ddl: rank " + std::to_string(rank) + " is outside a group of size " +
@@ -47,9 +75,11 @@ void checkRankOf(int rank, int size) {
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine,
-                 std::shared_ptr<const RackMap> racks, std::shared_ptr<Bootstrapped> bootstrapped,
-                 const Topology* given, std::string links, std::shared_ptr<Creation::Found> out) {
-  co_await bootstrapGroup(op, group, std::move(mine), std::move(racks), bootstrapped);
+                 std::string refusal, std::shared_ptr<const RackMap> racks,
+                 std::shared_ptr<Bootstrapped> bootstrapped, const Topology* given,
+                 std::string links, std::shared_ptr<Creation::Found> out) {
+  co_await bootstrapGroup(op, group, std::move(mine), std::move(refusal), std::move(racks),
+                          bootstrapped);
   if (!bootstrapped->error.ok()) co_return;
   out->topology = given != nullptr ? *given : std::move(bootstrapped->topology);
   if (out->topology.size != group->size) {
@@ -67,7 +97,8 @@ Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard 
 
 }  // namespace
 
-uint32_t parseGroupId(const std::string& value, const std::string& key) {
+uint32_t parseGroupId(const std::string& text, const std::string& key) {
+  const std::string value = text.substr(0, text.find('\n'));  // then rank 0's settings
   uint64_t id = 0;
   bool digits = !value.empty() && value.size() <= 10;
   for (char c : value) {
@@ -112,9 +143,11 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   const std::string address = engine.localAddress();
   std::vector<std::string> known;  // group id, then the addresses of `knownRanks`
   std::vector<int> knownRanks;
+  std::string refusal;  // why this rank cannot be of the group
   if (rank == 0) {
     group->id = tag::groupIdOf(store.nextGroupNumber(), tag::wideBits(size));
-    store.set(key + "group_id", std::to_string(group->id));
+    // With rank 0's settings, which the others compare with theirs (in the same request).
+    store.set(key + "group_id", std::to_string(group->id) + "\n" + agreedSettings(engine.config()));
     if (size > 1) store.set(addressKey(0), address);
   } else {
     store.set(addressKey(rank), address);
@@ -128,6 +161,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
                   std::to_string(keys.size()) + " keys");
     }
     group->id = parseGroupId(known[0], key + "group_id");
+    refusal = settingsRefusal(engine.config(), rank, known[0]);
   }
   Communicator::nameGroup(*group, engine);
   engine.runtime().recorder().noteRank(rank);
@@ -154,8 +188,8 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   const Config& settings = engine.config();
   const std::string racks = options.racks ? *options.racks : settings.topology;
   pending->found_ = std::make_shared<Found>();
-  op->task = createGroup(*op, &engine, group, std::move(card), sharedRackMap(racks),
-                         pending->bootstrapped_, options.topology,
+  op->task = createGroup(*op, &engine, group, std::move(card), std::move(refusal),
+                         sharedRackMap(racks), pending->bootstrapped_, options.topology,
                          options.links ? *options.links : settings.links, pending->found_);
   engine.submit(std::move(op));
   return pending;

@@ -250,9 +250,8 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
       logLine(LogLevel::kWarn, op.group().name + " rank " + std::to_string(rank) +
                                    ": allreduces of one host are not staged (" +
                                    (ok ? "another rank" : "this rank") +
-                                   " could not map every peer's staging buffer, or the ranks' "
-                                   "TORCH_DDL_STAGED_BYTES differ): they take the shared-memory "
-                                   "ring");
+                                   " could not map every peer's staging buffer): they take the "
+                                   "shared-memory ring");
     }
   }
 }
