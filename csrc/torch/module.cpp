@@ -8,10 +8,10 @@
 #include "../core/runtime/status.h"
 #include "../core/runtime/status_server.h"
 #include "../core/runtime/trace.h"
+#include "../core/shm/shared_arena.h"
 #include "../core/topology/allreduce_plan.h"
 #include "../core/topology/cost_model.h"
 #include "../core/transport/ucx/ucx_transport.h"
-#include "../core/shm/shared_arena.h"
 #include "process_group_ddl.hpp"
 #include "shared_allocator.hpp"
 #include "sim_bindings.hpp"
@@ -337,6 +337,7 @@ void bindProcess(py::module_& m) {
     d["segment_bytes"] = u.segmentBytes;
     d["blocks"] = u.blocks;
     d["block_bytes"] = u.blockBytes;
+    d["given_back"] = u.givenBack;
     return d;
   });
   m.def("shared_buffers_live", [] { return ddl::Engine::process().sharedBuffers()->live(); });

@@ -1,9 +1,11 @@
 // SharedArena: blocks carved from shared segments, best fit, freed blocks joined; a segment
-// found and mapped elsewhere through its key as a peer maps it; private again in a forked child.
+// found and mapped elsewhere through its key as a peer maps it; the memory of free segments but
+// one given back; private again in a forked child.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -105,6 +107,61 @@ TEST(Arena, APeerMapsASegmentThroughItsKey) {
   EXPECT_EQ(peer[found.offset], 42);
   peer[found.offset + 1] = 43;
   EXPECT_EQ(b[9], 43);
+  SharedBuffers::unmapAdopted(peer, length);
+}
+
+// Shared memory this process has mapped and touched (kB), from /proc/self/status.
+long rssShmemKb() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  char line[256];
+  long kb = -1;
+  while (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "RssShmem: %ld kB", &kb) == 1) break;
+  }
+  if (f != nullptr) std::fclose(f);
+  return kb;
+}
+
+// After a peak of three segments, all freed: two go back to the system (a peer's mapping sees
+// their pages gone, as zeros), one stays ready; a block fits first where memory was kept, and a
+// block in a segment given back keeps it in use again.
+TEST(Arena, FreeSegmentsButOneGiveTheirMemoryBack) {
+  SharedArena arena;
+  constexpr size_t kSegment = SharedArena::kSegmentBytes;
+  std::vector<char*> whole;
+  for (int i = 0; i < 3; ++i) {
+    whole.push_back(static_cast<char*>(arena.allocate(kSegment)));
+    ASSERT_NE(whole.back(), nullptr);
+    std::memset(whole.back(), 7, kSegment);
+  }
+  SharedArena::Found found;
+  ASSERT_TRUE(arena.find(whole[2], kSegment, &found));
+  size_t length = 0;
+  std::string why;
+  char* peer = SharedBuffers::mapAdopted(found.key, &length, &why);
+  ASSERT_NE(peer, nullptr) << why;
+  EXPECT_EQ(peer[kSegment - 1], 7);
+  const long before = rssShmemKb();
+  for (char* p : whole) EXPECT_TRUE(arena.release(p));
+  SharedArena::Usage u = arena.usage();
+  EXPECT_EQ(u.segments, 3u);
+  EXPECT_EQ(u.givenBack, 2u);
+  EXPECT_EQ(u.blocks, 0u);
+  if (before >= 0) {  // the two segments' pages left this process (and the peer's mapping)
+    EXPECT_LE(rssShmemKb(), before - 2 * static_cast<long>(kSegment / 1024) + 1024);
+  }
+  EXPECT_EQ(peer[0], 0);
+  EXPECT_EQ(peer[kSegment - 1], 0);
+  // The segment that kept its memory serves first, then those given back, in use again.
+  EXPECT_EQ(arena.allocate(kSegment), whole[0]);
+  char* again = static_cast<char*>(arena.allocate(kSegment));
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again, whole[0]);
+  EXPECT_EQ(arena.usage().givenBack, 1u);
+  EXPECT_EQ(again[4096], 0);  // fresh pages
+  again[4096] = 9;
+  EXPECT_TRUE(arena.release(again));  // whole[0] is in use: nothing else free keeps memory
+  EXPECT_EQ(arena.usage().givenBack, 1u);
   SharedBuffers::unmapAdopted(peer, length);
 }
 

@@ -1,5 +1,6 @@
 #include "shared_arena.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -89,12 +90,21 @@ void* SharedArena::allocate(size_t bytes) {
     if (addSegment() < 0) return nullptr;
     best = bySize_.lower_bound(need);
   }
+  // Of free ranges as long (whole segments), one that kept its memory: a tensor allocated and
+  // freed over and over then never waits for its pages.
+  for (auto same = best; same != bySize_.end() && same->first == best->first; ++same) {
+    if (!segments_[same->second.first].givenBack) {
+      best = same;
+      break;
+    }
+  }
   const size_t length = best->first;
   const auto [segment, offset] = best->second;
   removeFree(segment, offset, length);
   if (length > need) addFree(segment, offset + need, length - need);
   Segment& s = segments_[segment];
   s.highWater = std::max(s.highWater, offset + need);
+  s.givenBack = false;
   const uintptr_t at = s.base + offset;
   blocks_.emplace(at, Block{segment, need});
   blockBytes_ += need;
@@ -129,7 +139,26 @@ bool SharedArena::release(void* p) {
     }
   }
   addFree(segment, offset, length);
+  if (length == segments_[segment].length) giveBackIfSpare(segment);
   return true;
+}
+
+void SharedArena::giveBackIfSpare(size_t index) {
+  if (forked_) return;  // a child's segments are private memory already
+  for (size_t other = 0; other < segments_.size(); ++other) {
+    const Segment& o = segments_[other];
+    const bool free = o.freeRanges.size() == 1 && o.freeRanges.begin()->second == o.length;
+    if (other == index || !free || o.givenBack) continue;
+    Segment& s = segments_[index];
+    // Held under the lock: no block can be carved from it meanwhile and lose its bytes.
+    if (s.highWater > 0 && fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                                     static_cast<off_t>(s.highWater)) != 0) {
+      return;  // kept (a kernel without holes in memfds)
+    }
+    s.highWater = 0;
+    s.givenBack = true;
+    return;
+  }
 }
 
 bool SharedArena::find(const void* data, size_t bytes, Found* found) const {
@@ -155,6 +184,7 @@ SharedArena::Usage SharedArena::usage() const {
   for (const Segment& s : segments_) u.segmentBytes += s.length;
   u.blocks = blocks_.size();
   u.blockBytes = blockBytes_;
+  for (const Segment& s : segments_) u.givenBack += s.givenBack ? 1 : 0;
   return u;
 }
 

@@ -7,8 +7,13 @@
 // Blocks are carved, whole pages each, out of 64 MiB memfd segments mapped shared, best fit,
 // and a freed block joins its free neighbours. A peer maps a segment once (SharedBuffers::
 // mapAdopted, the segment's key) and reaches every block in it at its offset. Segments are kept
-// for the life of the process, as a caching allocator keeps its memory: the arena holds the most
-// its blocks ever held at once, in whole segments. A request larger than a segment, or one the
+// for the life of the process, as a caching allocator keeps its memory, but not their pages: once
+// a second segment is wholly free, the memory of the one freed last is given back to the system
+// (a hole punched in its memfd, which every mapping of it, the peers' too, sees at once; nothing
+// lived there, and its pages come back zeroed as they are next touched). So after a peak the
+// arena holds what its live blocks need, in whole segments, and one free segment ready for the
+// next; a segment a small live block holds keeps its pages. A request larger than a segment, or
+// one the
 // system cannot back with a memfd, is not served here (the caller falls back on its own
 // allocator); so are requests made by a forked child, whose segments became private copies of
 // their used part at the fork, as fork() promises for private memory.
@@ -61,6 +66,7 @@ class SharedArena {
     size_t segmentBytes = 0;
     size_t blocks = 0;      // allocated and not yet released
     size_t blockBytes = 0;  // their bytes, in whole pages
+    size_t givenBack = 0;   // segments whose memory went back to the system (not used since)
   };
   Usage usage() const;
 
@@ -75,9 +81,13 @@ class SharedArena {
     int fd = -1;
     uint64_t serial = 0;
     std::string key;
-    size_t highWater = 0;                 // bytes from the base ever handed out
+    size_t highWater = 0;  // bytes from the base handed out since the memory was given back
     std::map<size_t, size_t> freeRanges;  // offset -> length
+    bool givenBack = false;               // wholly free, its memory given back
   };
+  // Under mutex_, segment `index` having become wholly free: gives back the memory of a wholly
+  // free segment if another one keeps its memory.
+  void giveBackIfSpare(size_t index);
   // Under mutex_: a new segment (its index), or -1.
   int addSegment();
   void addFree(size_t segment, size_t offset, size_t length);
