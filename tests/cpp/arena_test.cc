@@ -122,11 +122,20 @@ long rssShmemKb() {
   return kb;
 }
 
-// After a peak of three segments, all freed: two go back to the system (a peer's mapping sees
-// their pages gone, as zeros), one stays ready; a block fits first where memory was kept, and a
-// block in a segment given back keeps it in use again.
+// After a peak of three segments, all freed and left so: two go back to the system (a peer's
+// mapping sees their pages gone, as zeros), one stays ready; a block fits first where memory
+// was kept, and a block in a segment given back keeps it in use again. Segments freed and used
+// again within the wait keep their memory.
 TEST(Arena, FreeSegmentsButOneGiveTheirMemoryBack) {
-  SharedArena arena;
+  {
+    SharedArena patient;  // the default wait: a second
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(patient.allocate(SharedArena::kSegmentBytes));
+    for (void* p : blocks) EXPECT_TRUE(patient.release(p));
+    EXPECT_NE(patient.allocate(1), nullptr);
+    EXPECT_EQ(patient.usage().givenBack, 0u);
+  }
+  SharedArena arena(std::chrono::milliseconds(0));
   constexpr size_t kSegment = SharedArena::kSegmentBytes;
   std::vector<char*> whole;
   for (int i = 0; i < 3; ++i) {
@@ -135,7 +144,7 @@ TEST(Arena, FreeSegmentsButOneGiveTheirMemoryBack) {
     std::memset(whole.back(), 7, kSegment);
   }
   SharedArena::Found found;
-  ASSERT_TRUE(arena.find(whole[2], kSegment, &found));
+  ASSERT_TRUE(arena.find(whole[0], kSegment, &found));
   size_t length = 0;
   std::string why;
   char* peer = SharedBuffers::mapAdopted(found.key, &length, &why);
@@ -152,15 +161,16 @@ TEST(Arena, FreeSegmentsButOneGiveTheirMemoryBack) {
   }
   EXPECT_EQ(peer[0], 0);
   EXPECT_EQ(peer[kSegment - 1], 0);
-  // The segment that kept its memory serves first, then those given back, in use again.
-  EXPECT_EQ(arena.allocate(kSegment), whole[0]);
+  // The segment that kept its memory (the one freed last) serves first, then those given back,
+  // in use again.
+  EXPECT_EQ(arena.allocate(kSegment), whole[2]);
   char* again = static_cast<char*>(arena.allocate(kSegment));
   ASSERT_NE(again, nullptr);
-  EXPECT_NE(again, whole[0]);
+  EXPECT_NE(again, whole[2]);
   EXPECT_EQ(arena.usage().givenBack, 1u);
   EXPECT_EQ(again[4096], 0);  // fresh pages
   again[4096] = 9;
-  EXPECT_TRUE(arena.release(again));  // whole[0] is in use: nothing else free keeps memory
+  EXPECT_TRUE(arena.release(again));  // whole[2] is in use: nothing else free keeps memory
   EXPECT_EQ(arena.usage().givenBack, 1u);
   SharedBuffers::unmapAdopted(peer, length);
 }

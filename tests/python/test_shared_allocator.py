@@ -204,12 +204,15 @@ def test_ranks_with_and_without_the_allocator_are_refused_at_creation(tmp_path):
 
 
 GIVE_BACK = r"""
-import torch, torch_ddl
+import time, torch, torch_ddl
 info = lambda: torch_ddl._C.shared_allocator()
 big = [torch.ones(16 << 20) for _ in range(3)]  # 64 MiB each: a segment each
 small = torch.ones(1 << 20)                        # 4 MiB in a fourth
 assert info()["segments"] == 4, info()
 del big
+assert info()["given_back"] == 0, info()  # a training step's tensors find their pages again
+time.sleep(1.2)
+torch.ones(1 << 20)  # the arena's next call looks at its free segments
 assert info()["given_back"] == 2 and info()["blocks"] == 1, info()
 again = torch.zeros(16 << 20)  # served where memory was kept
 assert info()["given_back"] == 2 and float(again.sum()) == 0.0, info()
@@ -219,7 +222,7 @@ print("ok")
 
 def test_free_segments_but_one_give_their_memory_back():
     """After a peak, the arena keeps the segments its live tensors hold and one free one; the
-    memory of the others goes back to the system."""
+    memory of the others goes back to the system once they stayed free for a second."""
     env = {**os.environ, "TORCH_DDL_SHARED_ALLOCATOR": "1"}
     out = subprocess.run([sys.executable, "-c", GIVE_BACK], env=env, capture_output=True,
                          text=True, timeout=120)

@@ -61,6 +61,8 @@ int SharedArena::addSegment() {
   segments_.push_back(std::move(s));
   segmentAt_[segments_.back().base] = index;
   addFree(index, 0, kSegmentBytes);
+  segments_.back().freeSince = std::chrono::steady_clock::now();
+  ++keptFree_;
   return static_cast<int>(index);
 }
 
@@ -85,6 +87,7 @@ void* SharedArena::allocate(size_t bytes) {
   const size_t need = (bytes + kPage - 1) / kPage * kPage;
   std::lock_guard<std::mutex> lock(mutex_);
   if (forked_) return nullptr;
+  giveBackSpares();
   auto best = bySize_.lower_bound(need);
   if (best == bySize_.end()) {
     if (addSegment() < 0) return nullptr;
@@ -103,8 +106,10 @@ void* SharedArena::allocate(size_t bytes) {
   removeFree(segment, offset, length);
   if (length > need) addFree(segment, offset + need, length - need);
   Segment& s = segments_[segment];
+  if (length == s.length && !s.givenBack) --keptFree_;  // it was wholly free
   s.highWater = std::max(s.highWater, offset + need);
   s.givenBack = false;
+  s.freeSince = {};
   const uintptr_t at = s.base + offset;
   blocks_.emplace(at, Block{segment, need});
   blockBytes_ += need;
@@ -139,25 +144,38 @@ bool SharedArena::release(void* p) {
     }
   }
   addFree(segment, offset, length);
-  if (length == segments_[segment].length) giveBackIfSpare(segment);
+  if (length == segments_[segment].length) {
+    segments_[segment].freeSince = std::chrono::steady_clock::now();
+    ++keptFree_;
+  }
+  giveBackSpares();
   return true;
 }
 
-void SharedArena::giveBackIfSpare(size_t index) {
-  if (forked_) return;  // a child's segments are private memory already
-  for (size_t other = 0; other < segments_.size(); ++other) {
-    const Segment& o = segments_[other];
-    const bool free = o.freeRanges.size() == 1 && o.freeRanges.begin()->second == o.length;
-    if (other == index || !free || o.givenBack) continue;
-    Segment& s = segments_[index];
-    // Held under the lock: no block can be carved from it meanwhile and lose its bytes.
+void SharedArena::giveBackSpares() {
+  if (keptFree_ < 2 || forked_) return;  // a child's segments are private memory already
+  const auto now = std::chrono::steady_clock::now();
+  size_t last = segments_.size();  // the one freed last of those keeping their memory
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const Segment& s = segments_[i];
+    if (s.wholeFree() && !s.givenBack &&
+        (last == segments_.size() || s.freeSince > segments_[last].freeSince)) {
+      last = i;
+    }
+  }
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    Segment& s = segments_[i];
+    if (i == last || !s.wholeFree() || s.givenBack || now - s.freeSince < giveBackAfter_) {
+      continue;
+    }
+    // Under the lock: no block can be carved from it meanwhile and lose its bytes.
     if (s.highWater > 0 && fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                                      static_cast<off_t>(s.highWater)) != 0) {
-      return;  // kept (a kernel without holes in memfds)
+      continue;  // kept (a kernel without holes in memfds)
     }
     s.highWater = 0;
     s.givenBack = true;
-    return;
+    --keptFree_;
   }
 }
 

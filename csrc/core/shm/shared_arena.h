@@ -7,11 +7,13 @@
 // Blocks are carved, whole pages each, out of 64 MiB memfd segments mapped shared, best fit,
 // and a freed block joins its free neighbours. A peer maps a segment once (SharedBuffers::
 // mapAdopted, the segment's key) and reaches every block in it at its offset. Segments are kept
-// for the life of the process, as a caching allocator keeps its memory, but not their pages: once
-// a second segment is wholly free, the memory of the one freed last is given back to the system
-// (a hole punched in its memfd, which every mapping of it, the peers' too, sees at once; nothing
-// lived there, and its pages come back zeroed as they are next touched). So after a peak the
-// arena holds what its live blocks need, in whole segments, and one free segment ready for the
+// for the life of the process, as a caching allocator keeps its memory, but not all their pages:
+// a segment that has stayed wholly free for `giveBackAfter` (a second), while another wholly
+// free one keeps its memory, gives its memory back to the system at the arena's next allocation
+// or release (a hole punched in its memfd, which every mapping of it, the peers' too, sees at
+// once; nothing lived there, and its pages come back zeroed as they are next touched). So a
+// training step's tensors find their pages again at the next step, and after a peak the arena
+// shrinks to what its live blocks need, in whole segments, and one free segment ready for the
 // next; a segment a small live block holds keeps its pages. A request larger than a segment, or
 // one the
 // system cannot back with a memfd, is not served here (the caller falls back on its own
@@ -21,6 +23,7 @@
 // Thread-safe: tensors are allocated and freed on any thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -42,7 +45,9 @@ class SharedArena {
   // The process's arena (never destroyed: tensors may be freed during interpreter exit).
   static SharedArena& process();
 
-  SharedArena() = default;
+  static constexpr std::chrono::milliseconds kGiveBackAfter{1000};
+  explicit SharedArena(std::chrono::milliseconds giveBackAfter = kGiveBackAfter)
+      : giveBackAfter_(giveBackAfter) {}
   ~SharedArena();
   SharedArena(const SharedArena&) = delete;
   SharedArena& operator=(const SharedArena&) = delete;
@@ -82,12 +87,18 @@ class SharedArena {
     uint64_t serial = 0;
     std::string key;
     size_t highWater = 0;  // bytes from the base handed out since the memory was given back
-    std::map<size_t, size_t> freeRanges;  // offset -> length
-    bool givenBack = false;               // wholly free, its memory given back
+    std::map<size_t, size_t> freeRanges;                // offset -> length
+    bool givenBack = false;                             // wholly free, its memory given back
+    std::chrono::steady_clock::time_point freeSince{};  // wholly free since (else the epoch)
+    bool wholeFree() const {
+      return freeRanges.size() == 1 && freeRanges.begin()->second == length;
+    }
   };
-  // Under mutex_, segment `index` having become wholly free: gives back the memory of a wholly
-  // free segment if another one keeps its memory.
-  void giveBackIfSpare(size_t index);
+  // Under mutex_: gives back the memory of the wholly free segments that stayed so for
+  // giveBackAfter_, all but the one freed last of those that keep their memory.
+  void giveBackSpares();
+  const std::chrono::milliseconds giveBackAfter_;
+  size_t keptFree_ = 0;  // wholly free segments that keep their memory
   // Under mutex_: a new segment (its index), or -1.
   int addSegment();
   void addFree(size_t segment, size_t offset, size_t length);
