@@ -78,6 +78,11 @@ TEST(Config, AgreedSettingsNameWhatDiffers) {
   EXPECT_EQ(d[0].theirs, "ring");
   EXPECT_EQ(d[1].name, "TORCH_DDL_TOPOLOGY");
   EXPECT_EQ(d[1].theirs, "r0:h0 r1:h1");
+  b.topology = "r0:" + std::string(200, 'h');  // long: its length and digest
+  const auto digested = settingDifferences(agreedSettings(a), agreedSettings(b));
+  ASSERT_EQ(digested.size(), 2u);
+  EXPECT_EQ(digested[1].theirs.rfind("203 characters, FNV-1a ", 0), 0u) << digested[1].theirs;
+  EXPECT_LT(agreedSettings(b).size(), 2000u);
   const auto unsaid = settingDifferences(agreedSettings(a), "");
   ASSERT_FALSE(unsaid.empty());
   EXPECT_EQ(unsaid[0].theirs, "(not said)");

@@ -52,8 +52,11 @@ constexpr size_t kSharedAllocatorDirectMinBytes = 65536;
 
 // The settings that choose what an op runs (which algorithm, in what pieces), and so must be
 // the same on every rank of a group: a rank that planned another path would wait for messages
-// its peers never send. One "NAME=value" line each, values as parsed (so "04096" is 4096).
-// Group creation compares every rank's with rank 0's (group/creation.cc).
+// its peers never send. One "NAME=value" line each, values as parsed (so "04096" is 4096), and
+// a value longer than kLongestAgreedValue (a rack map of many hosts) as its length and digest,
+// so that every rank reads little from the store. Group creation compares every rank's with
+// rank 0's (group/creation.cc).
+constexpr size_t kLongestAgreedValue = 64;
 std::string agreedSettings(const Config& c);
 // Where two texts of agreedSettings differ: each setting's name and value in `mine` and in
 // `theirs` ("(not said)" where one text lacks it), in the table's order.
