@@ -45,9 +45,11 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
     tTurns = true;
     runtime.setDriverThread(std::this_thread::get_id());  // a call() from here runs inline
     const Clock& clock = runtime.clock();
-    TimePoint last = clock.now();
+    TimePoint last = TimePoint::min();  // of the last busy turn; read only once one is idle
     while (!work.done() && !runtime.stopping()) {
       if (runtime.turn()) {
+        last = TimePoint::min();
+      } else if (last == TimePoint::min()) {
         last = clock.now();
       } else if (clock.now() - last >= spin && clock.now() >= runtime.pollSpinsUntil()) {
         break;
