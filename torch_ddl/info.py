@@ -114,10 +114,12 @@ def main():
     for device in _C.transport_devices():
         print(f"  {device}")
     rows = _C.config_table()
-    print("\nSettings (environment variable, value, default):")
+    agreed = set(_C.agreed_settings())
+    print("\nSettings (environment variable, value, default; 'alike': the same on every rank of a "
+          "group, which is refused at creation otherwise):")
     width = max(len(r[0]) for r in rows)
     for name, value, default, description in rows:
-        mark = "" if value == default else "   (set)"
+        mark = ("   (set)" if value != default else "") + ("   alike" if name in agreed else "")
         print(f"  {name:<{width}}  {value:<10} default {default:<8}{mark}")
         print(f"  {'':<{width}}  {description}")
     print("\nAllreduce plans: python -m torch_ddl.info --plan (inside a job, or --hosts 2x4 offline)")

@@ -174,6 +174,12 @@ def test_info_tool():
     assert out.returncode == 0, out.stderr
     for needle in ("torch_ddl", "torch", "UCX", "TORCH_DDL_SEGMENT_BYTES", "tcp/", "(set)"):
         assert needle in out.stdout, needle
+    # The settings every rank must share are marked, the others not.
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()
+             if line.startswith("  TORCH_DDL_")}
+    assert lines["TORCH_DDL_RINGS"].endswith("(set)   alike"), lines["TORCH_DDL_RINGS"]
+    assert lines["TORCH_DDL_SMALL_BYTES"].endswith("alike"), lines["TORCH_DDL_SMALL_BYTES"]
+    assert "alike" not in lines["TORCH_DDL_SPIN_US"], lines["TORCH_DDL_SPIN_US"]
 
 
 def test_malformed_setting_fails_at_import_naming_it():
