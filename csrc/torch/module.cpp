@@ -291,18 +291,6 @@ void bindStatus(py::module_& m) {
       py::call_guard<py::gil_scoped_release>());
 }
 
-// The names of the settings every rank of a group must share (base/config.h).
-py::list agreedSettingNames() {
-  py::list names;
-  const std::string text = ddl::agreedSettings(ddl::config());
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    names.append(text.substr(at, text.find('=', at) - at));
-    at = end + 1;
-  }
-  return names;
-}
-
 // The process's own: configuration, shared buffers, the flight recorder, the transport.
 void bindProcess(py::module_& m) {
   m.def("config_table", [] {
@@ -312,7 +300,7 @@ void bindProcess(py::module_& m) {
     }
     return rows;
   });
-  m.def("agreed_settings", &agreedSettingNames);
+  m.def("agreed_settings", &ddl::agreedSettingNames);
   m.def("check_config", [] {
     try {
       ddl::reloadConfig();

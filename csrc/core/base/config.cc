@@ -268,7 +268,10 @@ std::atomic<const Config*> gConfig{nullptr};
 
 const std::vector<ConfigEntry>& configTable() { return kTable; }
 
-std::string agreedSettings(const Config& c) {
+namespace {
+
+// agreedSettings as (name, value) pairs, in the table's order.
+std::vector<std::pair<std::string, std::string>> agreedPairs(const Config& c) {
   auto number = [](size_t v) { return std::to_string(v); };
   auto flag = [](bool v) { return std::string(v ? "1" : "0"); };
   std::string order;
@@ -295,20 +298,34 @@ std::string agreedSettings(const Config& c) {
       {kTable[30], c.alltoallAlgorithm},
       {kTable[31], c.gatherAlgorithm},
   };
-  std::string text;
+  std::vector<std::pair<std::string, std::string>> pairs;
   for (const auto& [entry, value] : agreed) {
     std::string line = value;
     std::replace(line.begin(), line.end(), '\n', ' ');
     if (line.size() > kLongestAgreedValue) {      // a rack map of many hosts: its digest
       uint64_t digest = 14695981039346656037ull;  // FNV-1a, the same in every build
-      for (unsigned char c : line) digest = (digest ^ c) * 1099511628211ull;
+      for (unsigned char ch : line) digest = (digest ^ ch) * 1099511628211ull;
       char hex[17];
       std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
       line = std::to_string(line.size()) + " characters, FNV-1a " + hex;
     }
-    text += std::string(entry.name) + "=" + line + "\n";
+    pairs.emplace_back(entry.name, std::move(line));
   }
+  return pairs;
+}
+
+}  // namespace
+
+std::string agreedSettings(const Config& c) {
+  std::string text;
+  for (const auto& [name, value] : agreedPairs(c)) text += name + "=" + value + "\n";
   return text;
+}
+
+std::vector<std::string> agreedSettingNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : agreedPairs(config())) names.push_back(name);
+  return names;
 }
 
 std::vector<SettingDifference> settingDifferences(const std::string& mine,

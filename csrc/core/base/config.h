@@ -58,6 +58,8 @@ constexpr size_t kSharedAllocatorDirectMinBytes = 65536;
 // rank 0's (group/creation.cc).
 constexpr size_t kLongestAgreedValue = 64;
 std::string agreedSettings(const Config& c);
+// Their names.
+std::vector<std::string> agreedSettingNames();
 // Where two texts of agreedSettings differ: each setting's name and value in `mine` and in
 // `theirs` ("(not said)" where one text lacks it), in the table's order.
 struct SettingDifference {
