@@ -12,6 +12,7 @@
 #include "../../csrc/core/reduce/reduce.h"
 #include "../../csrc/core/runtime/peer_directory.h"
 #include "../../csrc/core/runtime/stats.h"
+#include "../../csrc/core/runtime/trace.h"
 #include "../../csrc/core/topology/ring_plan.h"
 #include "../../csrc/core/transport/tag_matching.h"
 #include "../../csrc/core/transport/tag_table.h"
@@ -314,6 +315,46 @@ TEST(OpStats, CountsPerCollectiveAndSizeClassWithATimeHistogram) {
 
 TEST(OpStats, JsonStringsAreEscaped) {
   EXPECT_EQ(jsonString("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+}
+
+TEST(FlightRecorder, KeepsTheLastEntriesInOrderAtTheTimesItIsGiven) {
+  FlightRecorder recorder(3, "");
+  recorder.setWallOffset(std::chrono::seconds(1000));
+  const TimePoint zero{};
+  auto at = [&](int us) { return zero + std::chrono::microseconds(us); };
+  std::vector<uint64_t> records;
+  for (uint32_t s = 0; s < 5; ++s) {
+    records.push_back(recorder.created(7, s, "all_reduce", CallPrint{}, false, -1,
+                                       std::chrono::milliseconds(10), at(10 * s)));
+  }
+  recorder.started(records[0], at(100));  // no longer kept: nothing happens
+  recorder.ended(records[0], at(101), "gone", "");
+  recorder.started(records[3], at(200));
+  recorder.ended(records[3], at(300), "", "");
+  recorder.ended(records[4], at(400), "timed out", "rank 1");
+  recorder.created(7, 5, "broadcast", CallPrint{}, false, -1, std::chrono::milliseconds(10),
+                   at(500));  // takes the place of sequence 2's entry
+  const std::vector<TraceEntry> kept = recorder.entries();
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].sequence, 3u);
+  EXPECT_EQ(kept[1].sequence, 4u);
+  EXPECT_EQ(kept[2].sequence, 5u);
+  EXPECT_STREQ(kept[2].name, "broadcast");
+  const int64_t offset = int64_t{1000} * 1000 * 1000 * 1000;
+  EXPECT_EQ(kept[0].createdNs, offset + 30'000);
+  EXPECT_EQ(kept[0].startedNs, offset + 200'000);
+  EXPECT_EQ(kept[0].endedNs, offset + 300'000);
+  EXPECT_EQ(kept[0].state, TraceEntry::State::kCompleted);
+  EXPECT_EQ(kept[1].state, TraceEntry::State::kFailed);
+  EXPECT_EQ(kept[1].startedNs, kept[1].endedNs);  // ended before it started
+  EXPECT_EQ(kept[1].error, "timed out");
+  EXPECT_EQ(kept[1].awaited, "rank 1");
+  EXPECT_EQ(kept[2].state, TraceEntry::State::kScheduled);
+  EXPECT_TRUE(kept[2].error.empty());  // what the entry held before is gone
+  EXPECT_EQ(kept[2].startedNs, 0);
+  EXPECT_EQ(FlightRecorder(0, "").created(1, 0, "barrier", CallPrint{}, false, -1,
+                                          std::chrono::milliseconds(1), at(0)),
+            0u);
 }
 
 }  // namespace

@@ -174,9 +174,9 @@ std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& 
   auto op = std::make_unique<Op>(group, sequence, name, timeout, work);
   op->setMemory(options.memory == MemoryKind::kHost ? engine_->hostMemory()
                                                     : memoryFor(options.memory, options.device));
-  op->traceRecord = engine_->runtime().recorder().created(group->id, sequence, name,
-                                                          print != nullptr ? *print : CallPrint{},
-                                                          peer != kNotPointToPoint, peer, timeout);
+  op->traceRecord = engine_->runtime().recorder().created(
+      group->id, sequence, name, print != nullptr ? *print : CallPrint{}, peer != kNotPointToPoint,
+      peer, timeout, engine_->runtime().clock().now());
   if (print != nullptr && size() > 1) {
     op->callCheck().set(*print);
     if (inlineBytes > 0) op->callCheck().setInline(inlineData, inlineBytes);

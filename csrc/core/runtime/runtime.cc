@@ -17,6 +17,12 @@ bool allDone(const std::vector<std::unique_ptr<Request>>& requests) {
   return std::all_of(requests.begin(), requests.end(), [](auto& r) { return r->done; });
 }
 
+// The wall clock's time at `clock`'s zero, for the flight recorder's times.
+std::chrono::nanoseconds wallOffset(const Clock& clock) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::system_clock::now().time_since_epoch() - clock.now().time_since_epoch());
+}
+
 }  // namespace
 
 Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memory* hostMemory,
@@ -32,6 +38,7 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, const Clock& clock, Memor
       recorder_(config.traceEntries, config.traceFile),
       lastHousekeeping_(clock.now()) {
   heartbeat_.setSelf(address_);
+  recorder_.setWallOffset(wallOffset(clock));
   std::lock_guard<std::mutex> lock(gLiveMutex);
   gLive.insert(this);
 }
@@ -177,9 +184,10 @@ bool Runtime::drainSubmissions() {
   }
   for (auto& fn : calls) fn();
   for (auto& op : ops) {
-    op->startClock(clock_.now());
-    if (op->work) op->work->markStarted();
-    recorder_.started(op->traceRecord);
+    const TimePoint now = clock_.now();  // the one read of an op's start
+    op->startClock(now);
+    if (op->work) op->work->markStarted(now);
+    recorder_.started(op->traceRecord, now);
     active_.push_back(std::move(op));
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
@@ -189,19 +197,19 @@ bool Runtime::drainSubmissions() {
       finishOp(it, std::move(refused), ending);
       continue;
     }
-    resume(**it);
+    resume(**it, now);
     if ((*it)->task.done() || !(*it)->failure().ok()) finishOp(it);
   }
   return true;
 }
 
-void Runtime::resume(Op& op) {
+void Runtime::resume(Op& op, TimePoint now) {
   op.memory().activate();
   op.seen_ = op.completions_;
   std::coroutine_handle<> point = op.resumePoint_ ? op.resumePoint_ : op.task.handle();
   op.resumePoint_ = {};
   op.waiting_ = nullptr;
-  op.resumedAt_ = clock_.now();
+  op.resumedAt_ = now;
   point.resume();
 }
 
@@ -218,7 +226,7 @@ bool Runtime::stepOps() {
     if (op.waiting_ == nullptr || (op.completions_ == op.checked_ && !op.polls())) continue;
     op.checked_ = op.completions_;
     if (!op.waiting_->predicate_()) continue;
-    resume(op);
+    resume(op, clock_.now());
     any = true;
     if (op.task.done() || !op.failure().ok()) finishOp(current);
   }
@@ -260,9 +268,9 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   if (error.kind == StatusKind::kMismatch && op->callCheck().on() && op->group().state) {
     op->group().state->countMismatch();
   }
-  recorder_.ended(op->traceRecord, error.detail, error.ok() ? "" : pendingPeers(*op));
+  const TimePoint now = clock_.now();  // the one read of an op's end
+  recorder_.ended(op->traceRecord, now, error.detail, error.ok() ? "" : pendingPeers(*op));
   {
-    const TimePoint now = clock_.now();
     const double ran =
         op->deadline() == TimePoint{} ? 0.0 : secondsBetween(op->deadline() - op->timeout(), now);
     const Group& g = op->group();
@@ -281,7 +289,7 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
     orphanCount_.store(orphans_.size());
   }
   if (!error.ok()) error.detail = "ddl: " + where + " " + error.detail;
-  work->finish(std::move(error));
+  work->finish(std::move(error), now);
   // An op may wait on state another op releases (a group's shared windows): look again.
   for (auto& other : active_) other->checked_ = other->completions_ - 1;
 }
@@ -350,6 +358,7 @@ TimePoint Runtime::nextTimer() const {
 }
 
 bool Runtime::housekeep() {
+  recorder_.setWallOffset(wallOffset(clock_));  // as the wall clock is adjusted
   supervisor_->housekeep();
   const bool found = checkLiveness();
   const bool woken = checkDeadlines();

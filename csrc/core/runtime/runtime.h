@@ -185,7 +185,7 @@ class Runtime {
   bool stepOps();
   bool checkDeadlines();  // true when an op asked to be woken now
   bool checkLiveness();
-  void resume(Op& op);
+  void resume(Op& op, TimePoint now);
   bool housekeep();
   void wake();
 

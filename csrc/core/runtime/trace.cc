@@ -9,12 +9,6 @@
 namespace ddl {
 namespace {
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // A pickle (protocol 2) of dicts, lists, tuples, strings, integers, booleans and None: all a
 // dump holds, written without Python.
 class Pickle {
@@ -197,12 +191,22 @@ void FlightRecorder::noteRank(int rank) {
   if (rank_ < 0) rank_ = rank;
 }
 
+int64_t FlightRecorder::wallNs(TimePoint at) const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count() +
+         wallOffset_.load(std::memory_order_relaxed);
+}
+
 uint64_t FlightRecorder::created(uint32_t groupId, uint32_t sequence, const char* name,
                                  const CallPrint& print, bool pointToPoint, int peer,
-                                 std::chrono::milliseconds timeout) {
+                                 std::chrono::milliseconds timeout, TimePoint at) {
   const size_t capacity = capacity_;
   if (capacity == 0) return 0;
-  TraceEntry e;
+  const int64_t createdNs = wallNs(at);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t record = next_++;
+  if (ring_.size() < capacity) ring_.emplace_back();
+  TraceEntry& e = ring_[(record - 1) % capacity];
+  e.record = record;
   e.groupId = groupId;
   e.sequence = sequence;
   e.name = name;
@@ -210,23 +214,28 @@ uint64_t FlightRecorder::created(uint32_t groupId, uint32_t sequence, const char
   e.pointToPoint = pointToPoint;
   e.peer = peer;
   e.timeoutMs = timeout.count();
-  e.createdNs = nowNs();
-  std::lock_guard<std::mutex> lock(mutex_);
-  e.record = next_++;
-  entries_.push_back(std::move(e));
-  while (entries_.size() > capacity) entries_.pop_front();
-  return entries_.back().record;
+  e.state = TraceEntry::State::kScheduled;
+  e.createdNs = createdNs;
+  e.startedNs = e.endedNs = 0;
+  e.error.clear();  // keeps what the strings hold: nothing is allocated again
+  e.awaited.clear();
+  return record;
 }
 
 TraceEntry* FlightRecorder::find(uint64_t record) {
-  if (record == 0 || entries_.empty() || record < entries_.front().record) return nullptr;
-  const uint64_t at = record - entries_.front().record;
-  return at < entries_.size() ? &entries_[at] : nullptr;
+  if (record == 0 || record >= next_ || next_ - record > ring_.size()) return nullptr;
+  return &ring_[(record - 1) % capacity_];
 }
 
-void FlightRecorder::started(uint64_t record) {
+template <typename Fn>
+void FlightRecorder::forEach(Fn fn) const {
+  const uint64_t first = next_ - ring_.size();
+  for (uint64_t r = first; r < next_; ++r) fn(ring_[(r - 1) % capacity_]);
+}
+
+void FlightRecorder::started(uint64_t record, TimePoint at) {
   if (record == 0) return;
-  const int64_t now = nowNs();
+  const int64_t now = wallNs(at);
   std::lock_guard<std::mutex> lock(mutex_);
   if (TraceEntry* e = find(record)) {
     e->state = TraceEntry::State::kStarted;
@@ -234,9 +243,10 @@ void FlightRecorder::started(uint64_t record) {
   }
 }
 
-void FlightRecorder::ended(uint64_t record, const std::string& error, const std::string& awaited) {
+void FlightRecorder::ended(uint64_t record, TimePoint at, const std::string& error,
+                           const std::string& awaited) {
   if (record == 0) return;
-  const int64_t now = nowNs();
+  const int64_t now = wallNs(at);
   std::lock_guard<std::mutex> lock(mutex_);
   if (TraceEntry* e = find(record)) {
     e->state = error.empty() ? TraceEntry::State::kCompleted : TraceEntry::State::kFailed;
@@ -249,7 +259,10 @@ void FlightRecorder::ended(uint64_t record, const std::string& error, const std:
 
 std::vector<TraceEntry> FlightRecorder::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {entries_.begin(), entries_.end()};
+  std::vector<TraceEntry> kept;
+  kept.reserve(ring_.size());
+  forEach([&kept](const TraceEntry& e) { kept.push_back(e); });
+  return kept;
 }
 
 std::string FlightRecorder::dump() const {
@@ -281,13 +294,13 @@ std::string FlightRecorder::dump() const {
   p.key("entries");
   p.beginList();
   uint64_t p2p = 0;
-  for (const TraceEntry& e : entries_) {
+  forEach([&](const TraceEntry& e) {
     auto group = groups_.find(e.groupId);
     const int rank = group == groups_.end() ? -1 : group->second.rank;
     const int size = group == groups_.end() ? 1 : group->second.size;
     writeEntry(p, e, rank, size, group == groups_.end() ? "" : group->second.name,
                e.pointToPoint ? static_cast<int64_t>(++p2p) : 0);
-  }
+  });
   p.endList();
   p.endDict();
   return p.finish();

@@ -2,22 +2,24 @@
 // process's, or a simulated rank's)
 // (collective, sequence number, count, dtype, reduce op, root, state, when it was created,
 // started and ended, and, for one that failed, its error and the peers it still waited for).
-// Recording costs a lock and a few stores per op. The trace is written when an op fails (to
-// TORCH_DDL_TRACE_FILE + rank, at most every 100 ms) and on demand, as a pickle laid out like
-// torch's own flight recorder dumps (version, pg_config, entries with process_group,
-// collective_seq_id, profiling_name "ddl:all_reduce", input_sizes, state, time_*_ns, ...), so
-// that `python -m torch_ddl.info --trace` can line up the ranks' dumps and name the first
+// Recording costs a lock and a few stores per op, in entries kept in a ring (nothing allocated once
+// it is full), at times the runtime read from its clock anyway (no read of its own). The trace is
+// written when an op fails (to TORCH_DDL_TRACE_FILE + rank, at most every 100 ms) and on demand, as
+// a pickle laid out like torch's own flight recorder dumps (version, pg_config, entries with
+// process_group, collective_seq_id, profiling_name "ddl:all_reduce", input_sizes, state, time_*_ns,
+// ...), so that `python -m torch_ddl.info --trace` can line up the ranks' dumps and name the first
 // operation where they diverge.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "../base/clock.h"
 #include "call_print.h"
 
 namespace ddl {
@@ -48,11 +50,16 @@ class FlightRecorder {
   // Sets the rank the dump file is named by (the first one wins; env RANK takes precedence).
   void noteRank(int rank);
 
-  // Returns the record id (0: not recorded, the recorder is off).
+  // The wall clock's time at the runtime clock's zero: what turns the times below into the wall
+  // clock's (as torch's dumps give them). Set as the recorder is made and at every housekeeping,
+  // which follows the wall clock's adjustments.
+  void setWallOffset(std::chrono::nanoseconds offset) { wallOffset_.store(offset.count()); }
+
+  // Returns the record id (0: not recorded, the recorder is off). `at`: the runtime's clock.
   uint64_t created(uint32_t groupId, uint32_t sequence, const char* name, const CallPrint& print,
-                   bool pointToPoint, int peer, std::chrono::milliseconds timeout);
-  void started(uint64_t record);
-  void ended(uint64_t record, const std::string& error, const std::string& awaited);
+                   bool pointToPoint, int peer, std::chrono::milliseconds timeout, TimePoint at);
+  void started(uint64_t record, TimePoint at);
+  void ended(uint64_t record, TimePoint at, const std::string& error, const std::string& awaited);
 
   std::vector<TraceEntry> entries() const;
   // The dump, as pickle bytes.
@@ -65,12 +72,18 @@ class FlightRecorder {
 
  private:
   TraceEntry* find(uint64_t record);
+  int64_t wallNs(TimePoint at) const;
+  // The entries kept, oldest first, each as `fn` sees it (under the lock).
+  template <typename Fn>
+  void forEach(Fn fn) const;
   std::string defaultPath() const;
 
   const size_t capacity_;
   const std::string file_;
+  std::atomic<int64_t> wallOffset_{0};
   mutable std::mutex mutex_;
-  std::deque<TraceEntry> entries_;
+  // Record r at ring_[(r - 1) % capacity_]: the last capacity_ records, ring_ growing to that.
+  std::vector<TraceEntry> ring_;
   uint64_t next_ = 1;
   struct GroupInfo {
     std::string name;

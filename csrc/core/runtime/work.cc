@@ -38,9 +38,9 @@ void Work::wakeIfDeferred() {
   if (std::shared_ptr<Turn> turn = turn_.lock()) turn->wake();
 }
 
-void Work::finish(Status status) {
+void Work::finish(Status status, std::chrono::steady_clock::time_point at) {
   const bool failed = !status.ok();
-  finished_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  finished_.store(at.time_since_epoch().count());
   if (started_.load() == 0) started_.store(finished_.load());  // refused before it started
   status_ = std::move(status);
   state_.store(failed ? kFailed : kSucceeded);

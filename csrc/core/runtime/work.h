@@ -59,10 +59,13 @@ class Work {
   void deferWake() { wakeDeferred_.store(true); }
   // Wakes the progress thread if the op was submitted without waking it and no wait() came.
   void wakeIfDeferred();
-  void markStarted() {
-    started_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  void markStarted() { markStarted(std::chrono::steady_clock::now()); }
+  void markStarted(std::chrono::steady_clock::time_point at) {
+    started_.store(at.time_since_epoch().count());
   }
-  void finish(Status status);
+  void finish(Status status) { finish(std::move(status), std::chrono::steady_clock::now()); }
+  // As read by the runtime that ends the op (its clock: runtime/runtime.h).
+  void finish(Status status, std::chrono::steady_clock::time_point at);
   void succeed() { finish(Status()); }
 
  private:
