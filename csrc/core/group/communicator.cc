@@ -143,8 +143,8 @@ std::string Communicator::where(const char* name) const {
 }
 
 std::shared_ptr<Work> Communicator::start(const CallPrint& print, CallOptions& options,
-                                          const std::function<Task(Op&)>& body,
-                                          const void* inlineData, size_t inlineBytes) {
+                                          FunctionRef<Task(Op&)> body, const void* inlineData,
+                                          size_t inlineBytes) {
   const CallPrint own = options.as ? callPrint(*options.as, options.asCount) : print;
   return startAt(static_cast<uint32_t>(sequence_.fetch_add(1)), &own,
                  collectiveName(own.collective), options, body, kNotPointToPoint, inlineData,
@@ -153,7 +153,7 @@ std::shared_ptr<Work> Communicator::start(const CallPrint& print, CallOptions& o
 
 std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* print,
                                             const char* name, CallOptions& options,
-                                            const std::function<Task(Op&)>& body, int peer,
+                                            FunctionRef<Task(Op&)> body, int peer,
                                             const void* inlineData, size_t inlineBytes) {
   return startOn(group_, sequence, print, name, options, body, peer, inlineData, inlineBytes);
 }
@@ -161,7 +161,7 @@ std::shared_ptr<Work> Communicator::startAt(uint32_t sequence, const CallPrint* 
 std::shared_ptr<Work> Communicator::startOn(const std::shared_ptr<const Group>& group,
                                             uint32_t sequence, const CallPrint* print,
                                             const char* name, CallOptions& options,
-                                            const std::function<Task(Op&)>& body, int peer,
+                                            FunctionRef<Task(Op&)> body, int peer,
                                             const void* inlineData, size_t inlineBytes) {
   auto timeout = options.timeout.count() >= 0 ? options.timeout : timeout_;
   std::shared_ptr<Work> work = options.work ? options.work : std::make_shared<Work>(name);

@@ -15,6 +15,7 @@
 #include "../algorithms/algorithms.h"
 #include "../algorithms/dispatch.h"
 #include "../base/config.h"
+#include "../base/function_ref.h"
 #include "../runtime/work.h"
 #include "../topology/allreduce_plan.h"
 #include "../topology/block_plan.h"
@@ -190,20 +191,20 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // named by its collective. `inlineBytes` of `inlineData` ride in the call print
   // (CallCheck::setInline).
   std::shared_ptr<Work> start(const CallPrint& print, CallOptions& options,
-                              const std::function<Task(Op&)>& body,
-                              const void* inlineData = nullptr, size_t inlineBytes = 0);
+                              FunctionRef<Task(Op&)> body, const void* inlineData = nullptr,
+                              size_t inlineBytes = 0);
   // `print` null: outside the call checks (point to point, monitored barriers). `peer`: the
   // other rank of a point-to-point op (-1: any), kNotPointToPoint for the others.
   static constexpr int kNotPointToPoint = -2;
   std::shared_ptr<Work> startAt(uint32_t sequence, const CallPrint* print, const char* name,
-                                CallOptions& options, const std::function<Task(Op&)>& body,
+                                CallOptions& options, FunctionRef<Task(Op&)> body,
                                 int peer = kNotPointToPoint, const void* inlineData = nullptr,
                                 size_t inlineBytes = 0);
   // startAt for ops of `group` (a window's, group/window.h: this group's ranks under ids of
   // their own).
   std::shared_ptr<Work> startOn(const std::shared_ptr<const Group>& group, uint32_t sequence,
                                 const CallPrint* print, const char* name, CallOptions& options,
-                                const std::function<Task(Op&)>& body, int peer,
+                                FunctionRef<Task(Op&)> body, int peer,
                                 const void* inlineData = nullptr, size_t inlineBytes = 0);
   friend class Window;
   std::string where(const char* name) const;

@@ -154,16 +154,21 @@ void Notices::refuse(std::shared_ptr<const Group> group, uint32_t sequence, std:
 
 bool Notices::takeNotice(GroupNotices& control) {
   if (control.receive && !control.receive->done) return false;  // one at a time
-  auto receive = std::make_unique<Request>();
-  receive->owner = &control;
-  receive->observer = &Notices::onNotice;
+  // A request kept from a look that found nothing: most looks (one per idle turn) find none.
+  if (control.spare) {
+    *control.spare = Request{};
+  } else {
+    control.spare = std::make_unique<Request>();
+  }
+  control.spare->owner = &control;
+  control.spare->observer = &Notices::onNotice;
   const uint64_t t = tag::make(control.groupId, 0, kNoticeSlot, 0);
   if (!runtime_.transport().receiveArrived(t, tag::groupAndSlot(control.wideBits),
                                            control.buffer.data(), control.buffer.size(),
-                                           receive.get())) {
+                                           control.spare.get())) {
     return false;
   }
-  control.receive = std::move(receive);
+  control.receive = std::move(control.spare);
   return true;
 }
 

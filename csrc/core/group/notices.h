@@ -50,6 +50,7 @@ struct GroupNotices {
   bool open = false;
   bool received = false;  // the receive completed: apply `arrived`, take the next one
   std::unique_ptr<Request> receive;
+  std::unique_ptr<Request> spare;  // kept from a look that found no notice (Notices::takeNotice)
   std::vector<char> buffer = std::vector<char>(Notice::kMaxBytes);
   std::vector<Notice> arrived;
   std::map<uint32_t, Notice> early;  // for ops not started here yet

@@ -174,11 +174,16 @@ bool Runtime::checkLiveness() {
 }
 
 bool Runtime::drainSubmissions() {
-  std::vector<std::unique_ptr<Op>> ops;
+  // The two vectors trade places each turn, so that neither is allocated per op (one that a call
+  // made in this turn drained again would find draining_ empty, and allocate).
+  std::vector<std::unique_ptr<Op>> ops = std::move(draining_);
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lock(submitMutex_);
-    if (submitted_.empty() && calls_.empty()) return false;
+    if (submitted_.empty() && calls_.empty()) {
+      draining_ = std::move(ops);
+      return false;
+    }
     ops.swap(submitted_);
     calls.swap(calls_);
   }
@@ -188,7 +193,12 @@ bool Runtime::drainSubmissions() {
     op->startClock(now);
     if (op->work) op->work->markStarted(now);
     recorder_.started(op->traceRecord, now);
-    active_.push_back(std::move(op));
+    if (spare_.empty()) {
+      active_.emplace_back();
+    } else {
+      active_.splice(active_.end(), spare_, spare_.begin());
+    }
+    active_.back() = std::move(op);
     activeCount_.fetch_add(1);
     auto it = std::prev(active_.end());
     Ending ending = Ending::kRefused;
@@ -200,6 +210,8 @@ bool Runtime::drainSubmissions() {
     resume(**it, now);
     if ((*it)->task.done() || !(*it)->failure().ok()) finishOp(it);
   }
+  ops.clear();
+  draining_ = std::move(ops);
   return true;
 }
 
@@ -243,7 +255,7 @@ void Runtime::endOps(const std::function<Status(const Op&)>& why, Ending ending)
 
 void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   std::unique_ptr<Op> op = std::move(*it);
-  active_.erase(it);
+  spare_.splice(spare_.end(), active_, it);
   activeCount_.fetch_sub(1);
   if (error.ok() && !op->failure().ok()) error = op->failure();
   if (error.ok() && op->task.done()) {

@@ -214,6 +214,8 @@ class Runtime {
 
   // Turning thread only.
   OpList active_;
+  OpList spare_;  // the nodes of ops that ended, for the next ops: none is allocated per op
+  std::vector<std::unique_ptr<Op>> draining_;  // submitted_'s last capacity, for the next swap
   // An op that failed while the transport still held some of its requests (a receive it had
   // matched cannot always be cancelled). Its coroutine frame, with the scratch those requests may
   // write into, lives until every one of them completes; its Work has already failed.
