@@ -120,6 +120,7 @@ const CallCheck::PrintIn* CallCheck::in(int peer) const {
     auto it = inByPeer_.find(peer);
     return it == inByPeer_.end() ? nullptr : it->second;
   }
+  if (askedOne_ && firstIn_.request->peer == peer) return &firstIn_;
   for (const auto& p : ins_) {
     if (p->request->peer == peer) return p.get();
   }
@@ -143,11 +144,11 @@ void CallCheck::start() {
     print_.mismatches = static_cast<uint8_t>(mismatchesAtStart_);
   }
   if (inlined()) {
-    out_.resize(sizeof(CallPrint) + inlineBytes_);
-    std::memcpy(out_.data(), &print_, sizeof(CallPrint));
-    std::memcpy(out_.data() + sizeof(CallPrint), inlineData_, inlineBytes_);
+    std::memcpy(out_, &print_, sizeof(CallPrint));
+    std::memcpy(out_ + sizeof(CallPrint), inlineData_, inlineBytes_);
   }
   started_ = true;
+  requests_.reserve(2);  // one print sent and one asked for, in most ops: one allocation
   const PrintRing& ring = op_.group().printRing;
   if (ring.next < 0) {
     send((op_.rank() + 1) % n);
@@ -238,8 +239,8 @@ void CallCheck::send(int peer) {
   Request* req = op_.newRequest(peer, true);
   req->isCallPrint = true;
   requests_.push_back(req);
-  const void* bytes = inlined() ? static_cast<const void*>(out_.data()) : &print_;
-  const size_t length = inlined() ? out_.size() : sizeof(print_);
+  const void* bytes = inlined() ? static_cast<const void*>(out_) : &print_;
+  const size_t length = inlined() ? sizeof(CallPrint) + inlineBytes_ : sizeof(print_);
   op_.postSend(req, op_.sequence(), kPrintSlot, bytes, length);
 }
 
@@ -248,13 +249,18 @@ void CallCheck::ask(int peer) {
   // Marked before it is posted: the transport may complete it inside recv().
   Request* req = op_.newRequest(peer, false);
   req->isCallPrint = true;
-  ins_.push_back(std::make_unique<PrintIn>());
-  PrintIn& p = *ins_.back();
+  if (!askedOne_) {
+    askedOne_ = true;
+  } else {
+    ins_.push_back(std::make_unique<PrintIn>());
+  }
+  PrintIn& p = ins_.empty() ? firstIn_ : *ins_.back();
   p.request = req;
   // Past a few peers (an all_to_all asks every rank) they are looked up by peer.
   constexpr size_t kScanned = 16;
-  if (ins_.size() > kScanned) {
+  if (1 + ins_.size() > kScanned) {
     if (inByPeer_.empty()) {
+      inByPeer_[firstIn_.request->peer] = &firstIn_;
       for (const auto& q : ins_) inByPeer_[q->request->peer] = q.get();
     } else {
       inByPeer_[peer] = &p;
@@ -266,7 +272,7 @@ void CallCheck::ask(int peer) {
 
 Status CallCheck::verdict(const Request& req) const {
   const std::string rank = "rank " + std::to_string(req.peer);
-  const std::vector<int> peer{req.peer};
+  auto peer = [&req] { return std::vector<int>{req.peer}; };  // built for a failure only
   const PrintIn* p = in(req.peer);
   CallPrint theirs;
   if (p != nullptr && req.receivedBytes >= sizeof(CallPrint)) {
@@ -276,7 +282,7 @@ Status CallCheck::verdict(const Request& req) const {
   // every rank (found, or told), so each counts it with the group's mismatches alike
   // (GroupState::countMismatch) and their shared-memory windows resync at the same op.
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
-    return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer);
+    return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer());
   }
   if (!(theirs == print_)) {
     // Only the mismatches counted differ: the same call, started knowing of different ones.
@@ -292,14 +298,14 @@ Status CallCheck::verdict(const Request& req) const {
               " (mod 256; the news of one had not reached every rank): the op fails on "
               "every rank, so that the next allreduce resyncs their shared-memory windows "
               "at the same op",
-          peer);
+          peer());
     }
     std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +
                         ", rank " + std::to_string(op_.rank()) + " called " + print_.describe();
     if (theirs.sequence != print_.sequence) {
       words += " (as op #" + std::to_string(theirs.sequence) + ")";
     }
-    return Status(StatusKind::kMismatch, std::move(words), peer);
+    return Status(StatusKind::kMismatch, std::move(words), peer());
   }
   if (inlined() && req.receivedBytes != sizeof(CallPrint) + inlineBytes_) {
     return Status(StatusKind::kMismatch,
@@ -307,7 +313,7 @@ Status CallCheck::verdict(const Request& req) const {
                       std::to_string(req.receivedBytes - sizeof(CallPrint)) +
                       " bytes of data where this rank expects " + std::to_string(inlineBytes_) +
                       " (the ranks' settings differ)",
-                  peer);
+                  peer());
   }
   return Status();
 }

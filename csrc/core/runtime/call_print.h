@@ -165,12 +165,15 @@ class CallCheck {
   uint64_t sentMask_ = 0, askedMask_ = 0;
   std::array<std::pair<int, uint8_t>, 16> few_;  // the first peers met, in large groups
   size_t fewMet_ = 0;
-  std::unordered_map<int, uint8_t> flags_;      // all of them, once more than few_ are met
-  std::vector<std::unique_ptr<PrintIn>> ins_;   // one per peer asked
-  std::unordered_map<int, PrintIn*> inByPeer_;  // the same, by peer, in large groups
+  std::unordered_map<int, uint8_t> flags_;  // all of them, once more than few_ are met
+  // One per peer asked: the first here (most ops ask one peer), the others in ins_.
+  PrintIn firstIn_;
+  bool askedOne_ = false;
+  std::vector<std::unique_ptr<PrintIn>> ins_;
+  std::unordered_map<int, PrintIn*> inByPeer_;  // all of them, by peer, in large groups
   const void* inlineData_ = nullptr;
   size_t inlineBytes_ = 0;
-  std::vector<char> out_;  // the print and its data, when it carries data
+  alignas(8) char out_[sizeof(CallPrint) + kInlineMax];  // the print and its data, if it carries
   std::vector<Request*> requests_;
 };
 

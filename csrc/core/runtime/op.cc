@@ -29,6 +29,7 @@ Request* Op::newRequest(int peer, bool isSend) {
     recycled_.pop_back();
     *req = Request{};
   } else {
+    if (requests_.empty()) requests_.reserve(4);  // most ops post a few: one allocation
     requests_.push_back(std::make_unique<Request>());
     req = requests_.back().get();
   }

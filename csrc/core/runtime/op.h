@@ -92,9 +92,16 @@ class Op {
   bool polls() const { return waiting_ != nullptr && waiting_->everyTurn(); }
   Until all(std::vector<Request*> requests);
   // all(a, b, ...): no braced list inside co_await (GCC 12 miscompiles those in coroutines).
+  // One or two requests need no vector, and their predicate fits in std::function's own storage.
+  Until all(Request* only) {
+    return until([only] { return only->done; });
+  }
+  Until all(Request* first, Request* second) {
+    return until([first, second] { return first->done && second->done; });
+  }
   template <typename... Requests>
-  Until all(Request* first, Requests*... rest) {
-    return all(std::vector<Request*>{first, rest...});
+  Until all(Request* first, Request* second, Request* third, Requests*... rest) {
+    return all(std::vector<Request*>{first, second, third, rest...});
   }
   // Suspends until any request completes that had not when the coroutine last resumed.
   Until next();
