@@ -1,6 +1,7 @@
 """Completion hooks and collective timing on a ddl group: ProcessGroup._register_on_completion_hook
 gets c10d's WorkInfo for every op, and Work._get_duration() after _enable_collectives_timing."""
 
+import os
 import threading
 import time
 
@@ -197,3 +198,39 @@ def _unwaited_ops_progress(rank, size):
 def test_ops_progress_whether_or_not_their_callers_wait(monkeypatch):
     monkeypatch.setenv("TORCH_DDL_HEARTBEAT_MS", "0")
     run_ranks(_unwaited_ops_progress, 2)
+
+
+def _thread_seconds():
+    """CPU seconds of each thread of this process, by thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def _waited_ops_leave_the_thread_asleep(rank, size):
+    x = torch.ones(2)
+    for _ in range(2000):
+        dist.all_reduce(x)
+    before, start = _thread_seconds(), time.monotonic()
+    while time.monotonic() - start < 2.0:
+        for _ in range(1000):
+            dist.all_reduce(x)
+    wall = time.monotonic() - start
+    after = _thread_seconds()
+    main = threading.get_native_id()
+    others = sum(s - before.get(t, 0.0) for t, s in after.items() if t != main)
+    # The callers turn the runtime themselves; the progress thread sleeps but for its timers.
+    assert others < 0.25 * wall, f"the other threads took {others:.2f} s of CPU in {wall:.2f} s"
+
+
+def test_a_caller_that_waits_leaves_the_progress_thread_asleep():
+    # Before, the progress thread, woken for a timer, took the turn between the caller's ops and
+    # kept it, running them itself and spinning on: 0.3 - 0.85 of a core beside such a loop.
+    run_ranks(_waited_ops_leave_the_thread_asleep, 1)

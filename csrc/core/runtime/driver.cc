@@ -126,6 +126,22 @@ bool ThreadDriver::awaitHandBack() {
   return read(turn.eventFd_, &counter, sizeof(counter)) == sizeof(counter) && counter > 0;
 }
 
+bool ThreadDriver::keepOff() {
+  Turn& turn = *turn_;
+  turn.sleepsUntil_.store(runtime_.clock().now() + kAwaitHandBack);
+  turn.sleeping_.store(true);
+  // After sleeping_ is set: a caller that leaves this thread something (Turn::help, or a wait
+  // that gives up its spin: Work::wakeIfDeferred) sees it asleep and wakes it; a caller that
+  // stopped waiting before is seen here.
+  if (turn.callersWaiting_.load() > 0) {
+    pollfd fd = {turn.eventFd_, POLLIN, 0};
+    poll(&fd, 1, static_cast<int>(kAwaitHandBack.count()));
+  }
+  turn.sleeping_.store(false);
+  uint64_t counter = 0;
+  return read(turn.eventFd_, &counter, sizeof(counter)) == sizeof(counter) && counter > 0;
+}
+
 void ThreadDriver::sleep(std::unique_lock<std::mutex>& hold) {
   Turn& turn = *turn_;
   turn.sleeping_.store(true);
@@ -163,7 +179,14 @@ void ThreadDriver::run() {
   const auto spin = std::chrono::microseconds(runtime_.config().spinMicros);
   TimePoint lastActivity = clock.now();
   std::unique_lock<std::mutex> hold(turn_->mutex_, std::defer_lock);
+  bool woken = false;  // by a caller that left something to this thread
   while (true) {
+    if (!woken && turn_->callersWaiting_.load() > 0) {
+      woken = keepOff();
+      if (woken) lastActivity = clock.now();
+      continue;
+    }
+    woken = false;
     if (!hold.try_lock()) {  // a caller turns
       // Handed back with work left: the caller's turns were activity, as this thread's are.
       if (awaitHandBack()) lastActivity = clock.now();

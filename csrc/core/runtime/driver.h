@@ -13,6 +13,7 @@
 // An op whose caller waits at once (torch's asyncOp false) is submitted without waking the
 // thread at all; the thread is woken when a caller hands the turn back with something left for
 // it (an op of another caller, a submission, a notice), or stops waiting before its op ended.
+// While a caller waits, the thread keeps off the turn even if awake (Turn::CallerWaits).
 #pragma once
 
 #include <atomic>
@@ -42,6 +43,20 @@ class Turn {
   bool help(const Work& work, std::chrono::microseconds spin);
   // Wakes the driver's thread if it sleeps (its eventfd).
   void wake();
+  // While a caller waits for an op it was lent the turn for (Work::wait's spin), the thread
+  // keeps off the turn: it would otherwise take it between the caller's turns, run the caller's
+  // op itself and hand the result across (two switches, on a core they may share), and, kept
+  // busy by ops that follow each other, spin on as long as they come.
+  class CallerWaits {
+   public:
+    explicit CallerWaits(Turn& turn) : turn_(turn) { turn_.callersWaiting_.fetch_add(1); }
+    ~CallerWaits() { turn_.callersWaiting_.fetch_sub(1); }
+    CallerWaits(const CallerWaits&) = delete;
+    CallerWaits& operator=(const CallerWaits&) = delete;
+
+   private:
+    Turn& turn_;
+  };
 
  private:
   friend class ThreadDriver;
@@ -51,6 +66,7 @@ class Turn {
   std::atomic<bool> lent_{true};    // false for good once a device op was submitted
   int eventFd_ = -1;
   std::atomic<bool> sleeping_{false};                     // the thread sleeps, or is about to
+  std::atomic<int> callersWaiting_{0};                    // CallerWaits
   std::atomic<TimePoint> sleepsUntil_{TimePoint::max()};  // when it wakes by itself
 };
 
@@ -80,6 +96,9 @@ class ThreadDriver {
   // thread, or kAwaitHandBack passes (a caller holds the turn for a spin at most). True when
   // it was woken (something is left for it).
   bool awaitHandBack();
+  // While a caller waits (Turn::CallerWaits): sleeps until woken or kAwaitHandBack passes. True
+  // when woken: the caller left something to this thread, which then turns although it waits.
+  bool keepOff();
   static constexpr std::chrono::milliseconds kAwaitHandBack{1};
   // Under the turn's mutex, as a caller hands the turn back: whether the thread must turn
   // before it would wake by itself (ops of others, submissions, notices the caller's turns took

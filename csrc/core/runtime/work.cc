@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <optional>
+
 #include "../base/config.h"
 #include "driver.h"
 
@@ -12,14 +14,19 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   if (done()) return true;
   const auto spin = std::chrono::microseconds(config().spinMicros);
   std::shared_ptr<Turn> turn = turn_.lock();
-  // A small op lent its turn most often ends here, before any look at the clock (each costs tens
-  // of nanoseconds, a share of such an op's own cost).
-  if (turn && turn->help(*this, spin)) return true;
-  const auto start = Clock::now();
-  while (Clock::now() - start < spin) {
-    if (done()) return true;
+  auto start = Clock::time_point();
+  {
+    std::optional<Turn::CallerWaits> waits;  // the progress thread keeps off the turn meanwhile
+    if (turn) waits.emplace(*turn);
+    // A small op lent its turn most often ends here, before any look at the clock (each costs
+    // tens of nanoseconds, a share of such an op's own cost).
     if (turn && turn->help(*this, spin)) return true;
-    sched_yield();
+    start = Clock::now();
+    while (Clock::now() - start < spin) {
+      if (done()) return true;
+      if (turn && turn->help(*this, spin)) return true;
+      sched_yield();
+    }
   }
   wakeIfDeferred();  // the thread turns it from here on
   sleepers_.fetch_add(1);
