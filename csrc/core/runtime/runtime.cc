@@ -370,7 +370,9 @@ TimePoint Runtime::nextTimer() const {
 }
 
 bool Runtime::housekeep() {
-  recorder_.setWallOffset(wallOffset(clock_));  // as the wall clock is adjusted
+  // As the wall clock is adjusted. A simulated rank's virtual time keeps the offset it started
+  // with, so that its entries' times follow that time.
+  if (&clock_ == &Clock::steady()) recorder_.setWallOffset(wallOffset(clock_));
   supervisor_->housekeep();
   const bool found = checkLiveness();
   const bool woken = checkDeadlines();

@@ -51,8 +51,8 @@ class FlightRecorder {
   void noteRank(int rank);
 
   // The wall clock's time at the runtime clock's zero: what turns the times below into the wall
-  // clock's (as torch's dumps give them). Set as the recorder is made and at every housekeeping,
-  // which follows the wall clock's adjustments.
+  // clock's (as torch's dumps give them). Set as the recorder is made and, in a real process, at
+  // every housekeeping, which follows the wall clock's adjustments.
   void setWallOffset(std::chrono::nanoseconds offset) { wallOffset_.store(offset.count()); }
 
   // Returns the record id (0: not recorded, the recorder is off). `at`: the runtime's clock.
