@@ -6,7 +6,9 @@ import ctypes
 import multiprocessing
 import os
 import pickle
+import random
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -394,6 +396,35 @@ def shrunk_collectives(size, rank, gloo, steps=20, ddl=None):
             results.append(_expected(kind, size, rank, step))
         assert torch.equal(results[0], results[1]), f"{kind} (step {step}) differs from " + (
             "gloo" if gloo is not None else "the expected result")
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count=1):
+    """The first of `count` consecutive ports that nothing on 127.0.0.1 holds now, drawn below
+    the kernel's ephemeral range. A port that a process other than the test binds later (a
+    store's, a metrics server's) must come from there: an ephemeral one can be handed, before
+    that process binds it, to any socket's bind(0) or connect(), a connect to it even to itself
+    (TCP's simultaneous open), and the job then waits for a store that never starts."""
+    low, draw = 10000, random.SystemRandom()
+    high = _ephemeral_low() - count
+    for _ in range(200):
+        base = draw.randrange(low, high)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports between {low} and {high + count}")
 
 
 def _sim_here(rank, args, where):

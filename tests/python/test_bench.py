@@ -4,12 +4,13 @@ compute the right sum (each checks its first result and exits non-zero otherwise
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from ddl_testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "allreduce_bench.py")
@@ -23,12 +24,6 @@ def bench_module():
     finally:
         sys.path.pop(0)
     return allreduce_bench
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

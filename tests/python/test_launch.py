@@ -6,7 +6,6 @@ import importlib
 import importlib.metadata
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddl_testing import run_ranks
+from ddl_testing import free_port, run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_import_registers_backend_and_twice_is_harmless():

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import torch.distributed as dist
 
-from ddl_testing import sim_command
+from ddl_testing import free_port, sim_command
 from torch_ddl import status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,17 +25,11 @@ WORLD = 4
 RUN = ("all_reduce", "broadcast")  # the collectives status_worker.py runs
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Job:
     """WORLD workers of status_worker.py; torn down (killed, resumed first) however a test ends."""
 
-    def __init__(self, tmp_path, env=None):
-        self.port = free_port()
+    def __init__(self, tmp_path, env=None, port=None):
+        self.port = port or free_port()
         self.stop = str(tmp_path / "stop")
         full = dict(os.environ, TORCH_DDL_HEARTBEAT_TIMEOUT_MS="60000", **(env or {}))
         self.procs = []
@@ -44,8 +38,13 @@ class Job:
             self.procs.append(subprocess.Popen(
                 [sys.executable, WORKER, str(rank), str(WORLD), str(self.port), self.stop],
                 env=full_rank, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        self.store = dist.TCPStore("127.0.0.1", self.port, is_master=False, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=60))
+        try:
+            self.store = dist.TCPStore("127.0.0.1", self.port, is_master=False,
+                                       wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=60))
+        except Exception as e:
+            self.close()
+            raise AssertionError(f"no store at port {self.port}: {e}\n{self.outputs()}") from e
         deadline = time.monotonic() + 60
         keys = [status.KEY + str(r) for r in range(WORLD)]
         while not self.store.check(keys):
@@ -77,8 +76,8 @@ class Job:
 def job(tmp_path):
     made = []
 
-    def make(env=None):
-        made.append(Job(tmp_path, env))
+    def make(env=None, port=None):
+        made.append(Job(tmp_path, env, port))
         return made[-1]
 
     yield make
@@ -175,8 +174,8 @@ def test_the_port_refuses_any_other_request_and_changes_nothing(job):
 def test_metrics_parse_and_count_the_ops_run(job):
     from prometheus_client.parser import text_string_to_metric_families
 
-    base = free_port()
-    j = job({"TORCH_DDL_METRICS_PORT": str(base), "HOLD_FOR_SCRAPE": "1"})
+    base = free_port(WORLD + 1)  # a metrics port for each rank, then the store's
+    j = job({"TORCH_DDL_METRICS_PORT": str(base), "HOLD_FOR_SCRAPE": "1"}, port=base + WORLD)
     until(j.store)
     open(j.stop, "w").close()
     ran = {}

@@ -6,24 +6,19 @@ the same job without a kill."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ddl_testing import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(tmp_path, name, extra):
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     logs = [tmp_path / f"{name}_{i}.log" for i in range(3)]
     nodes = []
