@@ -125,6 +125,8 @@ TEST(Fuzz, WriteSeeds) {
   w.text("loopback:3");
   w.text("");
   w.text(where.encode());
+  w.text("TORCH_DDL_STAGED_BYTES=4096\n");
+  w.number(1);
   std::string hex;
   for (unsigned char c : w.take()) {
     hex.push_back("0123456789abcdef"[c >> 4]);

@@ -453,6 +453,50 @@ TEST(Reconfigure, ProcessesListedByHandleFormAGroupWithoutAStore) {
   EXPECT_EQ(Derivation::orderHandles(shuffled), Derivation::orderHandles(handles));
 }
 
+// Processes whose settings differ where they choose what an op runs would plan different paths
+// and wait for each other's messages until their timeout: group creation compares them, and a
+// reconfigure (no store) compares what the handles carry, in every process, before a message.
+TEST(Reconfigure, ProcessesWhoseSettingsDifferAreRefusedAtOnceNamingTheSetting) {
+  LoopbackFabric fabric;
+  Config other = config();
+  other.stagedBytes = 4096;
+  other.allgatherAlgorithm = "ring";
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::string> handles;
+  for (int r = 0; r < 3; ++r) {
+    engines.push_back(std::make_unique<Engine>(fabric.join(), Engine::Drive::kThread,
+                                               Clock::steady(), nullptr,
+                                               r == 1 ? &other : nullptr));
+    handles.push_back(Derivation::handle(*engines.back()));
+  }
+  std::vector<std::string> errors(3);
+  const auto began = std::chrono::steady_clock::now();
+  together(3, [&](int i) {
+    try {
+      (void)Communicator::reconfigure(*engines[i], handles, 4, std::chrono::seconds(30));
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(5));
+  for (const std::string& e : errors) {
+    EXPECT_EQ(e, errors[0]);  // the same words in every process
+    EXPECT_NE(e.find("TORCH_DDL_STAGED_BYTES is 4096 for handle 1 and " +
+                     std::to_string(config().stagedBytes) + " for handle 0"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("TORCH_DDL_ALLGATHER_ALGO is ring for handle 1"), std::string::npos) << e;
+  }
+  // The same settings in the two others: they form their group.
+  const std::vector<std::string> alike = {handles[0], handles[2]};
+  together(2, [&](int i) {
+    auto comm = Communicator::reconfigure(*engines[i * 2], alike, 5, std::chrono::seconds(30));
+    std::vector<float> v(7, 1.0f);
+    check(comm->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum));
+    EXPECT_EQ(v[6], 2.0f);
+  });
+}
+
 // A handle as Derivation::handle writes one, of a process on host `host` that is not there.
 std::string absentHandle(int host) {
   Writer w;
@@ -465,6 +509,8 @@ std::string absentHandle(int host) {
   where.hostName = "absent-" + std::to_string(host);
   where.machineKey = "absent";
   w.text(where.encode());
+  w.text(agreedSettingsDeparting(config()));
+  w.number(settingsDigest(agreedSettings(config())));
   std::string hex = "ddl1:";
   for (unsigned char c : w.take()) {
     hex += "0123456789abcdef"[c >> 4];

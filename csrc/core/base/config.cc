@@ -302,11 +302,10 @@ std::vector<std::pair<std::string, std::string>> agreedPairs(const Config& c) {
   for (const auto& [entry, value] : agreed) {
     std::string line = value;
     std::replace(line.begin(), line.end(), '\n', ' ');
-    if (line.size() > kLongestAgreedValue) {      // a rack map of many hosts: its digest
-      uint64_t digest = 14695981039346656037ull;  // FNV-1a, the same in every build
-      for (unsigned char ch : line) digest = (digest ^ ch) * 1099511628211ull;
+    if (line.size() > kLongestAgreedValue) {  // a rack map of many hosts: its digest
       char hex[17];
-      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+      std::snprintf(hex, sizeof(hex), "%016llx",
+                    static_cast<unsigned long long>(settingsDigest(line)));
       line = std::to_string(line.size()) + " characters, FNV-1a " + hex;
     }
     pairs.emplace_back(entry.name, std::move(line));
@@ -319,6 +318,68 @@ std::vector<std::pair<std::string, std::string>> agreedPairs(const Config& c) {
 std::string agreedSettings(const Config& c) {
   std::string text;
   for (const auto& [name, value] : agreedPairs(c)) text += name + "=" + value + "\n";
+  return text;
+}
+
+uint64_t settingsDigest(const std::string& text) {
+  uint64_t digest = 14695981039346656037ull;
+  for (unsigned char ch : text) digest = (digest ^ ch) * 1099511628211ull;
+  return digest;
+}
+
+namespace {
+
+const char* tableDefault(const std::string& name) {
+  for (const ConfigEntry& entry : kTable) {
+    if (name == entry.name) return entry.defaultValue;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string differenceWords(const std::vector<SettingDifference>& differences,
+                            const std::string& mine, const std::string& theirs) {
+  auto shown = [](const std::string& value) {
+    return value.size() <= 100 ? value : value.substr(0, 100) + "...";
+  };
+  std::string words;
+  bool direct = false;
+  for (const SettingDifference& d : differences) {
+    if (words.size() > 2000) break;
+    words += (words.empty() ? "" : "; ") + d.name + " is " + shown(d.mine) + " " + mine + " and " +
+             shown(d.theirs) + " " + theirs;
+    direct |= d.name == "TORCH_DDL_DIRECT_MIN_BYTES";
+  }
+  if (direct) {
+    words += " (TORCH_DDL_SHARED_ALLOCATOR=1 makes it " +
+             std::to_string(kSharedAllocatorDirectMinBytes) + " where it is not set)";
+  }
+  return words;
+}
+
+std::string agreedSettingsDeparting(const Config& c) {
+  std::string text;
+  for (const auto& [name, value] : agreedPairs(c)) {
+    if (value != tableDefault(name)) text += name + "=" + value + "\n";
+  }
+  return text;
+}
+
+std::string agreedSettingsFrom(const std::string& departing) {
+  std::string text;
+  for (const std::string& name : agreedSettingNames()) {
+    const std::string key = name + "=";
+    std::string said = tableDefault(name);
+    for (size_t at = 0; at < departing.size();) {
+      const size_t end = std::min(departing.find('\n', at), departing.size());
+      if (departing.compare(at, key.size(), key) == 0) {
+        said = departing.substr(at + key.size(), end - at - key.size());
+      }
+      at = end + 1;
+    }
+    text += key + said + "\n";
+  }
   return text;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,12 @@ constexpr size_t kLongestAgreedValue = 64;
 std::string agreedSettings(const Config& c);
 // Their names.
 std::vector<std::string> agreedSettingNames();
+// The lines of agreedSettings(c) whose value is not the table's default (most often none): with
+// the table, agreedSettingsFrom gives the whole text again. A reconfigure handle carries them.
+std::string agreedSettingsDeparting(const Config& c);
+std::string agreedSettingsFrom(const std::string& departing);
+// FNV-1a of a text: the same in every build.
+uint64_t settingsDigest(const std::string& text);
 // Where two texts of agreedSettings differ: each setting's name and value in `mine` and in
 // `theirs` ("(not said)" where one text lacks it), in the table's order.
 struct SettingDifference {
@@ -67,6 +74,9 @@ struct SettingDifference {
 };
 std::vector<SettingDifference> settingDifferences(const std::string& mine,
                                                   const std::string& theirs);
+// The differences in words: "NAME is A <mine> and B <theirs>; ..." ("" where there are none).
+std::string differenceWords(const std::vector<SettingDifference>& differences,
+                            const std::string& mine, const std::string& theirs);
 
 struct ConfigEntry {
   const char* name;

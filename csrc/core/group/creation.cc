@@ -39,24 +39,9 @@ Task everyoneLookedUp(Op& op) {
 std::string settingsRefusal(const Config& mine, int rank, const std::string& groupId) {
   const size_t settingsAt = std::min(groupId.find('\n'), groupId.size());
   const std::string theirs = settingsAt < groupId.size() ? groupId.substr(settingsAt + 1) : "";
-  const std::vector<SettingDifference> differences =
-      settingDifferences(agreedSettings(mine), theirs);
-  if (differences.empty()) return "";
-  auto shown = [](const std::string& value) {
-    return value.size() <= 100 ? value : value.substr(0, 100) + "...";
-  };
-  std::string words;
-  bool direct = false;
-  for (const SettingDifference& d : differences) {
-    if (words.size() > 2000) break;
-    words += (words.empty() ? "" : "; ") + d.name + " is " + shown(d.mine) + " on rank " +
-             std::to_string(rank) + " and " + shown(d.theirs) + " on rank 0";
-    direct |= d.name == "TORCH_DDL_DIRECT_MIN_BYTES";
-  }
-  if (direct) {
-    words += " (TORCH_DDL_SHARED_ALLOCATOR=1 makes it " +
-             std::to_string(kSharedAllocatorDirectMinBytes) + " where it is not set)";
-  }
+  const std::string words = differenceWords(settingDifferences(agreedSettings(mine), theirs),
+                                            "on rank " + std::to_string(rank), "on rank 0");
+  if (words.empty()) return "";
   return "ddl: the ranks' settings differ where they choose what an op runs, so their ops would "
          "not meet: " +
          words + ". Set them alike on every rank";

@@ -37,8 +37,16 @@ bool fromHex(const std::string& text, size_t from, std::string* bytes) {
   return true;
 }
 
-// Handle `index` of a reconfigure's list, as the card creation would have had from it.
-RankCard decodeHandle(const std::string& h, int index) {
+// What a handle says of its process's settings (agreedSettings, config.h): those departing from
+// the table's defaults, and the whole text's digest.
+struct HandleSettings {
+  std::string departing;
+  uint64_t digest = 0;
+};
+
+// Handle `index` of a reconfigure's list, as the card creation would have had from it, and its
+// process's settings into *settings where given.
+RankCard decodeHandle(const std::string& h, int index, HandleSettings* settings = nullptr) {
   std::string bytes;
   const size_t prefix = sizeof(kHandlePrefix) - 1;
   if (h.compare(0, prefix, kHandlePrefix) != 0 || !fromHex(h, prefix, &bytes)) {
@@ -51,23 +59,51 @@ RankCard decodeHandle(const std::string& h, int index) {
   card.address = reader.text();
   card.identity = reader.text();
   card.locality = reader.text();
+  HandleSettings said;
+  said.departing = reader.text();
+  said.digest = reader.number();
+  if (settings != nullptr) *settings = std::move(said);
   if (!reader.ok(true)) {
-    throw Error("ddl: reconfigure: handle " + std::to_string(index) + " is cut short");
+    throw Error("ddl: reconfigure: handle " + std::to_string(index) +
+                " is cut short (or made by another version of torch_ddl)");
   }
   return card;
 }
 
+// Why the processes of `handles` cannot form a group: the settings that choose what an op runs,
+// where a handle's differ from handle 0's ("" where none do). Every process given the list finds
+// the same, before any message.
+std::string settingsRefusal(const std::vector<HandleSettings>& said) {
+  std::string words;
+  const std::string first = agreedSettingsFrom(said[0].departing);
+  for (size_t r = 1; r < said.size() && words.size() < 2000; ++r) {
+    if (said[r].digest == said[0].digest && said[r].departing == said[0].departing) continue;
+    const std::string handle = "for handle " + std::to_string(r);
+    std::string these = differenceWords(
+        settingDifferences(agreedSettingsFrom(said[r].departing), first), handle, "for handle 0");
+    if (these.empty()) {  // the same departures from other defaults
+      these = "the process " + handle + " has other defaults than that of handle 0 (another build)";
+    }
+    words += (words.empty() ? "" : "; ") + these;
+  }
+  if (words.empty()) return "";
+  return "ddl: reconfigure: the processes' settings differ where they choose what an op runs, "
+         "so their ops would not meet: " +
+         words + ". Set them alike in every process";
+}
+
 // The cards of `handles` into *cards, and where `mine` is among them; throws where two are the
-// same process's or `mine` is not there.
+// same process's, `mine` is not there, or the processes' settings differ.
 int positionAmong(const std::vector<std::string>& handles, const std::string& mine,
                   std::vector<RankCard>* cards) {
   const int n = static_cast<int>(handles.size());
   cards->assign(static_cast<size_t>(n), RankCard{});
+  std::vector<HandleSettings> said(static_cast<size_t>(n));
   std::map<std::string, int> seen;
   int me = -1;
   for (int r = 0; r < n; ++r) {
     const std::string& h = handles[static_cast<size_t>(r)];
-    (*cards)[static_cast<size_t>(r)] = decodeHandle(h, r);
+    (*cards)[static_cast<size_t>(r)] = decodeHandle(h, r, &said[static_cast<size_t>(r)]);
     auto [at, inserted] = seen.emplace(h, r);
     if (!inserted) {
       throw Error("ddl: reconfigure: handles " + std::to_string(at->second) + " and " +
@@ -81,6 +117,8 @@ int positionAmong(const std::vector<std::string>& handles, const std::string& mi
                     " given (a process reconfigures only a group it is a member of)",
                 StatusKind::kInvalidArgument);
   }
+  const std::string refusal = settingsRefusal(said);
+  if (!refusal.empty()) throw Error(refusal, StatusKind::kInvalidArgument);
   return me;
 }
 
@@ -145,6 +183,8 @@ std::string Derivation::handle(Engine& engine) {
   w.text(engine.localAddress());
   w.text(ProcessIdentity::self().encode());
   w.text(Locality::self().encode());
+  w.text(agreedSettingsDeparting(engine.config()));
+  w.number(settingsDigest(agreedSettings(engine.config())));
   return kHandlePrefix + toHex(w.take());
 }
 
