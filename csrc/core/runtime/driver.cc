@@ -111,13 +111,11 @@ bool ThreadDriver::leftForThread() {
          runtime_.nextTimer() + kAwaitHandBack < turn_->sleepsUntil_.load();
 }
 
-bool ThreadDriver::awaitHandBack() {
+bool ThreadDriver::nap(FunctionRef<bool()> stillAway) {
   Turn& turn = *turn_;
   turn.sleepsUntil_.store(runtime_.clock().now() + kAwaitHandBack);
   turn.sleeping_.store(true);
-  if (turn.mutex_.try_lock()) {  // handed back meanwhile, maybe without a look at sleeping_
-    turn.mutex_.unlock();
-  } else {
+  if (stillAway()) {
     pollfd fd = {turn.eventFd_, POLLIN, 0};
     poll(&fd, 1, static_cast<int>(kAwaitHandBack.count()));
   }
@@ -126,20 +124,19 @@ bool ThreadDriver::awaitHandBack() {
   return read(turn.eventFd_, &counter, sizeof(counter)) == sizeof(counter) && counter > 0;
 }
 
-bool ThreadDriver::keepOff() {
+bool ThreadDriver::awaitHandBack() {
   Turn& turn = *turn_;
-  turn.sleepsUntil_.store(runtime_.clock().now() + kAwaitHandBack);
-  turn.sleeping_.store(true);
-  // After sleeping_ is set: a caller that leaves this thread something (Turn::help, or a wait
-  // that gives up its spin: Work::wakeIfDeferred) sees it asleep and wakes it; a caller that
-  // stopped waiting before is seen here.
-  if (turn.callersWaiting_.load() > 0) {
-    pollfd fd = {turn.eventFd_, POLLIN, 0};
-    poll(&fd, 1, static_cast<int>(kAwaitHandBack.count()));
-  }
-  turn.sleeping_.store(false);
-  uint64_t counter = 0;
-  return read(turn.eventFd_, &counter, sizeof(counter)) == sizeof(counter) && counter > 0;
+  return nap([&turn] {
+    if (!turn.mutex_.try_lock()) return true;
+    turn.mutex_.unlock();  // handed back meanwhile, maybe without a look at sleeping_
+    return false;
+  });
+}
+
+bool ThreadDriver::keepOff() {
+  // A caller that leaves this thread something (Turn::help, or a wait that gives up its spin:
+  // Work::wakeIfDeferred) sees it asleep and wakes it; one that stopped waiting before is seen.
+  return nap([this] { return turn_->callersWaiting_.load() > 0; });
 }
 
 void ThreadDriver::sleep(std::unique_lock<std::mutex>& hold) {

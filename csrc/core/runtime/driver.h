@@ -22,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../base/function_ref.h"
 #include "runtime.h"
 
 namespace ddl {
@@ -99,6 +100,10 @@ class ThreadDriver {
   // While a caller waits (Turn::CallerWaits): sleeps until woken or kAwaitHandBack passes. True
   // when woken: the caller left something to this thread, which then turns although it waits.
   bool keepOff();
+  // Both: marked asleep, and then, if `stillAway()` (looked at once marked, so that a caller
+  // that leaves something after it sees the thread asleep and wakes it), sleeps on the eventfd
+  // until woken or kAwaitHandBack passes. True when woken.
+  bool nap(FunctionRef<bool()> stillAway);
   static constexpr std::chrono::milliseconds kAwaitHandBack{1};
   // Under the turn's mutex, as a caller hands the turn back: whether the thread must turn
   // before it would wake by itself (ops of others, submissions, notices the caller's turns took
