@@ -198,6 +198,59 @@ DeriveResult decideDerived(const std::vector<DeriveCard>& cards, const std::stri
   return result;
 }
 
+namespace {
+
+// The tree's root: every member's card once, each where it belongs (a card repeated or of a rank
+// that is not a member is a sender's fault, never a decision), then the decision as the answer
+// sent down: its words, the id (the failure's kind above its 32 bits: ids are 12) and the new
+// group's incarnation.
+std::string rootAnswer(std::vector<DeriveCard> cards, const RankSet& members,
+                       const std::string& what, Runtime& runtime) {
+  const int n = members.size();
+  std::sort(cards.begin(), cards.end(),
+            [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
+  for (size_t i = 0; i < cards.size(); ++i) {
+    if (cards[i].rank != static_cast<int>(i) || static_cast<int>(i) >= n ||
+        cards[i].parentRank != members.at(static_cast<int>(i))) {
+      throw Error("the cards sent up hold rank " + std::to_string(cards[i].rank) + " (rank " +
+                  std::to_string(cards[i].parentRank) + " of the parent) at place " +
+                  std::to_string(i) + " of " + std::to_string(n));
+    }
+  }
+  DeriveResult decided =
+      cards.size() == static_cast<size_t>(n)
+          ? decideDerived(cards, what)
+          : DeriveResult{
+                Status(StatusKind::kOther, "ddl: " + what + ": " + std::to_string(cards.size()) +
+                                               " of " + std::to_string(n) + " ranks answered"),
+                0};
+  Writer w;
+  w.text(decided.error.detail);
+  w.number(decided.id | uint64_t{static_cast<uint8_t>(decided.error.kind)} << 32);
+  w.number(runtime.newIncarnation());
+  return w.take();
+}
+
+// The answer that came down from `parent` (or was decided here), read.
+DeriveResult readAnswer(const std::string& down, int parent) {
+  Reader r(down);
+  DeriveResult result;
+  std::string words = r.text();
+  const uint64_t number = r.number();
+  result.id = static_cast<uint32_t>(number);
+  const auto kind = static_cast<uint8_t>(number >> 32);
+  result.incarnation = r.number();
+  if (!words.empty()) {
+    result.error =
+        Status(kind > 0 && kind < kStatusKinds ? static_cast<StatusKind>(kind) : StatusKind::kOther,
+               std::move(words));
+  }
+  if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
+  return result;
+}
+
+}  // namespace
+
 Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_ptr<DeriveResult> out,
                     std::vector<std::shared_ptr<Work>> told, TimePoint toldBy) {
   const RankSet& members = agreement.members;
@@ -255,46 +308,10 @@ Task agreeOnDerived(Op& op, Agreement agreement, DeriveCard mine, std::shared_pt
     co_await sendFrame(op, parent, agreement.attempt, encodeCards(cards));
     co_await receiveUnlessAborted(op, parent, kMaxAnswerBytes, &down, abort.get(), out.get());
   } else {
-    std::sort(cards.begin(), cards.end(),
-              [](const DeriveCard& a, const DeriveCard& b) { return a.rank < b.rank; });
-    // Every member's card once, each where it belongs (a card repeated or of a rank that is not
-    // a member is a sender's fault, never a decision).
-    for (size_t i = 0; i < cards.size(); ++i) {
-      if (cards[i].rank != static_cast<int>(i) || static_cast<int>(i) >= n ||
-          cards[i].parentRank != members.at(static_cast<int>(i))) {
-        throw Error("the cards sent up hold rank " + std::to_string(cards[i].rank) + " (rank " +
-                    std::to_string(cards[i].parentRank) + " of the parent) at place " +
-                    std::to_string(i) + " of " + std::to_string(n));
-      }
-    }
-    DeriveResult decided =
-        cards.size() == static_cast<size_t>(n)
-            ? decideDerived(cards, what)
-            : DeriveResult{
-                  Status(StatusKind::kOther, "ddl: " + what + ": " + std::to_string(cards.size()) +
-                                                 " of " + std::to_string(n) + " ranks answered"),
-                  0};
-    // The id's number carries the failure's kind above its 32 bits (ids are 12).
-    Writer w;
-    w.text(decided.error.detail);
-    w.number(decided.id | uint64_t{static_cast<uint8_t>(decided.error.kind)} << 32);
-    w.number(op.group().runtime->newIncarnation());
-    down = w.take();
+    down = rootAnswer(std::move(cards), members, what, *op.group().runtime);
   }
   cards = {};
-  Reader r(down);
-  DeriveResult result;
-  std::string words = r.text();
-  const uint64_t number = r.number();
-  result.id = static_cast<uint32_t>(number);
-  const auto kind = static_cast<uint8_t>(number >> 32);
-  result.incarnation = r.number();
-  if (!words.empty()) {
-    result.error =
-        Status(kind > 0 && kind < kStatusKinds ? static_cast<StatusKind>(kind) : StatusKind::kOther,
-               std::move(words));
-  }
-  if (!r.ok(true)) throw Error("rank " + std::to_string(parent) + " sent a malformed answer");
+  DeriveResult result = readAnswer(down, parent);
   for (int child : children) co_await sendFrame(op, child, agreement.attempt, down);
   *out = std::move(result);
 }
