@@ -206,6 +206,105 @@ int drawRanks(Rng& rng, uint64_t seed, bool* huge) {
   return std::clamp(ranks, kMostRanks + 1, kHugeRanks);
 }
 
+// One fault of a scenario over `ranks` ranks in hosts starting at hostStart (and ending at its
+// last entry), racks of hostsPerRack hosts (0: none), striking in one of `ops` ops.
+Fault drawFault(Rng& rng, int ranks, const std::vector<int>& hostStart, int hostsPerRack, int racks,
+                int ops) {
+  const int hosts = static_cast<int>(hostStart.size()) - 1;
+  Fault f;
+  f.kind = static_cast<Fault::Kind>(rng.between(0, kFaultKinds - 1));
+  if (f.kind == Fault::Kind::kKillRack && racks < 2) f.kind = Fault::Kind::kKillHost;
+  if (f.kind == Fault::Kind::kKillHost && hosts < 2) f.kind = Fault::Kind::kKill;
+  f.op = rng.between(0, ops - 2);
+  f.micros = rng.between(0, 300);
+  const int rank = rng.between(0, ranks - 1);
+  switch (f.kind) {
+    case Fault::Kind::kKill:
+    case Fault::Kind::kSlowRank:
+      f.ranks = {rank};
+      f.factor = rng.between(2, 20);
+      break;
+    case Fault::Kind::kKillHost: {
+      const int h = rng.between(0, hosts - 1);
+      for (int r = hostStart[h]; r < hostStart[h + 1]; ++r) f.ranks.push_back(r);
+      break;
+    }
+    case Fault::Kind::kKillRack: {
+      const int k = rng.between(0, racks - 1);
+      const int first = k * hostsPerRack;
+      const int last = std::min(hosts, first + hostsPerRack);
+      for (int r = hostStart[first]; r < hostStart[last]; ++r) f.ranks.push_back(r);
+      break;
+    }
+    case Fault::Kind::kCut:
+      f.ranks = {rank, (rank + rng.between(1, ranks - 1)) % ranks};
+      break;
+    case Fault::Kind::kPartition: {
+      // A block of hosts (a switch's worth) or ranks drawn at random.
+      if (rng.chance(0.5)) {
+        const int first = rng.between(0, ranks - 1), length = rng.between(1, ranks - 1);
+        for (int k = 0; k < length; ++k) f.ranks.push_back((first + k) % ranks);
+      } else {
+        for (int r = 0; r < ranks; ++r) {
+          if (rng.chance(0.5)) f.ranks.push_back(r);
+        }
+        if (f.ranks.empty() || static_cast<int>(f.ranks.size()) == ranks) f.ranks = {rank};
+      }
+      std::sort(f.ranks.begin(), f.ranks.end());
+      break;
+    }
+    case Fault::Kind::kStall:
+      f.ranks = {rank};
+      f.millis = rng.pick(std::vector<double>{300, 3500, -1});
+      break;
+    case Fault::Kind::kSlowLink:
+      f.host = rng.between(0, hosts - 1);
+      f.factor = rng.between(2, 20);
+      break;
+    case Fault::Kind::kDisagree:
+      f.ranks = {rank};
+      f.how = rng.pick(std::vector<std::string>{"collective", "size", "dtype", "root"});
+      break;
+  }
+  return f;
+}
+
+// The paths a scenario takes besides its faults (counters near a wrap, refused retries, group
+// lifecycles, windows, a second group, all_to_all schedules, slow reductions, a hostile rank),
+// drawn from a generator of their own so that adding one leaves the machine, ops and faults of
+// every seed as they were.
+void drawPaths(Scenario& s, int ranks, int ops) {
+  Rng paths(s.seed ^ 0x9e3779b97f4a7c15ull);
+  // Long runs: ops numbered from just before a wrap, a third of the time.
+  const double wrap = paths.uniform();
+  if (wrap < 1.0 / 6) {
+    s.firstOp = (uint64_t{1} << 16) - static_cast<uint64_t>(paths.between(1, 4));
+  } else if (wrap < 1.0 / 3) {
+    s.firstOp = (uint64_t{1} << 32) - static_cast<uint64_t>(paths.between(1, 4));
+  }
+  // Retries: a quarter of the shrinks begin with one rank's call refused.
+  if (s.shrink && paths.chance(0.25)) s.refuser = paths.between(0, ranks - 1);
+  s.lifecycle = s.shrink && paths.chance(0.3);
+  if (ranks <= 64 && paths.chance(1.0 / 3)) {
+    s.windows = paths.chance(0.5) ? 2 : 1;
+    s.windowRounds = paths.between(3, 6);
+    s.windowFloats = static_cast<size_t>(paths.pick(std::vector<int>{1, 7, 64}));
+    s.lateSignaler = paths.between(0, ranks - 1);
+    s.lateRound = paths.between(0, s.windowRounds - 2);
+  }
+  s.twoGroups = ranks <= 128 && paths.chance(0.2);
+  drawAlltoallSchedule(s);
+  if (paths.chance(0.15)) {
+    s.slowReducer = paths.between(0, ranks - 1);
+    s.slowReduction = std::exp(std::log(1e3) + paths.uniform() * (std::log(1e5) - std::log(1e3)));
+  }
+  if (ranks <= 128 && paths.chance(0.2)) {
+    s.hostile = paths.between(0, ranks - 1);
+    s.hostileOp = paths.between(0, ops - 1);
+    s.hostileSends = paths.between(1, 15);
+  }
+}
+
 }  // namespace
 
 Scenario drawScenario(uint64_t seed) {
@@ -239,62 +338,7 @@ Scenario drawScenario(uint64_t seed) {
                         ? (hosts + s.cluster.hostsPerRack - 1) / s.cluster.hostsPerRack
                         : 1;
   for (int i = 0; i < faults; ++i) {
-    Fault f;
-    f.kind = static_cast<Fault::Kind>(rng.between(0, kFaultKinds - 1));
-    if (f.kind == Fault::Kind::kKillRack && racks < 2) f.kind = Fault::Kind::kKillHost;
-    if (f.kind == Fault::Kind::kKillHost && hosts < 2) f.kind = Fault::Kind::kKill;
-    f.op = rng.between(0, ops - 2);
-    f.micros = rng.between(0, 300);
-    const int rank = rng.between(0, ranks - 1);
-    switch (f.kind) {
-      case Fault::Kind::kKill:
-      case Fault::Kind::kSlowRank:
-        f.ranks = {rank};
-        f.factor = rng.between(2, 20);
-        break;
-      case Fault::Kind::kKillHost: {
-        const int h = rng.between(0, hosts - 1);
-        for (int r = hostStart[h]; r < hostStart[h + 1]; ++r) f.ranks.push_back(r);
-        break;
-      }
-      case Fault::Kind::kKillRack: {
-        const int k = rng.between(0, racks - 1);
-        const int first = k * s.cluster.hostsPerRack;
-        const int last = std::min(hosts, first + s.cluster.hostsPerRack);
-        for (int r = hostStart[first]; r < hostStart[last]; ++r) f.ranks.push_back(r);
-        break;
-      }
-      case Fault::Kind::kCut:
-        f.ranks = {rank, (rank + rng.between(1, ranks - 1)) % ranks};
-        break;
-      case Fault::Kind::kPartition: {
-        // A block of hosts (a switch's worth) or ranks drawn at random.
-        if (rng.chance(0.5)) {
-          const int first = rng.between(0, ranks - 1), length = rng.between(1, ranks - 1);
-          for (int k = 0; k < length; ++k) f.ranks.push_back((first + k) % ranks);
-        } else {
-          for (int r = 0; r < ranks; ++r) {
-            if (rng.chance(0.5)) f.ranks.push_back(r);
-          }
-          if (f.ranks.empty() || static_cast<int>(f.ranks.size()) == ranks) f.ranks = {rank};
-        }
-        std::sort(f.ranks.begin(), f.ranks.end());
-        break;
-      }
-      case Fault::Kind::kStall:
-        f.ranks = {rank};
-        f.millis = rng.pick(std::vector<double>{300, 3500, -1});
-        break;
-      case Fault::Kind::kSlowLink:
-        f.host = rng.between(0, hosts - 1);
-        f.factor = rng.between(2, 20);
-        break;
-      case Fault::Kind::kDisagree:
-        f.ranks = {rank};
-        f.how = rng.pick(std::vector<std::string>{"collective", "size", "dtype", "root"});
-        break;
-    }
-    s.faults.push_back(f);
+    s.faults.push_back(drawFault(rng, ranks, hostStart, s.cluster.hostsPerRack, racks, ops));
   }
   s.shrink = rng.chance(0.85);
   const int after = ranks > 128 ? 2 : 3;
@@ -303,35 +347,7 @@ Scenario drawScenario(uint64_t seed) {
     for (SimCall& call : s.ops) call.count = std::min(call.count, kHugeCount);
     for (SimCall& call : s.after) call.count = std::min(call.count, kHugeCount);
   }
-  // Long runs: ops numbered from just before a wrap, a third of the time.
-  Rng paths(seed ^ 0x9e3779b97f4a7c15ull);
-  const double wrap = paths.uniform();
-  if (wrap < 1.0 / 6) {
-    s.firstOp = (uint64_t{1} << 16) - static_cast<uint64_t>(paths.between(1, 4));
-  } else if (wrap < 1.0 / 3) {
-    s.firstOp = (uint64_t{1} << 32) - static_cast<uint64_t>(paths.between(1, 4));
-  }
-  // Retries: a quarter of the shrinks begin with one rank's call refused.
-  if (s.shrink && paths.chance(0.25)) s.refuser = paths.between(0, ranks - 1);
-  s.lifecycle = s.shrink && paths.chance(0.3);
-  if (ranks <= 64 && paths.chance(1.0 / 3)) {
-    s.windows = paths.chance(0.5) ? 2 : 1;
-    s.windowRounds = paths.between(3, 6);
-    s.windowFloats = static_cast<size_t>(paths.pick(std::vector<int>{1, 7, 64}));
-    s.lateSignaler = paths.between(0, ranks - 1);
-    s.lateRound = paths.between(0, s.windowRounds - 2);
-  }
-  s.twoGroups = ranks <= 128 && paths.chance(0.2);
-  drawAlltoallSchedule(s);
-  if (paths.chance(0.15)) {
-    s.slowReducer = paths.between(0, ranks - 1);
-    s.slowReduction = std::exp(std::log(1e3) + paths.uniform() * (std::log(1e5) - std::log(1e3)));
-  }
-  if (ranks <= 128 && paths.chance(0.2)) {
-    s.hostile = paths.between(0, ranks - 1);
-    s.hostileOp = paths.between(0, ops - 1);
-    s.hostileSends = paths.between(1, 15);
-  }
+  drawPaths(s, ranks, ops);
   return s;
 }
 
