@@ -29,7 +29,6 @@ MAX_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Functions still longer, each at most as long as it is now: split one and take it off.
 LONG_FUNCTIONS = {
-    "csrc/core/sim/network.cc SimNetwork::run": 108,
     "csrc/core/sim/simulate.cc simulate": 180,
 }
 SOURCES = (".h", ".hpp", ".cc", ".cpp", ".cu")

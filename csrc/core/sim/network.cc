@@ -388,6 +388,68 @@ void SimNetwork::advanceTo(TimePoint until) {
   now_ = std::max(now_, until);
 }
 
+void SimNetwork::onArrive(const Event& e) {
+  const Message m = inFlight_[e.index];
+  Cold cold = m.cold ? std::move(cold_[e.index]) : Cold{};  // left empty for its next use
+  freeMessages_.push_back(e.index);
+  if (dead_[m.to] || severed(m.from, m.to)) return;
+  mix(&digest_, static_cast<uint64_t>(e.at));
+  mix(&digest_, (static_cast<uint64_t>(m.from) << 32) | static_cast<uint32_t>(m.to));
+  mix(&digest_, m.tag);
+  mix(&digest_, m.size);
+  if (m.kind == Message::kPut) {  // lands with nothing asked of the receiver
+    transports_[m.to]->land(cold.region, cold.offset, cold.bytes, m.size);
+    return;
+  }
+  if (m.kind == Message::kFlush) {  // every put before it has landed: the answer goes back
+    push(e.at + latencyNs(m.level), Kind::kFlushed, m.from, m.to, cold.region);
+    return;
+  }
+  transports_[m.to]->arrive(Delivered{m.tag, std::move(cold.bytes), m.size}, overheadNs(m));
+  wake(m.to, now_);
+}
+
+void SimNetwork::onTurn(const Event& e) {
+  if (dead_[e.rank] || e.at != turnAt_[e.rank]) return;
+  turnAt_[e.rank] = kNever;
+  if (stallUntil_[e.rank] > e.at) {  // stalled: turned when it resumes, if it does
+    if (stallUntil_[e.rank] != kNever) wake(e.rank, point(stallUntil_[e.rank]));
+    return;
+  }
+  if (busyUntil_[e.rank] > e.at) {
+    wake(e.rank, point(busyUntil_[e.rank]));
+    return;
+  }
+  turning_ = e.rank;
+  local_ = e.at;
+  const TimePoint next = turn_ ? turn_(e.rank) : TimePoint::max();
+  busyUntil_[e.rank] = local_;
+  turning_ = -1;
+  if (next != TimePoint::max()) wake(e.rank, next);
+}
+
+void SimNetwork::onKill(const Event& e) {
+  const std::vector<int>& ranks = batches_[e.index];
+  for (int r : ranks) {
+    if (!dead_[r]) deadRanks_.push_back(r);
+    dead_[r] = true;
+  }
+  for (int d : ranks) {
+    // A host still running closes the dead process's connections (and its pidfd fires
+    // for the ranks beside it); a host that died tells no one.
+    const int host = spec_.hostOf[d];
+    bool hostUp = false;
+    for (int r = 0; r < size() && !hostUp; ++r) hostUp = spec_.hostOf[r] == host && !dead_[r];
+    if (!hostUp) continue;
+    for (int r = 0; r < size(); ++r) {
+      if (dead_[r] || severed(r, d)) continue;
+      if (spec_.hostOf[r] == host || endpointsOf_[r].count(d)) {
+        lose(r, d, e.at + latencyNs(levelBetween(r, d)));
+      }
+    }
+  }
+}
+
 bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
   if (done()) return true;
   while (!queue_.empty()) {
@@ -397,27 +459,9 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
     now_ = point(e.at);
     ++events_;
     switch (e.kind()) {
-      case Kind::kArrive: {
-        const Message m = inFlight_[e.index];
-        Cold cold = m.cold ? std::move(cold_[e.index]) : Cold{};  // left empty for its next use
-        freeMessages_.push_back(e.index);
-        if (dead_[m.to] || severed(m.from, m.to)) break;
-        mix(&digest_, static_cast<uint64_t>(e.at));
-        mix(&digest_, (static_cast<uint64_t>(m.from) << 32) | static_cast<uint32_t>(m.to));
-        mix(&digest_, m.tag);
-        mix(&digest_, m.size);
-        if (m.kind == Message::kPut) {  // lands with nothing asked of the receiver
-          transports_[m.to]->land(cold.region, cold.offset, cold.bytes, m.size);
-          break;
-        }
-        if (m.kind == Message::kFlush) {  // every put before it has landed: the answer goes back
-          push(e.at + latencyNs(m.level), Kind::kFlushed, m.from, m.to, cold.region);
-          break;
-        }
-        transports_[m.to]->arrive(Delivered{m.tag, std::move(cold.bytes), m.size}, overheadNs(m));
-        wake(m.to, now_);
+      case Kind::kArrive:
+        onArrive(e);
         break;
-      }
       case Kind::kFlushed:
         if (dead_[e.rank] || severed(e.rank, e.other)) break;
         transports_[e.rank]->flushed(e.index);
@@ -434,47 +478,12 @@ bool SimNetwork::run(const std::function<bool()>& done, TimePoint limit) {
         wake(e.rank, now_);
         break;
       }
-      case Kind::kTurn: {
-        if (dead_[e.rank] || e.at != turnAt_[e.rank]) break;
-        turnAt_[e.rank] = kNever;
-        if (stallUntil_[e.rank] > e.at) {  // stalled: turned when it resumes, if it does
-          if (stallUntil_[e.rank] != kNever) wake(e.rank, point(stallUntil_[e.rank]));
-          break;
-        }
-        if (busyUntil_[e.rank] > e.at) {
-          wake(e.rank, point(busyUntil_[e.rank]));
-          break;
-        }
-        turning_ = e.rank;
-        local_ = e.at;
-        const TimePoint next = turn_ ? turn_(e.rank) : TimePoint::max();
-        busyUntil_[e.rank] = local_;
-        turning_ = -1;
-        if (next != TimePoint::max()) wake(e.rank, next);
+      case Kind::kTurn:
+        onTurn(e);
         break;
-      }
-      case Kind::kKill: {
-        const std::vector<int>& ranks = batches_[e.index];
-        for (int r : ranks) {
-          if (!dead_[r]) deadRanks_.push_back(r);
-          dead_[r] = true;
-        }
-        for (int d : ranks) {
-          // A host still running closes the dead process's connections (and its pidfd fires
-          // for the ranks beside it); a host that died tells no one.
-          const int host = spec_.hostOf[d];
-          bool hostUp = false;
-          for (int r = 0; r < size() && !hostUp; ++r) hostUp = spec_.hostOf[r] == host && !dead_[r];
-          if (!hostUp) continue;
-          for (int r = 0; r < size(); ++r) {
-            if (dead_[r] || severed(r, d)) continue;
-            if (spec_.hostOf[r] == host || endpointsOf_[r].count(d)) {
-              lose(r, d, e.at + latencyNs(levelBetween(r, d)));
-            }
-          }
-        }
+      case Kind::kKill:
+        onKill(e);
         break;
-      }
       case Kind::kCut:
         cuts_.insert({std::min(e.rank, e.other), std::max(e.rank, e.other)});
         break;

@@ -375,6 +375,10 @@ class SimNetwork {
   void lose(int rank, int peer, int64_t at);  // `rank` learns `peer` is lost at `at`
   // Books the links of message `index`'s next packet from `at` (no earlier than now).
   void bookPacket(uint64_t index, int64_t at);
+  // run()'s events that take more than a few lines: a message lands, a rank turns, ranks die.
+  void onArrive(const Event& e);
+  void onTurn(const Event& e);
+  void onKill(const Event& e);
   static int64_t ns(TimePoint t) { return t.time_since_epoch().count(); }
   static TimePoint point(int64_t ns);
 
