@@ -109,6 +109,43 @@ def _regrow(rank, size, store):
         dist.all_reduce(torch.ones(3))
 
 
+def _apart(rank, size, folder):
+    """Two processes, each first a group of its own (as newcomers to a grown set are), one with
+    another TORCH_DDL_STAGED_BYTES, are asked to form one group: both refuse before a message."""
+    if rank == 1:
+        os.environ["TORCH_DDL_STAGED_BYTES"] = "4096"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch_ddl  # noqa: F401
+
+    dist.init_process_group("ddl", init_method=f"file://{folder}/store{rank}", rank=0,
+                            world_size=1, timeout=timedelta(seconds=60))
+    mine = os.path.join(folder, f"handle{rank}")
+    with open(mine + ".tmp", "w") as f:
+        f.write(dist._get_reconfigure_handle())
+    os.rename(mine + ".tmp", mine)
+    deadline = time.monotonic() + 60
+    paths = [os.path.join(folder, f"handle{r}") for r in range(size)]
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < deadline, "the other process published no handle"
+        time.sleep(0.01)
+    handles = [open(p).read() for p in paths]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="TORCH_DDL_STAGED_BYTES is 4096 for handle 1 and "
+                                           "524288 for handle 0"):
+        dist._reconfigure(uuid=3, handles=handles).wait()
+    assert time.monotonic() - start < 1.0
+    # Each goes on with the group it had.
+    x = torch.ones(5)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.ones(5))
+    dist.destroy_process_group()
+
+
+def test_processes_whose_settings_differ_are_refused_naming_the_setting():
+    with tempfile.TemporaryDirectory() as tmp:
+        run_spawned(_apart, 2, (2, tmp), [0, 0])
+
+
 def _run(fn, size, want):
     with tempfile.TemporaryDirectory() as tmp:
         run_spawned(fn, size, (size, os.path.join(tmp, "store")), want)
