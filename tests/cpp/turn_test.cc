@@ -1,10 +1,12 @@
 // Who turns the runtime (runtime/driver.h): a caller that waits for its own op turns it itself,
-// and an op whose caller was to wait and did not still ends.
+// an op whose caller was to wait and did not still ends, and a spinning progress thread leaves
+// such ops to their callers.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 
+#include "../../csrc/core/transport/loopback/loopback.h"
 #include "../../csrc/core/transport/ucx/ucx_transport.h"
 #include "harness.h"
 
@@ -101,6 +103,47 @@ TEST(Turn, AnUnwaitedOpStartsAtOnceWhenItsCallerSaysSo) {
     EXPECT_LT(took.count(), 300) << "without the wake-up it starts within a second";
     EXPECT_EQ(value, 2.0f);
   });
+}
+
+Task endsAtOnce() { co_return; }
+
+// An op of a group of one that ends in its first turn, submitted as a blocking call's is
+// (Work::deferWake, what ThreadDriver::submit does for it) when `waited`.
+std::shared_ptr<Work> submitOp(Runtime& runtime, bool waited) {
+  auto group = std::make_shared<Group>();
+  group->runtime = &runtime;
+  group->name = "a group of one";
+  auto work = std::make_shared<Work>("allreduce");
+  auto op = std::make_unique<Op>(group, 0, "allreduce", std::chrono::seconds(5), work);
+  op->task = endsAtOnce();
+  if (waited) work->deferWake();
+  runtime.submit(std::move(op), /*wakeDriver=*/false);
+  return work;
+}
+
+// The progress thread, spinning after its last activity, turns without taking the ops whose
+// callers are about to wait for them. Before, it took them between a caller's submission and
+// its wait: each such turn was busy and renewed the spin, and the thread ran a loop of small
+// blocking ops itself (tests/python/test_timing.py).
+TEST(Turn, ASpinningTurnLeavesAWaitedOpToItsCaller) {
+  LoopbackFabric fabric;
+  Engine engine(fabric.join(), Engine::Drive::kExternal);
+  Runtime& runtime = engine.runtime();
+  std::shared_ptr<Work> waited = submitOp(runtime, true);
+  runtime.turn(/*takeWaited=*/false);
+  EXPECT_FALSE(waited->done()) << "taken from the caller about to wait for it";
+  waited->wakeIfDeferred();  // the caller did not wait (it polls, or dropped the work)
+  runtime.turn(/*takeWaited=*/false);
+  EXPECT_TRUE(waited->done()) << "an op no caller waits for was left";
+
+  // Beside an op no caller waits for, both are taken; a turn past the spin takes any.
+  waited = submitOp(runtime, true);
+  std::shared_ptr<Work> async = submitOp(runtime, false);
+  runtime.turn(/*takeWaited=*/false);
+  EXPECT_TRUE(waited->done() && async->done());
+  waited = submitOp(runtime, true);
+  runtime.turn(/*takeWaited=*/true);
+  EXPECT_TRUE(waited->done());
 }
 
 }  // namespace

@@ -173,14 +173,19 @@ bool Runtime::checkLiveness() {
   return found;
 }
 
-bool Runtime::drainSubmissions() {
+bool Runtime::drainSubmissions(bool takeWaited) {
   // The two vectors trade places each turn, so that neither is allocated per op (one that a call
   // made in this turn drained again would find draining_ empty, and allocate).
   std::vector<std::unique_ptr<Op>> ops = std::move(draining_);
   std::vector<std::function<void()>> calls;
   {
     std::lock_guard<std::mutex> lock(submitMutex_);
-    if (submitted_.empty() && calls_.empty()) {
+    const auto waited = [](const std::unique_ptr<Op>& op) {
+      return op->work != nullptr && op->work->wakeDeferred();
+    };
+    if (calls_.empty() &&
+        (takeWaited ? submitted_.empty()
+                    : std::all_of(submitted_.begin(), submitted_.end(), waited))) {
       draining_ = std::move(ops);
       return false;
     }
@@ -379,9 +384,9 @@ bool Runtime::housekeep() {
   return found || woken;
 }
 
-bool Runtime::turn() {
+bool Runtime::turn(bool takeWaited) {
   bool busy = transport_->progress();
-  busy |= drainSubmissions();
+  busy |= drainSubmissions(takeWaited);
   busy |= stepOps();
   busy |= supervisor_->afterSteps();
   const TimePoint now = clock_.now();

@@ -104,8 +104,10 @@ class Runtime {
 
   // The turning thread only.
   // One turn (transport progress, submissions, ops resumed, and every housekeeping period of the
-  // clock deadlines and liveness); true when something happened (turn again).
-  bool turn();
+  // clock deadlines and liveness); true when something happened (turn again). `takeWaited`
+  // false: submissions whose callers are about to wait for them (Work::wakeDeferred), when they
+  // are all there is to take in, are left to those callers.
+  bool turn(bool takeWaited = true);
   // Turns until nothing more happens at this time (bounded), or until the clock passed `until`
   // (work that charges the clock, in the simulator: the caller turns it again once what arrived
   // meanwhile was delivered, as a running loop would see it). Whether nothing more happens.
@@ -181,7 +183,7 @@ class Runtime {
   size_t orphanedOps() const { return orphanCount_.load(); }
 
  private:
-  bool drainSubmissions();
+  bool drainSubmissions(bool takeWaited);
   bool stepOps();
   bool checkDeadlines();  // true when an op asked to be woken now
   bool checkLiveness();

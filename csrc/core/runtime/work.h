@@ -57,6 +57,8 @@ class Work {
   // The op was submitted without waking the progress thread, its caller being about to wait:
   // wait() turns the runtime, and a caller that drops the work unwaited calls wakeIfDeferred().
   void deferWake() { wakeDeferred_.store(true); }
+  // Submitted that way and still to be waited for (no wakeIfDeferred yet).
+  bool wakeDeferred() const { return wakeDeferred_.load(); }
   // Wakes the progress thread if the op was submitted without waking it and no wait() came.
   void wakeIfDeferred();
   void markStarted() { markStarted(std::chrono::steady_clock::now()); }
