@@ -49,13 +49,15 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
     while (!work.done() && !runtime.stopping()) {
       if (runtime.turn()) {
         last = TimePoint::min();
-      } else if (last == TimePoint::min()) {
-        last = clock.now();
-      } else if (clock.now() - last >= spin && clock.now() >= runtime.pollSpinsUntil()) {
-        break;
-      } else {
-        sched_yield();
+        continue;
       }
+      if (last == TimePoint::min()) {
+        last = clock.now();
+        continue;
+      }
+      const TimePoint now = clock.now();
+      if (now - last >= spin && now >= runtime.pollSpinsUntil()) break;
+      sched_yield();
     }
     runtime.setDriverThread(driver_->thread_.get_id());
     leftForThread = driver_->leftForThread();

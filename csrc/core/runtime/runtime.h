@@ -207,6 +207,11 @@ class Runtime {
   std::mutex submitMutex_;
   std::vector<std::unique_ptr<Op>> submitted_;
   std::vector<std::function<void()>> calls_;
+  // Entries of submitted_ and calls_ (written under submitMutex_): read without the lock by
+  // hasSubmissions() and by turns, before a turn takes the lock. Sequentially consistent, as a
+  // submitter's look at the driver's sleeping flag after it, and the driver's at it after that
+  // flag, require (Turn::wake, ThreadDriver::sleep).
+  std::atomic<size_t> queued_{0};
   std::atomic<bool> stopping_{false};
   bool drained_ = false;  // stop() has run
   std::atomic<size_t> activeCount_{0};
