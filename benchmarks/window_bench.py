@@ -18,7 +18,6 @@ send/recv's time to each put's (above 1: the put is faster).
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -102,14 +101,13 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_local(argv):
-    port = str(_free_port())
+    # Below the ephemeral range: a port drawn with bind(0) and freed can be taken by any
+    # connect() before rank 0's store binds it (tests/python/ddl_testing.py).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+    from ddl_testing import free_port
+
+    port = str(free_port())
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DDL_TRACE_ENTRIES="0", WORLD_SIZE="2",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
