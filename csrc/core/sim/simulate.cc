@@ -327,8 +327,6 @@ void settleFinished(SimCluster& cluster, SimCallBuffers& buffers, const std::set
 void countNamed(const SimRequest& request, SimCluster& cluster, const SimCluster::Outcome& outcome,
                 const std::set<int>& killed, const std::set<int>& side, TimePoint began,
                 TimePoint struck, SimReport& report) {
-  // What rank r should know gone: the killed ranks; across a partition, the other side; the
-  // stalled rank.
   auto toKnow = [&](int r) {
     std::set<int> gone = killed;
     if (!side.empty()) {
