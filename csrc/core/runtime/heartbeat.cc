@@ -84,16 +84,7 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
   // transport, and the stretch is no peer's silence.
   if (now > due_ && now - due_ > period_) away_ += now - due_;
   receive(transport, now);
-  std::erase_if(sent_, [](const auto& s) { return s->request.done; });
-  if (now >= nextBeat_) {
-    nextBeat_ = now + period_;
-    for (const auto& [address, target] : targets_) {
-      if (lost(address)) continue;
-      auto& s = sent_.emplace_back(std::make_unique<Sent>());
-      s->id = self_;
-      transport.send(target.peer, kBeatTag, &s->id, sizeof(s->id), &s->request);
-    }
-  }
+  sendDue(transport, now, lost);
   nextSilence_ = TimePoint::max();
   for (Watched& w : watched_) {
     if (w.reported) continue;
@@ -113,6 +104,19 @@ std::vector<std::pair<std::string, std::string>> Heartbeat::tick(Transport& tran
   }
   due_ = next();
   return silent;
+}
+
+void Heartbeat::sendDue(Transport& transport, TimePoint now, const IsLost& lost) {
+  if (!on()) return;
+  std::erase_if(sent_, [](const auto& s) { return s->request.done; });
+  if (now < nextBeat_) return;
+  nextBeat_ = now + period_;
+  for (const auto& [address, target] : targets_) {
+    if (lost(address)) continue;
+    auto& s = sent_.emplace_back(std::make_unique<Sent>());
+    s->id = self_;
+    transport.send(target.peer, kBeatTag, &s->id, sizeof(s->id), &s->request);
+  }
 }
 
 TimePoint Heartbeat::next() const {

@@ -51,6 +51,7 @@ class Heartbeat {
 
   bool on() const { return period_.count() > 0; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::milliseconds period() const { return period_; }
   // The process's own address (its beats carry its digest).
   void setSelf(const std::string& address) { self_ = idOf(address); }
   // Counted uses: beat `peer` (at `address`); watch `address` (heard from now on, at `now`).
@@ -65,6 +66,10 @@ class Heartbeat {
   using IsLost = std::function<bool(const std::string&)>;
   std::vector<std::pair<std::string, std::string>> tick(Transport& transport, TimePoint now,
                                                         const IsLost& lost);
+  // Sends the beats due, and nothing else: what a turning thread held up outside the process
+  // (Runtime::callOutside) does meanwhile. It takes no beat in and counts no peer gone: its next
+  // tick finds the stretch away, as after any absence, while its watchers hear it all along.
+  void sendDue(Transport& transport, TimePoint now, const IsLost& lost);
   // When tick must run next (TimePoint::max(): never).
   TimePoint next() const;
   // When a beat of the process at `address` last arrived, if this process watches it (the time
