@@ -2,7 +2,9 @@
 // leave and no peer counts the rank gone for good.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "../../csrc/core/runtime/heartbeat.h"
 #include "harness.h"
@@ -41,6 +43,66 @@ TEST(Busy, ALongDirectReductionLetsHeartbeatsLeave) {
         buffers->release(data);
       },
       std::chrono::seconds(30));
+}
+
+// A store that answers lookups of addresses late once `slow` is set: its one server queued
+// behind thousands of requests, or the link to it stalled.
+class SlowStore : public MemoryStore {
+ public:
+  std::atomic<bool> slow{false};
+  std::atomic<int> lookups{0};
+  std::string get(const std::string& key) override {
+    holdIfAddress(key);
+    return MemoryStore::get(key);
+  }
+  std::vector<std::string> multiGet(const std::vector<std::string>& keys) override {
+    if (!keys.empty()) holdIfAddress(keys.front());
+    std::vector<std::string> values;
+    for (const std::string& key : keys) values.push_back(MemoryStore::get(key));
+    return values;
+  }
+
+ private:
+  void holdIfAddress(const std::string& key) {
+    if (!slow.load() || key.find("/address/") == std::string::npos) return;
+    lookups.fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  }
+};
+
+// Rank 0 of 9 (on hosts of their own) sends to rank 3, whose address creation did not tell it (it knows the ranks at
+// distances 1, 2 and 4 each way): it looks it up in the store, which takes 1 s, more than the
+// heartbeat timeout of 300 ms. Its beats go on meanwhile: nobody counts it gone, and the send
+// arrives. Before, the rank's turning thread waited for the store and sent no beat; its watchers
+// counted it gone and the group failed.
+TEST(Busy, ARankWaitingForTheStoreGoesOnBeating) {
+  ScopedEnv env({{"TORCH_DDL_HEARTBEAT_MS", "20"}, {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "300"}});
+  auto store = std::make_shared<SlowStore>();
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<Locality> hosts;  // a rank a host: the ring's partners are its neighbours
+  for (int r = 0; r < 9; ++r) {
+    engines.push_back(std::make_unique<Engine>(fabric.join()));
+    hosts.push_back(Locality{"h" + std::to_string(r), "m" + std::to_string(r)});
+  }
+  const Topology machine = buildTopology(hosts);
+  runGroup(
+      engines,
+      [&](Communicator& comm) {
+        check(comm.barrier());
+        if (comm.rank() == 0) store->slow = true;
+        check(comm.barrier());
+        int value = comm.rank() == 0 ? 42 : 0;
+        if (comm.rank() == 0) check(comm.send(&value, sizeof(value), 3, 7));
+        if (comm.rank() == 3) {
+          check(comm.recv(&value, sizeof(value), 0, 7));
+          EXPECT_EQ(value, 42);
+        }
+        check(comm.barrier());
+        EXPECT_TRUE(comm.goneRanks().empty()) << "rank " << comm.rank();
+      },
+      std::chrono::seconds(30), &machine, store);
+  EXPECT_EQ(store->lookups.load(), 1);
 }
 
 // Two processes that beat each other every 250 ms, counted gone after 2 s of silence, ticked at

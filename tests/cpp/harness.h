@@ -84,12 +84,13 @@ class ScopedEnv {
 using RankBody = std::function<void(Communicator& comm)>;
 using TransportFactory = std::function<std::unique_ptr<Transport>()>;
 
-// Runs body on one thread per engine, rank r on engines[r], in a new group of them all;
-// rethrows the first failure.
+// Runs body on one thread per engine, rank r on engines[r], in a new group of them all, made
+// through `store` (null: a MemoryStore of its own); rethrows the first failure.
 inline void runGroup(const std::vector<std::unique_ptr<Engine>>& engines, const RankBody& body,
-                     std::chrono::milliseconds timeout, const Topology* simulated = nullptr) {
+                     std::chrono::milliseconds timeout, const Topology* simulated = nullptr,
+                     std::shared_ptr<KeyValueStore> store = nullptr) {
   const int size = static_cast<int>(engines.size());
-  auto store = std::make_shared<MemoryStore>();
+  if (!store) store = std::make_shared<MemoryStore>();
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

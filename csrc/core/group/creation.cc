@@ -57,6 +57,28 @@ void checkRankOf(int rank, int size) {
   }
 }
 
+// A directory that looks addresses up in `store`, under `keyOf(rank)`. Looked up from inside an
+// op, on the turning thread: the runtime's beats go on while the store answers
+// (Runtime::callOutside).
+std::shared_ptr<PeerDirectory> storeDirectory(std::shared_ptr<KeyValueStore> store,
+                                              std::function<std::string(int)> keyOf,
+                                              Runtime& runtime) {
+  Runtime* turning = &runtime;
+  return std::make_shared<PeerDirectory>(
+      [store, keyOf, turning](int r) {
+        std::string address;
+        turning->callOutside([&] { address = store->get(keyOf(r)); });
+        return address;
+      },
+      [store, keyOf, turning](const std::vector<int>& ranks) {
+        std::vector<std::string> keys;
+        for (int r : ranks) keys.push_back(keyOf(r));
+        std::vector<std::string> addresses;
+        turning->callOutside([&] { addresses = store->multiGet(keys); });
+        return addresses;
+      });
+}
+
 // The creation op: the exchange (bootstrap.h), then, where the machine spans hosts and its
 // figures are neither given nor measured before, the link probe (link_probe.h).
 Task createGroup(Op& op, Engine* engine, std::shared_ptr<Group> group, RankCard mine,
@@ -157,13 +179,7 @@ std::unique_ptr<Creation> Creation::begin(Engine& engine, std::shared_ptr<KeyVal
   card.locality = (options.locality ? *options.locality : Locality::self()).encode();
   card.idTaken = !engine.claimGroupId(group->id, tag::wideBits(size));
   pending->claimed_ = !card.idTaken;
-  group->directory = std::make_shared<PeerDirectory>(
-      [shared, addressKey](int r) { return shared->get(addressKey(r)); },
-      [shared, addressKey](const std::vector<int>& ranks) {
-        std::vector<std::string> keys;
-        for (int r : ranks) keys.push_back(addressKey(r));
-        return shared->multiGet(keys);
-      });
+  group->directory = storeDirectory(shared, addressKey, engine.runtime());
   for (size_t i = 0; i < knownRanks.size(); ++i) {
     group->directory->learn(knownRanks[i], known[i + 1]);
   }

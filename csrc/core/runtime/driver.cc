@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <functional>
 #include <vector>
 
 #include "../base/types.h"
@@ -70,10 +73,45 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
   return work.done();
 }
 
+namespace {
+
+// Runtime::callOutside in a process: `call` on a thread of its own (joined before this returns:
+// what it refers to stays alive), `meanwhile` on this one every `every` until it returns.
+void runOutside(const std::function<void()>& call, const std::function<void()>& meanwhile,
+                std::chrono::milliseconds every) {
+  std::mutex mutex;
+  std::condition_variable returned;
+  bool done = false;
+  std::exception_ptr error;
+  std::thread outside([&] {
+    try {
+      call();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> hold(mutex);
+    done = true;
+    returned.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> hold(mutex);
+    while (!returned.wait_for(hold, every, [&] { return done; })) {
+      hold.unlock();
+      meanwhile();
+      hold.lock();
+    }
+  }
+  outside.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
 ThreadDriver::ThreadDriver(Runtime& runtime) : runtime_(runtime) {
   turn_->driver_ = this;
   std::shared_ptr<Turn> turn = turn_;
   runtime_.setWakeHook([turn] { turn->wake(); });
+  runtime_.setOutsideRunner(&runOutside);
   thread_ = std::thread([this] { run(); });
   runtime_.setDriverThread(thread_.get_id());
 }

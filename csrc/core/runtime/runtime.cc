@@ -118,6 +118,19 @@ void Runtime::call(const std::function<void()>& fn) {
   done.get_future().get();
 }
 
+void Runtime::callOutside(const std::function<void()>& call) {
+  const std::thread::id turning = driverThread_.load();
+  const bool turns = turning == std::thread::id() || turning == std::this_thread::get_id();
+  if (!outsideRunner_ || !heartbeat_.on() || !turns) return call();
+  const auto every = std::max(heartbeat_.period() / 4, std::chrono::milliseconds(1));
+  outsideRunner_(
+      call,
+      [this] {
+        heartbeat_.sendDue(*transport_, clock_.now(), [this](const auto& a) { return isLost(a); });
+      },
+      every);
+}
+
 void Runtime::postIfAlive(Runtime* runtime, std::function<void()> fn) {
   std::lock_guard<std::mutex> live(gLiveMutex);
   if (gLive.count(runtime) == 0) return;

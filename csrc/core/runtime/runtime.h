@@ -87,6 +87,19 @@ class Runtime {
   // A driver that turns the runtime on a thread of its own; call() from another thread then
   // hands its function to that thread. Without one the caller turns it, and call() runs inline.
   void setDriverThread(std::thread::id id) { driverThread_ = id; }
+  // How a driver runs a call that may block outside the process (callOutside): `call` on a
+  // thread of its own, `meanwhile` every `every` on the turning thread until it returns;
+  // rethrows what `call` throws. Without one such calls run inline.
+  using OutsideRunner =
+      std::function<void(const std::function<void()>& call, const std::function<void()>& meanwhile,
+                         std::chrono::milliseconds every)>;
+  void setOutsideRunner(OutsideRunner runner) { outsideRunner_ = std::move(runner); }
+  // Runs `call`, a request outside the process that may take long (a store's lookup of a
+  // peer's address): where this thread turns the runtime and a driver runs such calls, the
+  // beats due go on meanwhile (Heartbeat::sendDue), so that a store slow to answer, queued
+  // behind thousands of requests, gets no live rank counted gone. Nothing else is turned
+  // meanwhile: the call is made from inside an op. Rethrows what `call` throws.
+  void callOutside(const std::function<void()>& call);
 
   // Any thread. The op's task must be set; its Work finishes when the op ends. `wake`: false
   // when the driver need not be woken for it (its caller turns the runtime: driver.h).
@@ -217,6 +230,7 @@ class Runtime {
   std::atomic<size_t> activeCount_{0};
   std::atomic<size_t> orphanCount_{0};
   std::function<void()> wakeHook_;
+  OutsideRunner outsideRunner_;
   std::atomic<std::thread::id> driverThread_{};  // default: none, calls run inline
 
   // Turning thread only.
