@@ -529,6 +529,21 @@ TEST(Sim, AGatherOfAThousandRanksRunsATreeAndNobodyIsCountedGone) {
   EXPECT_LE(r.opMessages, 3u * ranks);
 }
 
+// A rank's lookup at the store is made from inside an op, and waits for the store's answer; its
+// beats go on meanwhile (Runtime::callOutside). A linear gather of 60 ranks (below 64: no tree),
+// whose 59 senders each look the root's address up at a store of 50 ms an answer, queue 2.95 s
+// there, past the heartbeat's 2 s. Before, a rank waiting its turn there sent no beat and its
+// watchers counted it gone ("rank 57 is gone: it sent no heartbeat for 2000 ms").
+TEST(Sim, RanksQueuedAtASlowStoreBeatMeanwhileAndNobodyIsCountedGone) {
+  SimRequest q = request(60, 4, 4, 124);
+  q.collective = "gather";
+  q.cluster.storeMicros = 50000;
+  SimReport r = simulate(q);
+  expectRight(r);
+  EXPECT_EQ(r.algorithm, "gather");  // linear
+  EXPECT_GT(r.simMicros, 2.5e6);  // the last sender's answer came after the heartbeat's timeout
+}
+
 // The tree from 64 ranks, while the largest subtree a rank other than the root holds fits 256 MiB
 // of scratch (the subtree of 2^k holds min(2^k, P - 2^k) blocks); linear otherwise.
 TEST(Sim, AGatherTakesTheTreeFromSixtyFourRanksWhileItsScratchFits) {

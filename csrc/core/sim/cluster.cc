@@ -132,6 +132,11 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
                                                 *clocks_.back(), memory_.get(), &settings_));
     SimNetwork* network = network_.get();
     engines_.back()->setWakeHook([network, r] { network->wake(r, network->now()); });
+    // A lookup at the store charges the rank the store's answer; its beats go on meanwhile.
+    engines_.back()->runtime().setOutsideRunner(
+        [network](const auto& call, const auto& meanwhile, std::chrono::milliseconds every) {
+          network->waitingFor(call, meanwhile, every);
+        });
   }
   network_->setTurn([this](int r) {
     Engine& engine = *engines_[r];

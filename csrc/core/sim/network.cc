@@ -103,10 +103,28 @@ void SimNetwork::charge(double seconds) {
 
 void SimNetwork::waitUntil(int rank, TimePoint until) {
   if (rank == turning_) {
+    if (waitHook_ != nullptr && waitEvery_ > 0) {
+      while (local_ + waitEvery_ < ns(until)) {
+        local_ += waitEvery_;
+        (*waitHook_)();
+      }
+    }
     local_ = std::max(local_, ns(until));
   } else {
     busyUntil_.at(rank) = std::max(busyUntil_.at(rank), ns(until));
   }
+}
+
+void SimNetwork::waitingFor(const std::function<void()>& call,
+                            const std::function<void()>& meanwhile,
+                            std::chrono::nanoseconds every) {
+  struct Unset {
+    SimNetwork& network;
+    ~Unset() { network.waitHook_ = nullptr; }
+  } unset{*this};
+  waitHook_ = &meanwhile;
+  waitEvery_ = every.count();
+  call();
 }
 
 void SimNetwork::push(int64_t at, Kind kind, int rank, int other, uint64_t index) {

@@ -264,6 +264,11 @@ class SimNetwork {
   // `rank` waits until `until` (an answer from outside the network: the store's): its clock
   // reads no earlier, in a turn or before its next one.
   void waitUntil(int rank, TimePoint until);
+  // Runs `call` (the turning rank's request to the store: Runtime::callOutside), where its waits
+  // (waitUntil) call `meanwhile` every `every` of them, at that time: the beats a process sends
+  // while its turning thread waits for the store's answer.
+  void waitingFor(const std::function<void()>& call, const std::function<void()>& meanwhile,
+                  std::chrono::nanoseconds every);
   int turning() const { return turning_; }
 
   // Asks for `rank` to be turned at `at` (no earlier than now).
@@ -390,7 +395,9 @@ class SimNetwork {
   uint64_t order_ = 0;
   TimePoint now_{};
   int turning_ = -1;
-  int64_t local_ = 0;  // the turning rank's time
+  int64_t local_ = 0;                                // the turning rank's time
+  const std::function<void()>* waitHook_ = nullptr;  // waitingFor's `meanwhile`, while it runs
+  int64_t waitEvery_ = 0;
   std::vector<int64_t> busyUntil_, turnAt_;
   std::vector<bool> dead_;
   std::vector<int> deadRanks_;
