@@ -70,11 +70,11 @@ class SlowStore : public MemoryStore {
   }
 };
 
-// Rank 0 of 9 (on hosts of their own) sends to rank 3, whose address creation did not tell it (it knows the ranks at
-// distances 1, 2 and 4 each way): it looks it up in the store, which takes 1 s, more than the
-// heartbeat timeout of 300 ms. Its beats go on meanwhile: nobody counts it gone, and the send
-// arrives. Before, the rank's turning thread waited for the store and sent no beat; its watchers
-// counted it gone and the group failed.
+// Rank 0 of 9 (on hosts of their own) sends to rank 3, whose address creation did not tell it (it
+// knows the ranks at distances 1, 2 and 4 each way): it looks it up in the store, which takes 1 s,
+// more than the heartbeat timeout of 300 ms. Its beats go on meanwhile: nobody counts it gone, and
+// the send arrives. Before, the rank's turning thread waited for the store and sent no beat; its
+// watchers counted it gone and the group failed.
 TEST(Busy, ARankWaitingForTheStoreGoesOnBeating) {
   ScopedEnv env({{"TORCH_DDL_HEARTBEAT_MS", "20"}, {"TORCH_DDL_HEARTBEAT_TIMEOUT_MS", "300"}});
   auto store = std::make_shared<SlowStore>();
@@ -159,6 +159,33 @@ TEST(Heartbeat, AProcessAwayDoesNotCountItsPeersGoneForItsOwnAbsence) {
   for (int ms = 4250; ms <= 8000; ms += 250) {
     for (int i = 0; i < 2; ++i) EXPECT_TRUE(two.tick(i, ms).empty()) << i << " at " << ms;
   }
+}
+
+// A process away from the moment it began to watch a peer (its turning thread waiting for the
+// store right after the group's creation) does not count the peer gone for that absence, and
+// does count it gone once it has listened for the timeout. Before, its last tick had found
+// nothing to watch and left no due time, so the absence was taken for the peer's silence.
+TEST(Heartbeat, AProcessAwayFromItsFirstWatchDoesNotCountThePeerGoneForIt) {
+  LoopbackFabric fabric;
+  std::unique_ptr<LoopbackTransport> transport = fabric.join();
+  std::unique_ptr<LoopbackTransport> silent = fabric.join();
+  Heartbeat beats(std::chrono::milliseconds(250), std::chrono::milliseconds(2000));
+  beats.setSelf(transport->localAddress());
+  const TimePoint start{};
+  auto tick = [&](int ms) {
+    transport->progress();
+    return beats.tick(*transport, start + std::chrono::milliseconds(ms),
+                      [](const std::string&) { return false; });
+  };
+  EXPECT_TRUE(tick(0).empty());  // nothing watched yet
+  beats.watch(silent->localAddress(), start + std::chrono::milliseconds(10));
+  EXPECT_TRUE(tick(2510).empty());  // away 2.5 s since the watch began
+  int at = 2510;
+  std::vector<std::pair<std::string, std::string>> gone;
+  while (gone.empty() && at < 10000) gone = tick(at += 250);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(at, 4510);  // listened from 2.51 s: 2 s of silence at 4.51 s
+  beats.stop(*transport);
 }
 
 // ... while a peer that falls silent while this process listens is still counted gone after the

@@ -530,18 +530,21 @@ TEST(Sim, AGatherOfAThousandRanksRunsATreeAndNobodyIsCountedGone) {
 }
 
 // A rank's lookup at the store is made from inside an op, and waits for the store's answer; its
-// beats go on meanwhile (Runtime::callOutside). A linear gather of 60 ranks (below 64: no tree),
-// whose 59 senders each look the root's address up at a store of 50 ms an answer, queue 2.95 s
-// there, past the heartbeat's 2 s. Before, a rank waiting its turn there sent no beat and its
-// watchers counted it gone ("rank 57 is gone: it sent no heartbeat for 2000 ms").
+// beats go on meanwhile (Runtime::callOutside). A linear gather of 1 024 ranks (forced: auto
+// takes the tree), whose 1 023 senders each look the root's address up at a store of 2.5 ms an
+// answer, queues 2.56 s there, past the heartbeat's 2 s. Before, a rank waiting its turn there
+// sent no beat and its watchers counted it gone; and a watcher that went to the store right
+// after creation, before any tick of its heartbeats, took its own absence for its peers'
+// silence ("rank 127 is gone: rank 895 counts it gone").
 TEST(Sim, RanksQueuedAtASlowStoreBeatMeanwhileAndNobodyIsCountedGone) {
-  SimRequest q = request(60, 4, 4, 124);
+  ScopedEnv env({{"TORCH_DDL_GATHER_ALGO", "linear"}});
+  SimRequest q = request(1024, 8, 8, 124);
   q.collective = "gather";
-  q.cluster.storeMicros = 50000;
+  q.cluster.storeMicros = 2500;
   SimReport r = simulate(q);
   expectRight(r);
   EXPECT_EQ(r.algorithm, "gather");  // linear
-  EXPECT_GT(r.simMicros, 2.5e6);  // the last sender's answer came after the heartbeat's timeout
+  EXPECT_GT(r.simMicros, 2.4e6);     // the last sender's answer came after the heartbeat's timeout
 }
 
 // The tree from 64 ranks, while the largest subtree a rank other than the root holds fits 256 MiB

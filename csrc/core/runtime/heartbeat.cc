@@ -41,6 +41,10 @@ void Heartbeat::watch(const std::string& address, TimePoint now) {
   }
   ++it->uses;
   if (!it->reported) nextSilence_ = std::min(nextSilence_, now + timeout_ - silence(*it, now));
+  // Listening from `now`: a tick more than a period later comes after an absence. (A tick that
+  // found nothing to watch left due_ at never, and an absence right after the first watch, a
+  // turning thread waiting for the store, was counted as the peers' silence.)
+  due_ = std::min(due_, now);
 }
 
 void Heartbeat::unwatch(const std::string& address) {
