@@ -181,6 +181,7 @@ py::dict campaignDict(const CampaignReport& report) {
   kinds.append(py::make_tuple("slow_reduce", report.slowReductions, report.failedSlowReductions));
   kinds.append(py::make_tuple("hostile", report.hostile, report.failedHostile));
   kinds.append(py::make_tuple("alltoall_bruck", report.alltoallBruck, report.failedAlltoallBruck));
+  kinds.append(py::make_tuple("slow_store", report.slowStore, report.failedSlowStore));
   out["stale_used"] = report.stale;
   out["early_signal"] = report.earlySignals;
   out["kinds"] = kinds;

@@ -43,9 +43,8 @@ class Run {
     cluster_.createGroup();
     const int n = cluster_.size();
     for (int r = 0; r < n; ++r) cluster_.comm(r).startSequenceAt(s_.firstOp);
-    if (s_.slowReducer >= 0) {
-      cluster_.network().slowReductions(s_.slowReducer, s_.slowReduction);
-    }
+    if (s_.slowReducer >= 0) cluster_.network().slowReductions(s_.slowReducer, s_.slowReduction);
+    if (s_.slowStoreMicros > 0) cluster_.slowStore(s_.slowStoreMicros);
     if (s_.windows > 0) {
       windows_ = std::make_unique<WindowRounds>(cluster_, s_);
       const WindowRounds::Broken broken = windows_->run();
@@ -584,6 +583,7 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
     count(s.twoGroups, report.twoGroups, report.failedTwoGroups);
     count(s.slowReducer >= 0, report.slowReductions, report.failedSlowReductions);
     count(s.hostile >= 0, report.hostile, report.failedHostile);
+    count(s.slowStoreMicros > 0, report.slowStore, report.failedSlowStore);
     count(s.alltoallBruck, report.alltoallBruck, report.failedAlltoallBruck);
     for (int k = 0; k < kFaultKinds; ++k) {
       report.withKind[k] += kinds[k];

@@ -63,10 +63,10 @@ struct CampaignReport {
   // Scenarios with a group lifecycle after the shrink, and those failed.
   int lifecycles = 0, failedLifecycles = 0;
   // Scenarios with windows, two groups, a slow reduction, a hostile peer, all_to_alls by Bruck's
-  // rounds; and of them those that failed.
+  // rounds, a slow store; and of them those that failed.
   int windowed = 0, failedWindowed = 0, twoGroups = 0, failedTwoGroups = 0, slowReductions = 0,
       failedSlowReductions = 0, hostile = 0, failedHostile = 0, alltoallBruck = 0,
-      failedAlltoallBruck = 0;
+      failedAlltoallBruck = 0, slowStore = 0, failedSlowStore = 0;
   int earlySignals = 0;
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;

@@ -21,6 +21,7 @@ class SimCluster::Store : public KeyValueStore {
         set_(nanos(spec.storeSetMicros)),
         perKey_(nanos(spec.storeKeyMicros)) {}
   void asking(int rank) { asking_ = rank; }
+  void answerIn(double micros) { answered_ = nanos(micros); }
   void set(const std::string& key, const std::string& value) override {
     serve(1, false);
     values_[key] = value;
@@ -72,7 +73,8 @@ class SimCluster::Store : public KeyValueStore {
     if (answered) network_.waitUntil(rank, freeAt_);
   }
   SimNetwork& network_;
-  const std::chrono::nanoseconds answered_, set_, perKey_;
+  std::chrono::nanoseconds answered_;
+  const std::chrono::nanoseconds set_, perKey_;
   TimePoint freeAt_{};
   int asking_ = -1;
   std::map<std::string, std::string> values_;
@@ -155,6 +157,8 @@ SimCluster::~SimCluster() {
 }
 
 uint64_t SimCluster::storeRequests() const { return store_->requests(); }
+
+void SimCluster::slowStore(double micros) { store_->answerIn(micros); }
 
 void SimCluster::carryPayload(bool on) {
   network_->carryPayload(on);

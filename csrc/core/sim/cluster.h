@@ -74,6 +74,8 @@ class SimCluster {
   Communicator& comm(int rank) { return *comms_.at(rank); }
   bool hasComm(int rank) const { return comms_.at(rank) != nullptr; }
   uint64_t storeRequests() const;
+  // From now on the store's server takes `micros` to answer a request (a store that slows down).
+  void slowStore(double micros);
 
   // Starts an operation on every live rank at the current virtual time (`start` gets the options
   // to pass: their Work records its end) and runs until every one has ended, or `limit` of

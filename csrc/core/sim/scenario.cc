@@ -165,6 +165,10 @@ std::string Scenario::describe() const {
     }
     s += ")";
   }
+  if (slowStoreMicros > 0) {
+    s += "; the store answers in " + std::to_string(static_cast<int>(slowStoreMicros)) +
+         " us from the first op";
+  }
   return s;
 }
 
@@ -303,6 +307,7 @@ void drawPaths(Scenario& s, int ranks, int ops) {
     s.hostileOp = paths.between(0, ops - 1);
     s.hostileSends = paths.between(1, 15);
   }
+  if (paths.chance(0.15)) s.slowStoreMicros = (0.5e6 + paths.uniform() * 3.5e6) / ranks;
 }
 
 }  // namespace

@@ -82,6 +82,11 @@ struct Scenario {
   // heartbeats), kData (the op's data slots).
   enum : int { kReplays = 1, kPrints = 2, kControl = 4, kData = 8 };
   int hostileSends = 0;
+  // A slow store: from the windows and ops on (creation done), the store's one server takes
+  // `slowStoreMicros` to answer each request (0: the measured figure), drawn so that every rank
+  // asking once queues 0.5 - 4 s there, past the heartbeats' timeout at the long end. A rank
+  // that looks a peer up waits its turn there, beating meanwhile (Runtime::callOutside).
+  double slowStoreMicros = 0;
   // Where an all_to_all is among the ops: half the time it runs Bruck's rounds
   // (cluster.plan->alltoall), which auto takes from 1 024 ranks only. Drawn apart from the rest.
   bool alltoallBruck = false;
