@@ -203,6 +203,9 @@ def parser():
                    help="a campaign passes over scenarios drawn larger")
     p.add_argument("--scenario", default=None, metavar="SEED",
                    help="replay one scenario of a campaign by its seed (hex)")
+    p.add_argument("--slow-store", action="store_true",
+                   help="a campaign (or --scenario) draws a slow store too: a path not yet held "
+                        "(docs/faults.md)")
     p.add_argument("--shrink", action="store_true",
                    help="after --kill, the survivors shrink the group (each excluding the ranks "
                         "it knows are gone) and run 20 collectives of mixed kinds on it, each "
@@ -261,9 +264,10 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     if args.scenario is not None:
-        return run_scenario(args.scenario)
+        return run_scenario(args.scenario, args.slow_store)
     if args.campaign:
-        return run_campaign(args.campaign, args.seed, args.max_ranks, args.verbose)
+        return run_campaign(args.campaign, args.seed, args.max_ranks, args.verbose,
+                            args.slow_store)
     ranks = sum(args.hosts) if args.hosts else args.ranks
     if ranks < 1:
         p.error("give at least one rank")
@@ -358,23 +362,23 @@ def main(argv=None):
     return 1 if (r["checked"] and r["mismatch"]) or failed else 0
 
 
-def replay_command(seed):
-    return f"python -m torch_ddl.sim --scenario {seed:016x}"
+def replay_command(seed, slow_store=False):
+    return f"python -m torch_ddl.sim --scenario {seed:016x}" + (" --slow-store" * slow_store)
 
 
-def describe_result(r):
+def describe_result(r, slow_store=False):
     return (f"scenario {r['seed']:016x}: {r['why'] or 'every invariant holds'}\n"
-            f"  {r['description']}\n  replay: {replay_command(r['seed'])}")
+            f"  {r['description']}\n  replay: {replay_command(r['seed'], slow_store)}")
 
 
-def run_scenario(text):
+def run_scenario(text, slow_store=False):
     try:
         seed = int(text, 16)
     except ValueError:
         print(f"torch_ddl.sim: --scenario {text}: give the scenario's seed in hex", file=sys.stderr)
         return 2
-    r = _C.scenario(seed)
-    print(describe_result(r))
+    r = _C.scenario(seed, slow_store)
+    print(describe_result(r, slow_store))
     news = f" news_us={r['news_us']:.1f}" if r["news_us"] else ""
     print(f"SCENARIO seed={seed:016x} ranks={r['ranks']} failed={int(r['failed'])} "
           f"groups={r['groups']} members={r['shrink_ranks']}{news} "
@@ -383,12 +387,12 @@ def run_scenario(text):
     return 1 if r["failed"] else 0
 
 
-def run_campaign(count, seed, max_ranks, verbose):
+def run_campaign(count, seed, max_ranks, verbose, slow_store=False):
     def progress(i, r):
         if verbose or r["failed"]:
-            print(f"{i}: {describe_result(r)}" if r["failed"] else
+            print(f"{i}: {describe_result(r, slow_store)}" if r["failed"] else
                   f"{i}: scenario {r['seed']:016x} ok ({r['ranks']} ranks)", flush=True)
-    report = _C.campaign(seed, count, max_ranks, progress)
+    report = _C.campaign(seed, count, max_ranks, progress, slow_store)
     print(f"{'fault':<14} {'scenarios':>9} {'failed':>6}")
     for kind, scenarios, failed in report["kinds"]:
         print(f"{kind:<14} {scenarios:>9} {failed:>6}")

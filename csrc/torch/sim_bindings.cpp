@@ -207,8 +207,8 @@ void defineSimulator(py::module_& m) {
   });
 
   // One scenario of a campaign, drawn from its seed.
-  m.def("scenario", [](uint64_t seed) {
-    const Scenario s = drawScenario(seed);
+  m.def("scenario", [](uint64_t seed, bool slowStore) {
+    const Scenario s = drawScenario(seed, slowStore);
     ScenarioResult r;
     {
       py::gil_scoped_release released;
@@ -218,20 +218,22 @@ void defineSimulator(py::module_& m) {
   });
   m.def("scenario_seed", &scenarioSeed, "the seed of a campaign's index-th draw");
   // `count` scenarios drawn from `seed`; progress(index, result dict) after each.
-  m.def("campaign", [](uint64_t seed, int count, int maxRanks, const py::object& progress) {
-    ScenarioLimits limits;
-    limits.maxRanks = maxRanks;
-    CampaignReport report;
-    {
-      py::gil_scoped_release released;
-      report = runCampaign(seed, count, limits, [&](int i, const ScenarioResult& r) {
-        if (progress.is_none()) return;
-        py::gil_scoped_acquire held;
-        progress(i, resultDict(r));
-      });
-    }
-    return campaignDict(report);
-  });
+  m.def("campaign",
+        [](uint64_t seed, int count, int maxRanks, const py::object& progress, bool slowStore) {
+          ScenarioLimits limits;
+          limits.maxRanks = maxRanks;
+          limits.slowStore = slowStore;
+          CampaignReport report;
+          {
+            py::gil_scoped_release released;
+            report = runCampaign(seed, count, limits, [&](int i, const ScenarioResult& r) {
+              if (progress.is_none()) return;
+              py::gil_scoped_acquire held;
+              progress(i, resultDict(r));
+            });
+          }
+          return campaignDict(report);
+        });
 }
 
 }  // namespace ddl

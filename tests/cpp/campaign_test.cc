@@ -171,6 +171,28 @@ TEST(Campaign, OneSeedReplaysBitForBit) {
   EXPECT_EQ(a.failureMessages, b.failureMessages);
 }
 
+// A slow store is drawn only where asked (ScenarioLimits::slowStore), last from the paths'
+// stream: asked or not, a seed's world, ops and faults are the same. Asked, it slows the store
+// in about half the worlds, so that every rank asking once queues 0.5 - 4 s there.
+TEST(Campaign, ASlowStoreIsDrawnOnlyWhereAskedAndLeavesTheRestOfTheWorld) {
+  int slow = 0;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const uint64_t seed = scenarioSeed(20261242, i);
+    const Scenario plain = drawScenario(seed), asked = drawScenario(seed, true);
+    EXPECT_EQ(plain.slowStoreMicros, 0);
+    const std::string words = asked.describe();
+    EXPECT_EQ(words.substr(0, plain.describe().size()), plain.describe());
+    if (asked.slowStoreMicros == 0) continue;
+    ++slow;
+    const double queued = asked.slowStoreMicros * asked.ranks();
+    EXPECT_GE(queued, 0.5e6);
+    EXPECT_LE(queued, 4e6);
+    EXPECT_NE(words.find("the store answers in"), std::string::npos) << words;
+  }
+  EXPECT_GE(slow, 70);
+  EXPECT_LE(slow, 130);
+}
+
 TEST(Campaign, AFewHundredScenariosKeepEveryInvariant) {
   const char* env = std::getenv("DDL_CAMPAIGN_SCENARIOS");
   const int count = env != nullptr ? std::atoi(env) : 300;

@@ -546,9 +546,9 @@ CampaignReport runCampaign(uint64_t seed, int count, const ScenarioLimits& limit
   CampaignReport report;
   uint64_t draw = 0;
   for (int i = 0; i < count; ++i) {
-    Scenario s = drawScenario(scenarioSeed(seed, draw++));
+    Scenario s = drawScenario(scenarioSeed(seed, draw++), limits.slowStore);
     while (s.cluster.hostSizes.size() > 0 && s.ranks() > limits.maxRanks) {
-      s = drawScenario(scenarioSeed(seed, draw++));
+      s = drawScenario(scenarioSeed(seed, draw++), limits.slowStore);
     }
     const ScenarioResult r = runScenario(s);
     ++report.scenarios;

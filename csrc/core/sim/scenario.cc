@@ -277,7 +277,7 @@ Fault drawFault(Rng& rng, int ranks, const std::vector<int>& hostStart, int host
 // lifecycles, windows, a second group, all_to_all schedules, slow reductions, a hostile rank),
 // drawn from a generator of their own so that adding one leaves the machine, ops and faults of
 // every seed as they were.
-void drawPaths(Scenario& s, int ranks, int ops) {
+void drawPaths(Scenario& s, int ranks, int ops, bool slowStore) {
   Rng paths(s.seed ^ 0x9e3779b97f4a7c15ull);
   // Long runs: ops numbered from just before a wrap, a third of the time.
   const double wrap = paths.uniform();
@@ -307,12 +307,14 @@ void drawPaths(Scenario& s, int ranks, int ops) {
     s.hostileOp = paths.between(0, ops - 1);
     s.hostileSends = paths.between(1, 15);
   }
-  if (paths.chance(0.15)) s.slowStoreMicros = (0.5e6 + paths.uniform() * 3.5e6) / ranks;
+  if (slowStore && paths.chance(0.5)) {
+    s.slowStoreMicros = (0.5e6 + paths.uniform() * 3.5e6) / ranks;
+  }
 }
 
 }  // namespace
 
-Scenario drawScenario(uint64_t seed) {
+Scenario drawScenario(uint64_t seed, bool slowStore) {
   Rng rng(seed);
   Scenario s;
   s.seed = seed;
@@ -352,7 +354,7 @@ Scenario drawScenario(uint64_t seed) {
     for (SimCall& call : s.ops) call.count = std::min(call.count, kHugeCount);
     for (SimCall& call : s.after) call.count = std::min(call.count, kHugeCount);
   }
-  drawPaths(s, ranks, ops);
+  drawPaths(s, ranks, ops, slowStore);
   return s;
 }
 
