@@ -63,18 +63,17 @@ void checkRankOf(int rank, int size) {
 std::shared_ptr<PeerDirectory> storeDirectory(std::shared_ptr<KeyValueStore> store,
                                               std::function<std::string(int)> keyOf,
                                               Runtime& runtime) {
-  Runtime* turning = &runtime;
   return std::make_shared<PeerDirectory>(
-      [store, keyOf, turning](int r) {
+      [store, keyOf, &runtime](int r) {
         std::string address;
-        turning->callOutside([&] { address = store->get(keyOf(r)); });
+        runtime.callOutside([&] { address = store->get(keyOf(r)); });
         return address;
       },
-      [store, keyOf, turning](const std::vector<int>& ranks) {
+      [store, keyOf, &runtime](const std::vector<int>& ranks) {
         std::vector<std::string> keys;
         for (int r : ranks) keys.push_back(keyOf(r));
         std::vector<std::string> addresses;
-        turning->callOutside([&] { addresses = store->multiGet(keys); });
+        runtime.callOutside([&] { addresses = store->multiGet(keys); });
         return addresses;
       });
 }
