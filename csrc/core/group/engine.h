@@ -60,6 +60,12 @@ class Engine {
     runtime_.submit(std::move(op));
   }
   void call(const std::function<void()>& fn) { runtime_.call(fn); }
+  // Runs `body` on this thread holding the runtime's turn, where a progress thread turns it and
+  // the turn is free now (ThreadDriver::holdingTurn: a body that does not turn the runtime);
+  // false when it did not run.
+  bool holdingTurn(FunctionRef<void(Runtime&)> body) {
+    return driver_ && driver_->holdingTurn(body);
+  }
   const std::string& localAddress() const { return runtime_.localAddress(); }
   // Watches the peers of `group` whose identity (by group rank) shows them on this host
   // (runtime/liveness.h), connecting to them: once one exits, the ops of every group that has

@@ -35,18 +35,33 @@ void Turn::wake() {
   }
 }
 
-bool Turn::help(const Work& work, std::chrono::microseconds spin) {
-  if (tTurns || !lent_.load(std::memory_order_relaxed)) return work.done();
+bool Turn::holding(FunctionRef<void(Runtime&)> body, bool turns) {
+  if (tTurns || !lent_.load(std::memory_order_relaxed)) return false;
   bool leftForThread = false;
   {
     std::unique_lock<std::mutex> hold(mutex_, std::try_to_lock);
-    if (!hold.owns_lock() || driver_ == nullptr || !lent_.load()) return work.done();
+    if (!hold.owns_lock() || driver_ == nullptr || !lent_.load()) return false;
     Runtime& runtime = driver_->runtime_;
     // Stopping, or stopped by the thread on its way out (before the driver forgets this turn):
     // nothing may be turned or posted any more.
-    if (runtime.stopping()) return work.done();
+    if (runtime.stopping()) return false;
     tTurns = true;
     runtime.setDriverThread(std::this_thread::get_id());  // a call() from here runs inline
+    body(runtime);
+    runtime.setDriverThread(driver_->thread_.get_id());
+    leftForThread = turns && driver_->leftForThread();
+    tTurns = false;
+  }
+  if (!turns) return true;
+  // After the turn is free: a thread that went to sleep while this one turned, whose store of
+  // sleeping_ comes before its own look at the turn, is seen asleep here (or took the turn).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (leftForThread) wake();
+  return true;
+}
+
+bool Turn::help(const Work& work, std::chrono::microseconds spin) {
+  holding([&work, spin](Runtime& runtime) {
     const Clock& clock = runtime.clock();
     TimePoint last = TimePoint::min();  // of the last busy turn; read only once one is idle
     while (!work.done() && !runtime.stopping()) {
@@ -62,14 +77,7 @@ bool Turn::help(const Work& work, std::chrono::microseconds spin) {
       if (now - last >= spin && now >= runtime.pollSpinsUntil()) break;
       sched_yield();
     }
-    runtime.setDriverThread(driver_->thread_.get_id());
-    leftForThread = driver_->leftForThread();
-    tTurns = false;
-  }
-  // After the turn is free: a thread that went to sleep while this one turned, whose store of
-  // sleeping_ comes before its own look at the turn, is seen asleep here (or took the turn).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (leftForThread) wake();
+  });
   return work.done();
 }
 
@@ -125,6 +133,10 @@ ThreadDriver::~ThreadDriver() {
   }
   runtime_.setWakeHook(nullptr);
   runtime_.setDriverThread(std::thread::id());
+}
+
+bool ThreadDriver::holdingTurn(FunctionRef<void(Runtime&)> body) {
+  return turn_->holding(body, false);
 }
 
 bool ThreadDriver::lendTurn(Op& op) {

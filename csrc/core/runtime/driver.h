@@ -42,6 +42,13 @@ class Turn {
   // Turns the runtime on this thread until `work` is done or `spin` passes with nothing
   // happening, if the turn is free now; returns at once otherwise. True when `work` is done.
   bool help(const Work& work, std::chrono::microseconds spin);
+  // Runs `body` on this thread holding the turn, if the turn is free now and lent (as help()
+  // takes it); true when it ran. `body` may read and change what the turning thread owns, and
+  // submit ops; it should not take long (the thread keeps off meanwhile). `turns`: it turns the
+  // runtime, so that the thread must look for what it took in from the transport as it hands the
+  // turn back (leftForThread); a body that does not leaves the transport and timers as they were,
+  // and what it submits is waited for by its caller or woke the thread as it was submitted.
+  bool holding(FunctionRef<void(Runtime&)> body, bool turns = true);
   // Wakes the driver's thread if it sleeps (its eventfd).
   void wake();
   // While a caller waits for an op it was lent the turn for (Work::wait's spin), the thread
@@ -85,6 +92,8 @@ class ThreadDriver {
   // one on, the turn is lent to no Work (the caller's thread keeps its own device). True when
   // it was lent.
   bool lendTurn(Op& op);
+  // Any thread: Turn::holding on this driver's turn, for a body that does not turn the runtime.
+  bool holdingTurn(FunctionRef<void(Runtime&)> body);
   // Submits `op`; `waited`: its caller waits for it at once (Work::deferWake): the thread is not
   // woken for it when the turn is lent to its Work.
   void submit(std::unique_ptr<Op> op, bool waited);
