@@ -133,6 +133,12 @@ class _Metrics:
                                    labels=["group"])
         for g in stats["groups"]:
             groups.add_metric([g["name"]], g["last_completed"])
+        quick = CounterMetricFamily("ddl_quick_allreduces", "one-step allreduces run on the "
+                                    "caller's thread (counted in ddl_ops too)")
+        quick.add_metric([], stats["quick_ops"])
+        handed = CounterMetricFamily("ddl_handed_allreduces", "one-step allreduces a caller "
+                                     "began and an op took over (a peer was late)")
+        handed.add_metric([], stats["handed_ops"])
         state = json.loads(_C.status_json(200))
         active = GaugeMetricFamily("ddl_ops_in_flight", "ops running now")
         active.add_metric([], state["active_ops"])
@@ -146,4 +152,5 @@ class _Metrics:
         shared = GaugeMetricFamily("ddl_shared_buffers", "shared-memory buffers alive "
                                    "(torch_ddl.empty_shared and adopted tensors)")
         shared.add_metric([], _C.shared_buffers_live())
-        yield from (ops, sent, failed, seconds, errors, groups, active, watched, endpoints, shared)
+        yield from (ops, sent, failed, seconds, errors, groups, quick, handed, active, watched,
+                    endpoints, shared)

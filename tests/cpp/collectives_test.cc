@@ -283,7 +283,26 @@ TEST_P(WorldSize, AlltoallOfSplitsThatDisagreeFailsNamingTheSender) {
         EXPECT_NE(work->error().find("rank " + std::to_string(last) + " sent"), std::string::npos)
             << work->error();
       }
-      EXPECT_EQ(allreduceOnes(comm), size) << "the group goes on";
+      // The group goes on. An allreduce right after may fail on every rank where the news of
+      // the mismatch had not reached every rank as it started, and so may the next while the
+      // news of that one travels (each such failure is a mismatch too): the ranks resync their
+      // shared-memory windows at the same op (shm/shared_ring.h). Within a few, one sums.
+      bool summed = false;
+      for (int attempt = 0; attempt < 8 && !summed; ++attempt) {
+        std::vector<double> v(257, 1.0);
+        auto w = comm.allreduce(v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum);
+        w->wait();
+        summed = !w->failed();
+        if (summed) {
+          EXPECT_EQ(v.back(), size);
+        } else {
+          EXPECT_TRUE(w->error().find("different numbers of the group's earlier mismatched") !=
+                          std::string::npos ||
+                      w->error().find("decided differently") != std::string::npos)
+              << w->error();
+        }
+      }
+      EXPECT_TRUE(summed);
     });
   }
 }

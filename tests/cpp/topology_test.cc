@@ -530,10 +530,18 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   chosen = planAllreduce(twoByFour, links, big, 4, automatic);
   flat = planAllreduce(twoByFour, links, big, 4, PlanRequest{AllreduceAlgorithm::kRing});
   EXPECT_NEAR(flat.predicted / chosen.predicted, 1.75, 0.1);
-  // One host: recursive doubling up to the small size, then the shared-memory algorithms.
+  // One host: in one step up to TORCH_DDL_ONCE_BYTES (kShared, staged once), recursive doubling
+  // from there up to the small size, then the shared-memory algorithms.
   Topology one = Topology::singleHost(4);
-  EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).algorithm,
+  EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).describe(), "shared staged once");
+  PlanRequest never = automatic;
+  never.onceBytes = 0;
+  EXPECT_EQ(planAllreduce(one, links, 100, 4, never).algorithm,
             AllreduceAlgorithm::kRecursiveDoubling);
+  never.onceBytes = 256;
+  EXPECT_EQ(planAllreduce(one, links, 100, 4, never).algorithm,
+            AllreduceAlgorithm::kRecursiveDoubling);
+  EXPECT_EQ(planAllreduce(one, links, 64, 4, never).describe(), "shared staged once");
   EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, AllreduceAlgorithm::kShared);
   // Knobs force: colours, rings and order.
   PlanRequest forced{AllreduceAlgorithm::kMultiDim, 2, 2, {1, 0}, 3};

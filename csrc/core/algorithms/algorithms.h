@@ -78,6 +78,32 @@ class SharedRingTurn;
 Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                      SharedRing& ring, SharedRingTurn& turn);
 
+// The one-step allreduce (allreduce_staged.cc, plan.once): each rank copies its whole tensor into
+// its staging half and raises its flag; once every rank's flag is up and every header says the
+// same call, each reduces all the halves in rank order into its tensor (the same bits on every
+// rank). The call is checked through the headers, with no print (CallCheck::watch). Holding the
+// group's turn at its shared windows (released here), staging buffers set up and large enough.
+// `staged`: the staging this rank already made (onceStage), else 0.
+Task allreduceOnce(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                   SharedRing& ring, SharedRingTurn& turn, uint64_t staged = 0);
+// The same, for an op that takes over a caller's one-step allreduce (Communicator's quick path)
+// whose peers had not all come: its turn, taken by the caller, and its staging.
+Task allreduceOnceFrom(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       std::unique_ptr<SharedRingTurn> turn, uint64_t staging);
+// Its steps, for the caller's quick path (on the thread that holds the runtime's turn): stages
+// this rank's tensor and header (the staging's number); whether every rank's flag is up; whether
+// every header says this rank's call; the reduction.
+// Whether the one-step allreduce may run now for `bytes`: the group's windows set up, staging
+// halves large enough, no mending due after the group's `mismatches` (GroupState::mismatches).
+struct StageWindows;
+bool onceMayRun(const SharedRing& ring, size_t bytes, uint64_t mismatches);
+uint64_t onceStage(StageWindows& stage, int rank, uint32_t sequence, const void* data, size_t count,
+                   DataType type, ReduceOp reduce);
+bool onceArrived(const StageWindows& stage, uint64_t staging);
+bool onceAgrees(const StageWindows& stage, uint64_t staging, int rank);
+void onceReduce(const StageWindows& stage, uint64_t staging, void* data, size_t count,
+                DataType type, ReduceOp reduce);
+
 // allreduce_direct.cc: each rank reduces its chunk straight out of its peers' shared buffers.
 // Called by allreduceShared while it holds the ring's turn, which it gives up; sets *used to
 // false, having moved no data, when some rank's tensor is not in a shared buffer.

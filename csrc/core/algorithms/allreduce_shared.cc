@@ -12,11 +12,12 @@
 // No kernel copy and no staging on the receiving side: for two ranks this is the copy-based
 // design of benchmarks/reference/shm_ring.cc.
 //
-// Paths, in order: after a mismatch, the ranks agree again on the windows (resyncAfterMismatch);
-// the group's windows are set up by the first allreduce that wants them (all ranks or none); an
-// adoptable tensor is moved into shared memory here, holding the turn; the direct allreduce when
-// every rank's tensor is shared; else the ring over the windows; else (some rank cannot map its
-// neighbour's window) the message ring.
+// Paths, in order: the one-step allreduce (plan.once) where the windows are set up and need no
+// mending (its call check deferred until then: allreduce_staged.cc); after a mismatch, the ranks
+// agree again on the windows (resyncAfterMismatch); the group's windows are set up by the first
+// allreduce that wants them (all ranks or none); an adoptable tensor is moved into shared memory
+// here, holding the turn; the direct allreduce when every rank's tensor is shared; else the ring
+// over the windows; else (some rank cannot map its neighbour's window) the message ring.
 #include <algorithm>
 #include <memory>
 
@@ -107,12 +108,26 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
   if (n == 1 || count == 0) co_return;
   SharedRing& ring = *op.group().sharedRing;
   const size_t es = elementSize(type);
+  std::unique_ptr<SharedRingTurn> held;
+  if (op.callCheck().deferred()) {  // plan.once: decided holding the turn, as every rank does
+    held = std::make_unique<SharedRingTurn>(ring, op);
+    held->mendsAfterMismatch();
+    co_await op.until([&held] { return held->ready(); });
+    const uint64_t mismatches = op.group().state ? op.group().state->mismatches() : 0;
+    if (onceMayRun(ring, count * es, mismatches)) {
+      co_await allreduceOnce(op, data, count, type, reduce, ring, *held);
+      co_return;
+    }
+    op.callCheck().start();
+  }
   if (ring.state == SharedRing::State::kUnavailable && !resyncDue(op, ring)) {
+    if (held) held->release();
     if (required) throw Error(unavailable(mode));
     co_await unshared(op, data, count, type, reduce, settings, plan);
     co_return;
   }
-  SharedRingTurn turn(ring, op);
+  if (!held) held = std::make_unique<SharedRingTurn>(ring, op);
+  SharedRingTurn& turn = *held;
   turn.mendsAfterMismatch();
   co_await op.until([&turn] { return turn.ready(); });
   if (ring.state == SharedRing::State::kBroken) throw Error(ring.broken);

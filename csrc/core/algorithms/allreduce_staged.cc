@@ -22,6 +22,7 @@
 // op): a rank that staged another shape fails every rank before any byte of it is used.
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "../reduce/reduce.h"
@@ -44,6 +45,24 @@ struct StagedCall {
   bool operator==(const StagedCall&) const = default;
 };
 constexpr size_t kCallAt = 0, kStagedAt = 64, kReducedAt = 128;
+// The one-step allreduce keeps its header, one per half, in the `staged` flag's cache line (a
+// rank that has seen every flag up for staging s may stage s + 1, waiting for no second flag,
+// while a slower peer still reads its header of s), and the data too where it fits in 8 bytes
+// (a scalar: a loss, a count): then a peer's whole contribution is one line.
+struct OnceCall {
+  static constexpr uint16_t kMark = 0x01ce;
+  uint32_t sequence;  // of the op in its group
+  uint32_t count;     // elements
+  uint8_t type;
+  uint8_t reduce;
+  uint16_t mark;  // kMark: written by a one-step allreduce
+  uint32_t reserved;
+};
+static_assert(sizeof(OnceCall) == 16);
+constexpr size_t kOnceCallAt[2] = {72, 88};
+constexpr size_t kOnceDataAt[2] = {104, 112};
+constexpr size_t kOnceInlineBytes = 8;
+static_assert(kOnceDataAt[1] + kOnceInlineBytes <= kReducedAt && kOnceCallAt[0] >= kStagedAt + 8);
 
 std::atomic_ref<uint64_t> flag(char* base, size_t at) {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base + at));
@@ -81,7 +100,9 @@ std::string describe(const StagedCall& c) {
   const bool known = c.type <= static_cast<uint16_t>(DataType::kBool) &&
                      c.reduce <= static_cast<uint16_t>(ReduceOp::kBxor);
   const std::string op = "op #" + std::to_string(c.sequence) + " (";
-  const std::string piece = ", a piece of " + std::to_string(c.count) + ")";
+  const std::string piece = c.count == c.total + 1
+                                ? std::string(", in one step)")  // (onceAsStaged)
+                                : ", a piece of " + std::to_string(c.count) + ")";
   if (!known) return op + "an unknown dtype or reduce op" + piece;
   return op + reduceOpName(static_cast<ReduceOp>(c.reduce)) + " of " + std::to_string(c.total) +
          " x " + dataTypeName(static_cast<DataType>(c.type)) + piece;
@@ -90,22 +111,35 @@ std::string describe(const StagedCall& c) {
 // Whom a timeout waited for at `staging`: the ranks that did not stage it (or, all having
 // staged, did not reduce their share), and whether they had started the op at all. A rank whose
 // call print has not arrived either is left to the runtime's words ("has not started this op").
-std::string timeoutWords(const Op& op, const StageWindows& stage, uint64_t staging) {
+// The op each rank staged last: from its header at kCallAt, or (`once`) its one-step header of
+// `staging`'s half.
+uint32_t lastStaged(const StageWindows& stage, int j, uint64_t staging, bool once) {
+  if (once) {
+    OnceCall theirs;
+    std::memcpy(&theirs, stage.bases[j] + kOnceCallAt[staging & 1], sizeof(theirs));
+    return theirs.sequence;
+  }
+  StagedCall theirs;
+  std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
+  return theirs.sequence;
+}
+
+// The one-step allreduce (`once`) waits for `staged` alone.
+std::string timeoutWords(const Op& op, const StageWindows& stage, uint64_t staging,
+                         bool once = false) {
   const std::set<int> notStarted = waitsOf(op).notStarted;
   std::vector<int> late = behind(stage, kStagedAt, staging);
   const bool staged = late.empty();
   if (staged) late = behind(stage, kReducedAt, staging);
   std::string said;
   for (int j : late) {
-    StagedCall theirs;
-    std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
+    const uint32_t last = lastStaged(stage, j, staging, once);
     std::string words = "rank " + std::to_string(j);
     if (staged) {
       words += " has not reduced its share";
-    } else if (theirs.sequence != op.sequence()) {
+    } else if (last != op.sequence()) {
       if (notStarted.count(j) > 0) continue;
-      words += " has not started this op (the last it staged was op #" +
-               std::to_string(theirs.sequence) + ")";
+      words += " has not started this op (the last it staged was op #" + std::to_string(last) + ")";
     } else {
       words += " has not staged its next piece";
     }
@@ -115,22 +149,140 @@ std::string timeoutWords(const Op& op, const StageWindows& stage, uint64_t stagi
          " (staged allreduce over shared memory, staging " + std::to_string(staging) + ")";
 }
 
+// The words of a mismatch: rank j's call and this rank's.
+[[noreturn]] void raiseMismatch(Op& op, int j, const StagedCall& theirs, const StagedCall& call) {
+  // Worded as the call check words it (CallCheck::verdict), whichever finds it first.
+  op.raise(Error("the ranks' calls differ: rank " + std::to_string(j) + " called " +
+                     describe(theirs) + ", rank " + std::to_string(op.rank()) + " called " +
+                     describe(call) + " (staged over shared memory)",
+                 StatusKind::kMismatch));
+}
+
 // Every rank staged the same call as this one, once all raised `staged`.
 void checkCalls(Op& op, const StageWindows& stage, const StagedCall& call) {
   for (size_t j = 0; j < stage.bases.size(); ++j) {
     StagedCall theirs;
     std::memcpy(&theirs, stage.bases[j] + kCallAt, sizeof(theirs));
-    if (!(theirs == call)) {
-      // Worded as the call check words it (CallCheck::verdict), whichever finds it first.
-      op.raise(Error("the ranks' calls differ: rank " + std::to_string(j) + " called " +
-                         describe(theirs) + ", rank " + std::to_string(op.rank()) + " called " +
-                         describe(call) + " (staged over shared memory)",
-                     StatusKind::kMismatch));
-    }
+    if (!(theirs == call)) raiseMismatch(op, static_cast<int>(j), theirs, call);
   }
 }
 
+// The halves' offset at `staging`.
+size_t halfAt(const StageWindows& stage, uint64_t staging) {
+  return StageWindows::kHeaderBytes + (staging & 1) * stage.halfBytes;
+}
+
+// What the one-step allreduce writes in its header.
+OnceCall onceCall(uint32_t sequence, size_t count, DataType type, ReduceOp reduce) {
+  return OnceCall{sequence,
+                  static_cast<uint32_t>(count),
+                  static_cast<uint8_t>(type),
+                  static_cast<uint8_t>(reduce),
+                  OnceCall::kMark,
+                  0};
+}
+
+// A one-step header in the staged words (describe): a count one above the total.
+StagedCall onceAsStaged(const OnceCall& c) {
+  if (c.mark != OnceCall::kMark) return StagedCall{0, 0, c.sequence, 0xffff, 0xffff};
+  return StagedCall{c.count, uint64_t{c.count} + 1, c.sequence, c.type, c.reduce};
+}
+
+// Where a rank's data of `staging` lies: in its flag's line where it fits, else its half.
+const char* onceData(const StageWindows& stage, int j, uint64_t staging, size_t bytes) {
+  return stage.bases[j] +
+         (bytes <= kOnceInlineBytes ? kOnceDataAt[staging & 1] : halfAt(stage, staging));
+}
+
+// Whom a one-step allreduce at `staging` waits for.
+std::set<int> onceAwaited(const StageWindows& stage, uint64_t staging, int rank) {
+  std::vector<int> late = behind(stage, kStagedAt, staging);
+  std::set<int> peers(late.begin(), late.end());
+  peers.erase(rank);
+  return peers;
+}
+
 }  // namespace
+
+bool onceMayRun(const SharedRing& ring, size_t bytes, uint64_t mismatches) {
+  return ring.state == SharedRing::State::kReady && ring.stage.ready &&
+         ring.stage.halfBytes >= bytes && mismatches == ring.mismatchesSynced;
+}
+
+uint64_t onceStage(StageWindows& stage, int rank, uint32_t sequence, const void* data, size_t count,
+                   DataType type, ReduceOp reduce) {
+  const uint64_t staging = ++stage.sequence;
+  char* own = stage.bases[rank];
+  const size_t bytes = count * elementSize(type);
+  std::memcpy(const_cast<char*>(onceData(stage, rank, staging, bytes)), data, bytes);
+  const OnceCall call = onceCall(sequence, count, type, reduce);
+  std::memcpy(own + kOnceCallAt[staging & 1], &call, sizeof(call));
+  flag(own, kStagedAt).store(staging, std::memory_order_release);
+  return staging;
+}
+
+bool onceArrived(const StageWindows& stage, uint64_t staging) {
+  for (char* base : stage.bases) {
+    if (flag(base, kStagedAt).load(std::memory_order_acquire) < staging) return false;
+  }
+  return true;
+}
+
+bool onceAgrees(const StageWindows& stage, uint64_t staging, int rank) {
+  const size_t at = kOnceCallAt[staging & 1];
+  for (size_t j = 0; j < stage.bases.size(); ++j) {
+    if (std::memcmp(stage.bases[j] + at, stage.bases[rank] + at, sizeof(OnceCall)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void onceReduce(const StageWindows& stage, uint64_t staging, void* data, size_t count,
+                DataType type, ReduceOp reduce) {
+  const size_t bytes = count * elementSize(type);
+  const int n = static_cast<int>(stage.bases.size());
+  reduceTo(type, reduce, data, onceData(stage, 0, staging, bytes),
+           onceData(stage, 1, staging, bytes), count);
+  for (int j = 2; j < n; ++j)
+    reduceInto(type, reduce, data, onceData(stage, j, staging, bytes), count);
+}
+
+Task allreduceOnce(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                   SharedRing& ring, SharedRingTurn& turn, uint64_t staged) {
+  StageWindows& stage = ring.stage;
+  const int rank = op.rank();
+  op.callCheck().watch();
+  turn.mendsAfterMismatch();  // the next op resyncs the windows after a mismatch
+  turn.setClean(false);
+  const uint64_t staging =
+      staged != 0 ? staged : onceStage(stage, rank, op.sequence(), data, count, type, reduce);
+  op.describeTimeout = [&op, &stage, staging] { return timeoutWords(op, stage, staging, true); };
+  op.awaitedPeers = [&stage, staging, rank] { return onceAwaited(stage, staging, rank); };
+  struct Forget {
+    Op& op;
+    ~Forget() {
+      op.describeTimeout = nullptr;
+      op.awaitedPeers = nullptr;
+    }
+  } forget{op};
+  co_await flagsReached(op, stage, kStagedAt, staging, count * elementSize(type));
+  const OnceCall call = onceCall(op.sequence(), count, type, reduce);
+  for (int j = 0; j < op.size(); ++j) {
+    OnceCall theirs;
+    std::memcpy(&theirs, stage.bases[j] + kOnceCallAt[staging & 1], sizeof(theirs));
+    if (std::memcmp(&theirs, &call, sizeof(call)) != 0) {
+      raiseMismatch(op, j, onceAsStaged(theirs), onceAsStaged(call));
+    }
+  }
+  onceReduce(stage, staging, data, count, type, reduce);
+  turn.release();
+}
+
+Task allreduceOnceFrom(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
+                       std::unique_ptr<SharedRingTurn> turn, uint64_t staging) {
+  co_await allreduceOnce(op, data, count, type, reduce, *op.group().sharedRing, *turn, staging);
+}
 
 Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
                      SharedRing& ring, SharedRingTurn& turn) {

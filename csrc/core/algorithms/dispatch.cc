@@ -128,9 +128,10 @@ Task reduceTask(Op& op, const void* in, void* out, size_t count, DataType type, 
 }
 
 // A collective's body, then the call check: the op completes only once every print it sent and
-// asked for is done (a print that differs fails it as soon as it arrives: Op::observe).
+// asked for is done (a print that differs fails it as soon as it arrives: Op::observe). A body
+// that decides how its call is checked (CallCheck::defer) starts or watches it itself.
 Task checkedCall(Op& op, Task body) {
-  op.callCheck().start();
+  if (!op.callCheck().deferred()) op.callCheck().start();
   co_await body;
   co_await op.until([&op] { return op.callCheck().done(); });
 }

@@ -134,6 +134,12 @@ const std::vector<ConfigEntry> kTable = {
      "TORCH_DDL_DIRECT_MIN_BYTES (then 65536 unless set), served from shared memory the ranks "
      "of one host map, so that their allreduces take the direct path at once; the memory is "
      "kept for reuse, as a caching allocator keeps it (docs/shared-memory.md); 0: torch's own"},
+    {"TORCH_DDL_ONCE_BYTES", "16384",
+     "auto or staged, one host: an allreduce of at most this many bytes, once the group's "
+     "staging buffers are set up, is reduced in one step: each rank copies its tensor into its "
+     "buffer, raises a flag, and once every rank's flag is up reduces all of them in rank order; "
+     "a caller that waits for it and finds nothing else in flight does this on its own thread "
+     "(docs/internals.md, \"The one-step allreduce\"); 0: never"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
@@ -225,6 +231,7 @@ Config read() {
   c.heartbeatMillis = static_cast<long>(parseSize(kTable[21], 0));
   c.heartbeatTimeoutMillis = static_cast<long>(parseSize(kTable[22], 1));
   c.stagedBytes = parseSize(kTable[23], 0);
+  c.onceBytes = std::min({parseSize(kTable[33], 0), c.stagedBytes, size_t{1} << 30});
   c.statusServer = parseFlag(kTable[24]);
   c.statusAddress = configValue(kTable[25]);
   if (!configValue(kTable[26]).empty()) {
@@ -293,6 +300,7 @@ std::vector<std::pair<std::string, std::string>> agreedPairs(const Config& c) {
       {kTable[15], flag(c.hostSlots)},
       {kTable[16], flag(c.probeLinks)},
       {kTable[23], number(c.stagedBytes)},
+      {kTable[33], number(c.onceBytes)},
       {kTable[28], c.allgatherAlgorithm},
       {kTable[29], number(c.deviceStageBytes)},
       {kTable[30], c.alltoallAlgorithm},

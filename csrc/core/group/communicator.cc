@@ -216,13 +216,23 @@ std::shared_ptr<Work> Communicator::allreduce(void* data, size_t count, DataType
   }
   // Two ranks, a small host allreduce: its data rides in the call print.
   const size_t bytes = count * elementSize(type);
+  const bool host = options.memory == MemoryKind::kHost;
   const bool carried = plan->algorithm == AllreduceAlgorithm::kRecursiveDoubling && size() == 2 &&
-                       bytes > 0 && bytes <= CallCheck::kInlineMax &&
-                       options.memory == MemoryKind::kHost && engine_->hostMemory().holdsBytes();
+                       bytes > 0 && bytes <= CallCheck::kInlineMax && host &&
+                       engine_->hostMemory().holdsBytes();
+  // In one step where the group's windows allow it (decided holding its turn at them).
+  // (Not a window's collective, whose print says what it is: group/window.h.)
+  const bool once = plan->once && host && bytes > 0 && size() > 1 && !options.as;
+  if (once && options.waited && !options.deferStart && reduce != ReduceOp::kAvg) {
+    if (std::shared_ptr<Work> work = allreduceQuick(data, count, type, reduce, options)) {
+      return work;
+    }
+  }
   return start(
       callPrint(Collective::kAllreduce, count, type, reduce), options,
       [=, carries = resyncsSharedWindows(*plan, options.memory)](Op& op) {
         if (carries) op.callCheck().carryMismatches();
+        if (once) op.callCheck().defer();
         return allreduceTask(op, data, count, type, reduce, adoptable, plan);
       },
       carried ? data : nullptr, carried ? bytes : 0);

@@ -207,6 +207,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                 FunctionRef<Task(Op&)> body, int peer,
                                 const void* inlineData = nullptr, size_t inlineBytes = 0);
   friend class Window;
+  // A one-step allreduce (plan.once) its caller waits for, run on the caller's thread where the
+  // runtime's turn is free and nothing else of the group is in flight (group/quick.cc): its
+  // Work, finished or handed to an op that took over; null where it was not taken (nothing was
+  // numbered or touched).
+  std::shared_ptr<Work> allreduceQuick(void* data, size_t count, DataType type, ReduceOp reduce,
+                                       CallOptions& options);
   std::string where(const char* name) const;
   // Bad arguments: the other ranks are told (reject) and the caller gets an Error of
   // kInvalidArgument.

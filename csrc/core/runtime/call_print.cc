@@ -159,6 +159,19 @@ void CallCheck::start() {
   for (int previous : ring.previous) ask(previous);
 }
 
+void CallCheck::watch() {
+  watching_ = true;
+  const PrintRing& ring = op_.group().printRing;
+  const int n = op_.size();
+  const size_t asked = requests_.size();
+  if (ring.next < 0) {
+    ask((op_.rank() + n - 1) % n);
+  } else {
+    for (int previous : ring.previous) ask(previous);
+  }
+  requests_.resize(asked);  // not waited for
+}
+
 bool CallCheck::mark(int peer, uint8_t bit) {
   if (op_.size() <= 64) {  // no allocation for most groups
     uint64_t& mask = bit == kSent ? sentMask_ : askedMask_;
@@ -197,7 +210,7 @@ bool CallCheck::done() const {
 bool CallCheck::isStartPrint(const Request& req) const {
   // Every rank sends its print to the next as it starts; the prints it sends to other peers go
   // before its first message to each, so a missing one only says it has not got that far.
-  if (!req.isCallPrint || req.isSend) return false;
+  if (!req.isCallPrint || req.isSend || watching_) return false;
   const PrintRing& ring = op_.group().printRing;
   if (ring.next < 0) return req.peer == (op_.rank() + op_.size() - 1) % op_.size();
   return std::find(ring.previous.begin(), ring.previous.end(), req.peer) != ring.previous.end();
@@ -283,6 +296,17 @@ Status CallCheck::verdict(const Request& req) const {
   // (GroupState::countMismatch) and their shared-memory windows resync at the same op.
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
     return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer());
+  }
+  if (watching_) {  // any print: that rank checks this op by prints, this one does not
+    return Status(StatusKind::kMismatch,
+                  "the ranks' calls differ: " + rank + " called " + theirs.describe() +
+                      " and checked it by a print, rank " + std::to_string(op_.rank()) +
+                      " called " + print_.describe() +
+                      " as a one-step allreduce over shared memory, which sends none" +
+                      (theirs == print_ ? " (they decided differently whether the group's "
+                                          "shared-memory windows must be mended first)"
+                                        : ""),
+                  peer());
   }
   if (!(theirs == print_)) {
     // Only the mismatches counted differ: the same call, started knowing of different ones.

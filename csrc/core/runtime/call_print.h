@@ -124,8 +124,20 @@ class CallCheck {
   // print carries none).
   uint64_t mismatchesAtStart() const { return mismatchesAtStart_; }
   bool carriesMismatches() const { return carries_ && started_; }
+  // The op's body decides, holding its group's shared-memory turn, whether the call is checked
+  // by prints (start()) or through the staging buffers (watch()): the one-step allreduce
+  // (algorithms/allreduce_staged.cc), whose ranks send no print. Set before the op starts.
+  void defer() { deferred_ = true; }
+  bool deferred() const { return deferred_ && !started_ && !watching_; }
   // Sends this rank's print to the next rank and asks for the previous rank's.
   void start();
+  // Sends nothing, and asks the ranks start() would ask for their prints, not waiting for them
+  // (done() does not): one that comes is from a rank that checks this op by prints where this
+  // rank does not (it called another collective, or decided otherwise whether the group's
+  // windows must be mended first), and fails the op as a mismatch (verdict). What has not come
+  // when the op ends is cancelled with it.
+  void watch();
+  bool watching() const { return watching_; }
   // Whether every print sent and asked for so far is done (the op completes once they are).
   bool done() const;
   // Before the op's first message to `peer`, and its first receive from it (once started).
@@ -160,6 +172,8 @@ class CallCheck {
   Op& op_;
   CallPrint print_;  // collective kNone: no call check
   bool started_ = false;
+  bool deferred_ = false;
+  bool watching_ = false;
   bool carries_ = false;
   uint64_t mismatchesAtStart_ = 0;
   uint64_t sentMask_ = 0, askedMask_ = 0;

@@ -66,6 +66,12 @@ std::optional<TimePoint> GroupState::goneSince(int rank) const {
   return it->second;
 }
 
+bool GroupState::usable(uint64_t* mismatches) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *mismatches = mismatches_;
+  return refusal_.ok();
+}
+
 Status GroupState::refusal() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return refusal_;

@@ -2,6 +2,7 @@
 // of the group (GroupState), shared by the communicator and its ops.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,6 +40,8 @@ class GroupState {
   // The group cannot go on: records the failure and refuses later ops, naming it.
   void fail(const Status& status, bool remote = false);
   Status refusal() const;  // why ops fail at once (ok while the group is usable)
+  // Under one lock: whether ops are not refused, and (then) the mismatches counted.
+  bool usable(uint64_t* mismatches) const;
   // The ranks of the group known to be gone: found here, or named by another rank's notice, and
   // when each was first known (the runtime's clock). `witness`: the rank that counted it gone
   // from what it saw itself, where news told of it (-1: this rank, or not known).
@@ -96,6 +99,17 @@ struct Group {
   std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
   // Its notices (group/notices.h), set up with the group; null for groups made by hand in tests.
   std::shared_ptr<GroupNotices> notices;
+  // Its ops that exist (made, not yet destroyed: numbered and waiting to start, in flight, or
+  // failed and held for the transport): while there are none, a caller may run a one-step
+  // allreduce on its own thread (Communicator::allreduce). A copy of a group (another group
+  // built from it) starts with none.
+  struct Count {
+    std::atomic<int> n{0};
+    Count() = default;
+    Count(const Count&) {}
+    Count& operator=(const Count&) { return *this; }
+  };
+  mutable Count opsAlive;
 };
 
 }  // namespace ddl

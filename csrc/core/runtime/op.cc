@@ -16,10 +16,13 @@ Op::Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
       group_(std::move(group)),
       sequence_(sequence),
       name_(std::move(name)),
-      timeout_(timeout) {}
+      timeout_(timeout) {
+  group_->opsAlive.n.fetch_add(1, std::memory_order_relaxed);
+}
 
 Op::~Op() {
   task = Task();  // the coroutine frame first: its locals may point at this op's requests
+  group_->opsAlive.n.fetch_sub(1, std::memory_order_release);
 }
 
 Request* Op::newRequest(int peer, bool isSend) {

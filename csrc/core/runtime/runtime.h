@@ -154,6 +154,11 @@ class Runtime {
   FlightRecorder& recorder() { return recorder_; }
   // What it counted of the ops it ended (stats.h). Any thread.
   const OpStats& stats() const { return stats_; }
+  // An op that ran outside the runtime, on the thread holding its turn (group/quick.cc), from
+  // `began` to `ended` (its clock): recorded and counted as any op it ended is, and as quick.
+  void countQuick(const Group& group, const CallPrint& print, uint32_t sequence,
+                  std::chrono::milliseconds timeout, TimePoint began, TimePoint ended);
+  void countHanded() { stats_.countHanded(); }
   // File descriptors a sleeping driver waits on besides its own (watched peers that exit).
   std::vector<int> watchedFds() const { return watch_.fds(); }
 

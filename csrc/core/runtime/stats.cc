@@ -20,9 +20,21 @@ void OpStats::ended(uint32_t groupId, const std::string& groupName, int rank, in
                     const std::string& name, uint32_t sequence, uint64_t bytes, double seconds,
                     StatusKind kind, TimePoint now, const std::string& error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Group& g = groups_[groupId];
+  // The last group and collective looked up, kept (entries are never erased): a loop of one
+  // call finds them without a search.
+  if (lastGroup_ == nullptr || lastGroupId_ != groupId) {
+    lastGroup_ = &groups_[groupId];
+    lastGroupId_ = groupId;
+  }
+  Group& g = *lastGroup_;
   if (g.name != groupName) g = Group{groupName, rank, size};  // a new group under a used id
-  Counts& c = counts_[{name, classOf(bytes)}];
+  const int sizeClass = classOf(bytes);
+  if (lastCounts_ == nullptr || lastClass_ != sizeClass || lastName_ != name) {
+    lastCounts_ = &counts_[{name, sizeClass}];
+    lastClass_ = sizeClass;
+    lastName_ = name;
+  }
+  Counts& c = *lastCounts_;
   ++c.ops;
   c.bytes += bytes;
   c.seconds += seconds;
@@ -72,7 +84,8 @@ std::string OpStats::json(TimePoint now) const {
     out << "]}";
     first = false;
   }
-  out << "], \"bucket_bounds\": [";
+  out << "], \"quick_ops\": " << quickOps() << ", \"handed_ops\": " << handedOps()
+      << ", \"bucket_bounds\": [";
   for (size_t b = 0; b < kBounds.size(); ++b) out << (b ? ", " : "") << kBounds[b];
   out << "], \"failures\": {";
   first = true;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -50,6 +51,13 @@ class OpStats {
              const std::string& name, uint32_t sequence, uint64_t bytes, double seconds,
              StatusKind kind, TimePoint now, const std::string& error = "");
 
+  // Of them, allreduces a caller ran on its own thread in one step (group/quick.cc).
+  // And those a caller began so but handed to an op (a peer had not come within its spin).
+  void countQuick() { quick_.fetch_add(1, std::memory_order_relaxed); }
+  void countHanded() { handed_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t quickOps() const { return quick_.load(std::memory_order_relaxed); }
+  uint64_t handedOps() const { return handed_.load(std::memory_order_relaxed); }
+
   // Copies, under the lock.
   std::map<uint32_t, Group> groups() const;
   std::map<std::pair<std::string, int>, Counts> counts() const;  // by (collective, size class)
@@ -63,6 +71,12 @@ class OpStats {
   std::map<uint32_t, Group> groups_;
   std::map<std::pair<std::string, int>, Counts> counts_;
   std::array<uint64_t, kStatusKinds> failures_{};
+  Group* lastGroup_ = nullptr;
+  uint32_t lastGroupId_ = 0;
+  Counts* lastCounts_ = nullptr;
+  int lastClass_ = -1;
+  std::string lastName_;
+  std::atomic<uint64_t> quick_{0}, handed_{0};
 };
 
 // JSON's string literal of `s` (quotes included).

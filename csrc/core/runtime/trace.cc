@@ -257,6 +257,20 @@ void FlightRecorder::ended(uint64_t record, TimePoint at, const std::string& err
   }
 }
 
+void FlightRecorder::completed(uint32_t groupId, uint32_t sequence, const char* name,
+                               const CallPrint& print, std::chrono::milliseconds timeout,
+                               TimePoint began, TimePoint ended) {
+  const uint64_t record = created(groupId, sequence, name, print, false, -1, timeout, began);
+  if (record == 0) return;
+  const int64_t startedNs = wallNs(began), endedNs = wallNs(ended);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (TraceEntry* e = find(record)) {
+    e->state = TraceEntry::State::kCompleted;
+    e->startedNs = startedNs;
+    e->endedNs = endedNs;
+  }
+}
+
 std::vector<TraceEntry> FlightRecorder::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<TraceEntry> kept;

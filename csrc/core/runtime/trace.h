@@ -60,6 +60,9 @@ class FlightRecorder {
                    bool pointToPoint, int peer, std::chrono::milliseconds timeout, TimePoint at);
   void started(uint64_t record, TimePoint at);
   void ended(uint64_t record, TimePoint at, const std::string& error, const std::string& awaited);
+  // An op that ran and completed outside the runtime (group/quick.cc), in one entry.
+  void completed(uint32_t groupId, uint32_t sequence, const char* name, const CallPrint& print,
+                 std::chrono::milliseconds timeout, TimePoint began, TimePoint ended);
 
   std::vector<TraceEntry> entries() const;
   // The dump, as pickle bytes.

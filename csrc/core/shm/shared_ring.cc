@@ -73,7 +73,10 @@ void SharedRing::advance() {
 }
 
 SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
-    : ring_(ring), op_(op), ticket_(ring.tickets++) {
+    : SharedRingTurn(ring, op, ring.tickets++) {}
+
+SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op, uint64_t ticket)
+    : ring_(ring), op_(op), ticket_(ticket) {
   what_ = op.name() + " op #" + std::to_string(op.sequence()) + " on " + op.group().name;
 }
 

@@ -110,6 +110,8 @@ struct SharedRing {
 class SharedRingTurn {
  public:
   SharedRingTurn(SharedRing& ring, const Op& op);
+  // The turn of `ticket`, taken from ring.tickets by a caller that held the runtime's turn.
+  SharedRingTurn(SharedRing& ring, const Op& op, uint64_t ticket);
   SharedRingTurn(const SharedRingTurn&) = delete;
   SharedRingTurn& operator=(const SharedRingTurn&) = delete;
   ~SharedRingTurn();

@@ -98,11 +98,14 @@ struct AllreducePlan {
   //   directMinBytes on, unless the request forced kShared.
   // - staged: kShared where the direct path is not taken: the staged allreduce
   //   (algorithms/allreduce_staged.cc) up to request.stagedBytes, the shared-memory ring above.
+  // - once: staged, and at most request.onceBytes: once the staging buffers are set up, in one
+  //   step (allreduceOnce), its call checked through them instead of a print (CallCheck::defer).
   // - doublesUnshared: where the ranks cannot map each other's memory (another host, a container
   //   of its own, UCX without shared memory), recursive doubling instead of the message ring
   //   (kShared up to kUnsharedDoublingBytes).
   bool asksDirect = false;
   bool staged = false;
+  bool once = false;
   bool doublesUnshared = false;
   bool adopts = false;
   bool offersAdoption = false;
@@ -150,6 +153,8 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
+  size_t onceBytes = 16 << 10;      // and in one step up to this one (TORCH_DDL_ONCE_BYTES; auto,
+                                    // one host: rather than recursive doubling)
   // Allgathers: the schedule forced, else the cheapest (PlanBook::allgatherSchedule). kGrid and
   // kGridBruck (TORCH_DDL_ALLGATHER_ALGO ring and bruck) run flat where there are no block
   // stages; kRing and kBruck run flat whatever the machine.

@@ -27,7 +27,7 @@ std::string keyOf(const Topology& t, const LinkCosts& links, const PlanRequest& 
          "," + std::to_string(r.smallBytes) + "," + std::to_string(r.ringRings) + "," +
          (r.hostSlots ? "1" : "0") + "," + (hierarchical ? "1" : "0") + "," +
          std::to_string(r.directMinBytes) + "," + (r.shareTensors ? "1" : "0") + "," +
-         std::to_string(r.stagedBytes) + "," +
+         std::to_string(r.stagedBytes) + "," + std::to_string(r.onceBytes) + "," +
          (r.allgather ? std::to_string(static_cast<int>(*r.allgather)) : "auto") + "," +
          (r.alltoall ? std::to_string(static_cast<int>(*r.alltoall)) : "auto") + "," +
          (r.gather ? std::to_string(static_cast<int>(*r.gather)) : "auto") + ":";

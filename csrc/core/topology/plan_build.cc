@@ -142,7 +142,7 @@ std::string AllreducePlan::describe() const {
   std::ostringstream out;
   out << algorithmName(algorithm);
   if (algorithm == AllreduceAlgorithm::kRing) out << " rings=" << rings;
-  if (staged) out << " staged";
+  if (staged) out << (once ? " staged once" : " staged");
   if (algorithm == AllreduceAlgorithm::kMultiDim) {
     out << " colors=" << colors << " rings=" << rings << " waves=" << waves;
     if (!hostSlots) out << " host=messages";

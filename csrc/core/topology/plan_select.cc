@@ -34,6 +34,7 @@ AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
   plan.asksDirect = algorithm == A::kDirect || (algorithm == A::kShared && large);
   plan.staged = algorithm == A::kStaged ||
                 (algorithm == A::kShared && count * elementSize <= request.stagedBytes);
+  plan.once = plan.staged && count * elementSize <= request.onceBytes;
   plan.doublesUnshared = algorithm == A::kShared && count * elementSize <= kUnsharedDoublingBytes;
   plan.adopts = algorithm != A::kSharedRing && algorithm != A::kStaged && request.shareTensors;
   plan.offersAdoption = plan.adopts && large && request.algorithm != A::kShared;
@@ -223,7 +224,8 @@ void fill(const Topology& t, size_t count, size_t elementSize, int dims, const P
     case A::kAuto:
     case A::kTrivial:  // (not a request: the planner's choice)
       if (t.hosts() == 1) {
-        out.add(bytes <= request.smallBytes
+        out.add(bytes <= request.smallBytes &&
+                        bytes > std::min(request.onceBytes, request.stagedBytes)
                     ? simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize)
                     : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request));
         break;
@@ -298,6 +300,7 @@ PlanRequest planRequest(const Config& c) {
   request.directMinBytes = c.directMinBytes;
   request.shareTensors = c.shareTensors;
   request.stagedBytes = c.stagedBytes;
+  request.onceBytes = c.onceBytes;
   return request;
 }
 
