@@ -89,6 +89,8 @@ def _wait_timeout(rank, size):
     dist.barrier(group=gloo)
     if rank == 1:
         dist.all_reduce(torch.ones(4))  # the peer joins late; rank 0's op then completes
+    else:
+        assert work.wait()  # waited for again, it ends (before the group goes)
 
 
 def test_wait_with_timeout_gives_up_but_the_op_can_still_finish():

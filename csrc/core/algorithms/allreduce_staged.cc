@@ -167,6 +167,16 @@ void checkCalls(Op& op, const StageWindows& stage, const StagedCall& call) {
   }
 }
 
+// Clears the op's words for a timeout and whom it awaits as the algorithm's frame goes (they
+// refer to it), however it is left.
+struct ForgetWaitWords {
+  Op& op;
+  ~ForgetWaitWords() {
+    op.describeTimeout = nullptr;
+    op.awaitedPeers = nullptr;
+  }
+};
+
 // The halves' offset at `staging`.
 size_t halfAt(const StageWindows& stage, uint64_t staging) {
   return StageWindows::kHeaderBytes + (staging & 1) * stage.halfBytes;
@@ -259,13 +269,7 @@ Task allreduceOnce(Op& op, void* data, size_t count, DataType type, ReduceOp red
       staged != 0 ? staged : onceStage(stage, rank, op.sequence(), data, count, type, reduce);
   op.describeTimeout = [&op, &stage, staging] { return timeoutWords(op, stage, staging, true); };
   op.awaitedPeers = [&stage, staging, rank] { return onceAwaited(stage, staging, rank); };
-  struct Forget {
-    Op& op;
-    ~Forget() {
-      op.describeTimeout = nullptr;
-      op.awaitedPeers = nullptr;
-    }
-  } forget{op};
+  const ForgetWaitWords forget{op};
   co_await flagsReached(op, stage, kStagedAt, staging, count * elementSize(type));
   const OnceCall call = onceCall(op.sequence(), count, type, reduce);
   for (int j = 0; j < op.size(); ++j) {
@@ -301,13 +305,7 @@ Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp r
     peers.erase(rank);
     return peers;
   };
-  struct Forget {
-    Op& op;
-    ~Forget() {
-      op.describeTimeout = nullptr;
-      op.awaitedPeers = nullptr;
-    }
-  } forget{op};
+  const ForgetWaitWords forget{op};
 
   for (size_t first = 0; first < count; first += pieceCount) {
     if (op.turnDue()) co_await op.yieldTurn();

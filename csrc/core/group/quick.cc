@@ -51,7 +51,10 @@ std::shared_ptr<Work> Communicator::allreduceQuick(void* data, size_t count, Dat
     const Group& group = *group_;
     // Nothing else of the group made: no op before it still to run, none after it that took a
     // number first. Nothing lost, the group usable, no notice early for this op.
-    if (group.opsAlive.n.load(std::memory_order_acquire) != 0 || !runtime.lost().empty()) return;
+    if (group.opsAlive.n.load(std::memory_order_acquire) != 0 || !runtime.lost().empty() ||
+        !group.sharedRing) {
+      return;
+    }
     SharedRing& ring = *group.sharedRing;
     uint64_t mismatches = 0;
     if (!group.state->usable(&mismatches) || ring.tickets != ring.serving ||
