@@ -163,15 +163,15 @@ TEST(Once, AnotherCountIsAMismatchOnEveryRank) {
 }
 
 TEST(Once, AStagedAllreduceDoesNotPairWithAOneStepOne) {
-  // Rank 1 calls an allreduce above TORCH_DDL_ONCE_BYTES (staged in pieces, with a call print).
-  std::vector<float> data(8192, 1.0f);
+  // Rank 1 calls an allreduce above TORCH_DDL_ONCE_BYTES (staged, with a call print).
+  std::vector<float> data(32768, 1.0f);
   oneDiffers(
       2, 1,
       [&](Communicator& comm) {
         return comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum,
                               waitedFor());
       },
-      "8192 x float32");
+      "32768 x float32");
 }
 
 TEST(Once, TimeoutNamesTheRankThatNeverCame) {

@@ -530,15 +530,20 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   chosen = planAllreduce(twoByFour, links, big, 4, automatic);
   flat = planAllreduce(twoByFour, links, big, 4, PlanRequest{AllreduceAlgorithm::kRing});
   EXPECT_NEAR(flat.predicted / chosen.predicted, 1.75, 0.1);
-  // One host: in one step up to TORCH_DDL_ONCE_BYTES (kShared, staged once), recursive doubling
-  // from there up to the small size, then the shared-memory algorithms.
+  // One host: in one step while each rank reads at most TORCH_DDL_ONCE_BYTES of the others'
+  // tensors (kShared, staged once), recursive doubling from there up to the small size, then the
+  // shared-memory algorithms.
   Topology one = Topology::singleHost(4);
   EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).describe(), "shared staged once");
+  EXPECT_EQ(planAllreduce(one, links, 5461, 4, automatic).describe(), "shared staged once");
+  EXPECT_EQ(planAllreduce(one, links, 5462, 4, automatic).describe(), "shared staged");
+  EXPECT_EQ(planAllreduce(Topology::singleHost(2), links, 16384, 4, automatic).describe(),
+            "shared staged once");
   PlanRequest never = automatic;
   never.onceBytes = 0;
   EXPECT_EQ(planAllreduce(one, links, 100, 4, never).algorithm,
             AllreduceAlgorithm::kRecursiveDoubling);
-  never.onceBytes = 256;
+  never.onceBytes = 3 * 256;
   EXPECT_EQ(planAllreduce(one, links, 100, 4, never).algorithm,
             AllreduceAlgorithm::kRecursiveDoubling);
   EXPECT_EQ(planAllreduce(one, links, 64, 4, never).describe(), "shared staged once");

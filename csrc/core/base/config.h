@@ -37,7 +37,7 @@ struct Config {
   long heartbeatMillis = 0;         // TORCH_DDL_HEARTBEAT_MS (runtime/heartbeat.h; 0: off)
   long heartbeatTimeoutMillis = 0;  // a watched peer silent this long is gone
   size_t stagedBytes = 0;           // one host: allreduces up to this large are staged (0: never)
-  size_t onceBytes = 0;             // and up to this large reduced in one step (0: never)
+  size_t onceBytes = 0;             // and in one step while (ranks - 1) x bytes <= this
   bool statusServer = true;         // answer torch_ddl.status (torch_ddl/status.py)
   std::string statusAddress;        // where its port binds ("": towards the job's store)
   size_t metricsPort = 0;           // Prometheus metrics on this port + local rank (0: none)

@@ -98,8 +98,9 @@ struct AllreducePlan {
   //   directMinBytes on, unless the request forced kShared.
   // - staged: kShared where the direct path is not taken: the staged allreduce
   //   (algorithms/allreduce_staged.cc) up to request.stagedBytes, the shared-memory ring above.
-  // - once: staged, and at most request.onceBytes: once the staging buffers are set up, in one
-  //   step (allreduceOnce), its call checked through them instead of a print (CallCheck::defer).
+  // - once: staged, and each rank's reads of the others' tensors ((P - 1) x the bytes) at most
+  //   request.onceBytes: once the staging buffers are set up, in one step (allreduceOnce), its
+  //   call checked through them instead of a print (CallCheck::defer).
   // - doublesUnshared: where the ranks cannot map each other's memory (another host, a container
   //   of its own, UCX without shared memory), recursive doubling instead of the message ring
   //   (kShared up to kUnsharedDoublingBytes).
@@ -153,8 +154,9 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
-  size_t onceBytes = 16 << 10;      // and in one step up to this one (TORCH_DDL_ONCE_BYTES; auto,
-                                    // one host: rather than recursive doubling)
+  size_t onceBytes = 64 << 10;      // and in one step while (P - 1) x the bytes is at most
+                                    // this (TORCH_DDL_ONCE_BYTES; auto, one host: rather than
+                                    // recursive doubling)
   // Allgathers: the schedule forced, else the cheapest (PlanBook::allgatherSchedule). kGrid and
   // kGridBruck (TORCH_DDL_ALLGATHER_ALGO ring and bruck) run flat where there are no block
   // stages; kRing and kBruck run flat whatever the machine.

@@ -26,15 +26,22 @@ AllreducePlan simplePlan(AllreduceAlgorithm algorithm, size_t count, size_t elem
 
 // One host's shared memory: kShared, or kSharedRing, kDirect or kStaged where the request forces
 // them.
+// Whether an allreduce of `bytes` at `ranks` ranks runs in one step: each rank reads the other
+// ranks' tensors, (ranks - 1) x bytes, at most request.onceBytes of them.
+bool runsOnce(size_t bytes, int ranks, const PlanRequest& request) {
+  return bytes <= request.stagedBytes &&
+         bytes * static_cast<size_t>(std::max(ranks - 1, 1)) <= request.onceBytes;
+}
+
 AllreducePlan sharedPlan(AllreduceAlgorithm algorithm, size_t count, size_t elementSize,
-                         const PlanRequest& request) {
+                         const PlanRequest& request, int ranks) {
   using A = AllreduceAlgorithm;
   AllreducePlan plan = simplePlan(algorithm, count, elementSize);
   const bool large = count * elementSize >= request.directMinBytes;
   plan.asksDirect = algorithm == A::kDirect || (algorithm == A::kShared && large);
   plan.staged = algorithm == A::kStaged ||
                 (algorithm == A::kShared && count * elementSize <= request.stagedBytes);
-  plan.once = plan.staged && count * elementSize <= request.onceBytes;
+  plan.once = plan.staged && runsOnce(count * elementSize, ranks, request);
   plan.doublesUnshared = algorithm == A::kShared && count * elementSize <= kUnsharedDoublingBytes;
   plan.adopts = algorithm != A::kSharedRing && algorithm != A::kStaged && request.shareTensors;
   plan.offersAdoption = plan.adopts && large && request.algorithm != A::kShared;
@@ -216,7 +223,7 @@ void fill(const Topology& t, size_t count, size_t elementSize, int dims, const P
     case A::kSharedRing:
     case A::kDirect:
     case A::kStaged:
-      out.add(sharedPlan(request.algorithm, count, elementSize, request));
+      out.add(sharedPlan(request.algorithm, count, elementSize, request, t.size));
       break;
     case A::kMultiDim:
       multiDimChoices(machine, count, elementSize, dims, request, out);
@@ -224,10 +231,9 @@ void fill(const Topology& t, size_t count, size_t elementSize, int dims, const P
     case A::kAuto:
     case A::kTrivial:  // (not a request: the planner's choice)
       if (t.hosts() == 1) {
-        out.add(bytes <= request.smallBytes &&
-                        bytes > std::min(request.onceBytes, request.stagedBytes)
+        out.add(bytes <= request.smallBytes && !runsOnce(bytes, t.size, request)
                     ? simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize)
-                    : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request));
+                    : sharedPlan(AllreduceAlgorithm::kShared, count, elementSize, request, t.size));
         break;
       }
       out.add(simplePlan(AllreduceAlgorithm::kRecursiveDoubling, count, elementSize));
