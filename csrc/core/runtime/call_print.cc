@@ -297,15 +297,17 @@ Status CallCheck::verdict(const Request& req) const {
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
     return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer());
   }
-  if (watching_) {  // any print: that rank checks this op by prints, this one does not
+  if (watching_) {            // any print: that rank checks this op by prints, this one does not
+    CallPrint same = theirs;  // the same call, but for the mismatches it carries
+    same.mismatches = print_.mismatches;
     return Status(StatusKind::kMismatch,
                   "the ranks' calls differ: " + rank + " called " + theirs.describe() +
                       " and checked it by a print, rank " + std::to_string(op_.rank()) +
                       " called " + print_.describe() +
                       " as a one-step allreduce over shared memory, which sends none" +
-                      (theirs == print_ ? " (they decided differently whether the group's "
-                                          "shared-memory windows must be mended first)"
-                                        : ""),
+                      (same == print_ ? " (they decided differently whether the group's "
+                                        "shared-memory windows must be mended first)"
+                                      : ""),
                   peer());
   }
   if (!(theirs == print_)) {
