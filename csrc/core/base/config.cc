@@ -140,7 +140,7 @@ const std::vector<ConfigEntry> kTable = {
      "up, is reduced in one step: each rank copies its tensor into its buffer, raises a flag, "
      "and once every rank's flag is up reduces all of them in rank order; "
      "a caller that waits for it and finds nothing else in flight does this on its own thread "
-     "(docs/internals.md, \"The one-step allreduce\"); 0: never"},
+     "(docs/internals.md, \"Same-host allreduce of small tensors: one step\"); 0: never"},
 };
 
 size_t parseSize(const ConfigEntry& entry, size_t minimum) {
