@@ -17,7 +17,8 @@
 namespace ddl::test {
 namespace {
 
-// Ranks over the loopback, engines the test can look at.
+// Ranks over the loopback, engines the test can look at, with the one-step allreduce on
+// (TORCH_DDL_ONCE_BYTES, off by default).
 struct OnceWorld {
   explicit OnceWorld(int size) {
     for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));
@@ -28,6 +29,7 @@ struct OnceWorld {
   uint64_t quick(int rank) const { return engines[rank]->runtime().stats().quickOps(); }
   uint64_t handed(int rank) const { return engines[rank]->runtime().stats().handedOps(); }
 
+  ScopedEnv env{{"TORCH_DDL_ONCE_BYTES", "65536"}};  // while the world lives
   LoopbackFabric fabric;
   std::vector<std::unique_ptr<Engine>> engines;
 };

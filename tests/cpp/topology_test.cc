@@ -534,6 +534,9 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   // tensors (kShared, staged once), recursive doubling from there up to the small size, then the
   // shared-memory algorithms.
   Topology one = Topology::singleHost(4);
+  EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).algorithm,
+            AllreduceAlgorithm::kRecursiveDoubling);  // TORCH_DDL_ONCE_BYTES' default: never
+  automatic.onceBytes = 65536;
   EXPECT_EQ(planAllreduce(one, links, 100, 4, automatic).describe(), "shared staged once");
   EXPECT_EQ(planAllreduce(one, links, 5461, 4, automatic).describe(), "shared staged once");
   EXPECT_EQ(planAllreduce(one, links, 5462, 4, automatic).describe(), "shared staged");
@@ -547,6 +550,7 @@ TEST(Plan, TheCostModelPicksTheHierarchyAcrossHostsAndKeepsOneHostAsItWas) {
   EXPECT_EQ(planAllreduce(one, links, 100, 4, never).algorithm,
             AllreduceAlgorithm::kRecursiveDoubling);
   EXPECT_EQ(planAllreduce(one, links, 64, 4, never).describe(), "shared staged once");
+  automatic.onceBytes = 0;
   EXPECT_EQ(planAllreduce(one, links, big, 4, automatic).algorithm, AllreduceAlgorithm::kShared);
   // Knobs force: colours, rings and order.
   PlanRequest forced{AllreduceAlgorithm::kMultiDim, 2, 2, {1, 0}, 3};

@@ -154,9 +154,9 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
-  size_t onceBytes = 64 << 10;      // and in one step while (P - 1) x the bytes is at most
-                                    // this (TORCH_DDL_ONCE_BYTES; auto, one host: rather than
-                                    // recursive doubling)
+  size_t onceBytes = 0;             // and in one step while (P - 1) x the bytes is at most this
+                                    // (TORCH_DDL_ONCE_BYTES; auto, one host: rather than recursive
+                                    // doubling; 0: never)
   // Allgathers: the schedule forced, else the cheapest (PlanBook::allgatherSchedule). kGrid and
   // kGridBruck (TORCH_DDL_ALLGATHER_ALGO ring and bruck) run flat where there are no block
   // stages; kRing and kBruck run flat whatever the machine.
