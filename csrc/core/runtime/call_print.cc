@@ -150,25 +150,23 @@ void CallCheck::start() {
   started_ = true;
   requests_.reserve(2);  // one print sent and one asked for, in most ops: one allocation
   const PrintRing& ring = op_.group().printRing;
+  send(ring.next < 0 ? (op_.rank() + 1) % n : ring.next);
+  askPrevious();
+}
+
+void CallCheck::askPrevious() {
+  const PrintRing& ring = op_.group().printRing;
   if (ring.next < 0) {
-    send((op_.rank() + 1) % n);
-    ask((op_.rank() + n - 1) % n);
+    ask((op_.rank() + op_.size() - 1) % op_.size());
     return;
   }
-  send(ring.next);
   for (int previous : ring.previous) ask(previous);
 }
 
 void CallCheck::watch() {
   watching_ = true;
-  const PrintRing& ring = op_.group().printRing;
-  const int n = op_.size();
   const size_t asked = requests_.size();
-  if (ring.next < 0) {
-    ask((op_.rank() + n - 1) % n);
-  } else {
-    for (int previous : ring.previous) ask(previous);
-  }
+  askPrevious();
   requests_.resize(asked);  // not waited for
 }
 

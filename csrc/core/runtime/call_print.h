@@ -159,6 +159,7 @@ class CallCheck {
  private:
   void send(int peer);
   void ask(int peer);
+  void askPrevious();  // the ranks whose print this rank checks (PrintRing::previous)
   // Which peers were sent this op's print and asked for theirs: bits of the masks in groups of
   // up to 64 ranks, kSent | kAsked by peer met in larger ones.
   static constexpr uint8_t kSent = 1, kAsked = 2;
