@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 
+#include "../../csrc/core/runtime/group_state.h"
+#include "../../csrc/core/shm/shared_ring.h"
 #include "adoption.h"
 #include "collective_checks.h"
 #include "harness.h"
@@ -259,6 +261,31 @@ TEST(SharedRing, EveryRankLearnsOfADisagreement) {
     EXPECT_NE(errors[r].find("called all_reduce(SUM, 6000 x float32)"), std::string::npos)
         << errors[r];
   }
+}
+
+TEST(SharedRing, AResyncMendsEveryMismatchOfTheOpsBeforeIt) {
+  // What a rank decides as an op starts: resync first while the latest mismatched op it knows of
+  // is not before the last resync. News of an older one that arrives late asks for none (the
+  // ranks that knew of it made the op after it fail, and so resync together at the next).
+  SharedRing ring(nullptr);  // holds no windows
+  EXPECT_FALSE(resyncDue(std::nullopt, ring));
+  EXPECT_TRUE(resyncDue(7u, ring));
+  ring.resyncedAt = 9;
+  EXPECT_FALSE(resyncDue(std::nullopt, ring));
+  EXPECT_FALSE(resyncDue(7u, ring));
+  EXPECT_FALSE(resyncDue(8u, ring));
+  EXPECT_TRUE(resyncDue(9u, ring));  // the op that resynced failed by a mismatch after it
+  EXPECT_TRUE(resyncDue(12u, ring));
+  ring.resyncedAt = 2;  // op numbers wrap
+  EXPECT_FALSE(resyncDue(0xfffffffeu, ring));
+  EXPECT_TRUE(resyncDue(3u, ring));
+  // The latest is kept, whatever order the news comes in.
+  GroupState state;
+  EXPECT_FALSE(state.lastMismatch());
+  state.countMismatch(0xfffffffeu);
+  state.countMismatch(1);
+  state.countMismatch(0xffffffffu);
+  EXPECT_EQ(state.lastMismatch(), 1u);
 }
 
 TEST(SharedRing, TimeoutNamesTheMissingRank) {

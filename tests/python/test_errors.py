@@ -149,13 +149,14 @@ def test_mismatched_calls_raise_on_every_rank(size):
     run_ranks(_mismatched, size, timeout=120)
 
 
-def _rooted_mismatch_then_allreduce(rank, size):
+def _rooted_mismatch_then_allreduce(rank, size, trials):
     # The last rank broadcasts from another root: ranks whose tree does not meet it finish the
-    # broadcast well and may start the next allreduce (staged, or the shared-memory ring) before
-    # the news of the mismatch. That allreduce returns the right sum or raises naming the
-    # mismatch, at once on every rank (not at the timeout), and the ones after are right.
+    # broadcast well and may start the next allreduce (staged, one-step, or the shared-memory
+    # ring) before the news of the mismatch. That allreduce returns the right sum or raises
+    # naming the mismatch, at once on every rank (not at the timeout), and the ones after are
+    # right, wherever the news is when they start.
     group = dist.new_group(backend="ddl", timeout=timedelta(seconds=60))
-    for trial in range(6):
+    for trial in range(trials):
         start = time.monotonic()
         try:
             dist.broadcast(torch.ones(7), src=(1 if rank == size - 1 else 0), group=group)
@@ -176,8 +177,13 @@ def _rooted_mismatch_then_allreduce(rank, size):
             assert torch.equal(t, torch.full((n,), float(size))), (trial, n)
 
 
-def test_a_rooted_mismatch_then_an_allreduce_never_waits_out_the_timeout():
-    run_ranks(_rooted_mismatch_then_allreduce, 4, timeout=120)
+@pytest.mark.parametrize("once", ["0", "65536"])
+def test_a_rooted_mismatch_then_an_allreduce_never_waits_out_the_timeout(once, monkeypatch):
+    # With the one-step allreduce (TORCH_DDL_ONCE_BYTES), a small allreduce ends before the
+    # news has travelled: the ones after it started knowing of different mismatches (3 runs in
+    # 30 failed so while the ranks counted mismatches instead of naming the latest).
+    monkeypatch.setenv("TORCH_DDL_ONCE_BYTES", once)
+    run_ranks(_rooted_mismatch_then_allreduce, 4, 6 if once == "0" else 12, timeout=120)
 
 
 def _refused_on_one_rank(rank, size):

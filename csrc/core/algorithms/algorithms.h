@@ -94,9 +94,10 @@ Task allreduceOnceFrom(Op& op, void* data, size_t count, DataType type, ReduceOp
 // this rank's tensor and header (the staging's number); whether every rank's flag is up; whether
 // every header says this rank's call; the reduction.
 // Whether the one-step allreduce may run now for `bytes`: the group's windows set up, staging
-// halves large enough, no mending due after the group's `mismatches` (GroupState::mismatches).
+// halves large enough, no mending due after the group's latest mismatched op
+// (GroupState::lastMismatch).
 struct StageWindows;
-bool onceMayRun(const SharedRing& ring, size_t bytes, uint64_t mismatches);
+bool onceMayRun(const SharedRing& ring, size_t bytes, std::optional<uint32_t> lastMismatch);
 uint64_t onceStage(StageWindows& stage, int rank, uint32_t sequence, const void* data, size_t count,
                    DataType type, ReduceOp reduce);
 bool onceArrived(const StageWindows& stage, uint64_t staging);

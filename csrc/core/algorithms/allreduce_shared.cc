@@ -113,8 +113,8 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     held = std::make_unique<SharedRingTurn>(ring, op);
     held->mendsAfterMismatch();
     co_await op.until([&held] { return held->ready(); });
-    const uint64_t mismatches = op.group().state ? op.group().state->mismatches() : 0;
-    if (onceMayRun(ring, count * es, mismatches)) {
+    const auto lastMismatch = op.group().state ? op.group().state->lastMismatch() : std::nullopt;
+    if (onceMayRun(ring, count * es, lastMismatch)) {
       co_await allreduceOnce(op, data, count, type, reduce, ring, *held);
       co_return;
     }

@@ -214,9 +214,9 @@ std::set<int> onceAwaited(const StageWindows& stage, uint64_t staging, int rank)
 
 }  // namespace
 
-bool onceMayRun(const SharedRing& ring, size_t bytes, uint64_t mismatches) {
+bool onceMayRun(const SharedRing& ring, size_t bytes, std::optional<uint32_t> lastMismatch) {
   return ring.state == SharedRing::State::kReady && ring.stage.ready &&
-         ring.stage.halfBytes >= bytes && mismatches == ring.mismatchesSynced;
+         ring.stage.halfBytes >= bytes && !resyncDue(lastMismatch, ring);
 }
 
 uint64_t onceStage(StageWindows& stage, int rank, uint32_t sequence, const void* data, size_t count,

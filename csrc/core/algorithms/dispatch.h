@@ -40,8 +40,8 @@ struct AllreduceEntry {
 std::span<const AllreduceEntry> allreduceTable();
 
 // Whether an allreduce of `plan` over `memory` may resync the group's shared-memory windows
-// after a mismatch (the table's sharesWindows): its call print then carries the mismatches
-// counted (CallCheck::carryMismatches).
+// after a mismatch (the table's sharesWindows): its call print then carries the latest
+// mismatched op known (CallCheck::carryMismatches).
 bool resyncsSharedWindows(const AllreducePlan& plan, MemoryKind memory);
 
 // allreduce by the plan's algorithm, from the table (AVG divides at the end).

@@ -283,13 +283,12 @@ void Notices::applyNotice(GroupNotices& control, const Notice& notice) {
     return;
   }
   // A mismatch another rank found in an op that ended well here (bytes that reached that rank
-  // alone, as a hostile peer's can): counted here too, once, so that every rank counts the
-  // group's mismatches alike and resyncs its shared-memory windows at the same op
+  // alone, as a hostile peer's can): counted here too, so that every rank knows the group's
+  // latest mismatched op alike and resyncs its shared-memory windows at the same op
   // (shm/shared_ring.h).
   if (notice.type == Notice::Type::kOp && notice.kind == StatusKind::kMismatch &&
-      !control.ahead(notice.sequence) && !control.countedMismatch(notice.sequence)) {
-    group.state->countMismatch();
-    control.noteMismatch(notice.sequence);
+      !control.ahead(notice.sequence)) {
+    group.state->countMismatch(notice.sequence);
   }
   if (control.ahead(notice.sequence)) {
     control.early[notice.sequence] = notice;
@@ -484,8 +483,6 @@ void Notices::ended(Op& op, const Status& error, Ending ending, const std::strin
   if (error.ok()) return;
   if (op.callCheck().on() && op.group().notices != nullptr) {
     GroupNotices& control = *op.group().notices;
-    // Counted by Runtime::finishOp; a later report of the same op is not counted again.
-    if (error.kind == StatusKind::kMismatch) control.noteMismatch(op.sequence());
     // The others learn what ended it here; the messages they sent it are discarded. (A lost
     // peer is told by the news, to every group that has it; a timeout another rank reported
     // reached every rank already.)

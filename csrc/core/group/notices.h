@@ -99,16 +99,6 @@ struct GroupNotices {
   // of the same op adds nothing), and ranks counted gone here that spoke since (told so, once a
   // second at most).
   std::deque<uint32_t> timeoutsHeard;
-  // Ops of the group counted as mismatches here (GroupState::countMismatch): ended so here, or
-  // reported so by another rank after they ended well here. Each is counted once.
-  std::deque<uint32_t> mismatched;
-  bool countedMismatch(uint32_t sequence) const {
-    return std::find(mismatched.begin(), mismatched.end(), sequence) != mismatched.end();
-  }
-  void noteMismatch(uint32_t sequence) {
-    mismatched.push_back(sequence);
-    if (mismatched.size() > kMaxGraves) mismatched.pop_front();
-  }
   std::map<int, TimePoint> toldGone;
   // The heartbeats this group asked of the runtime: addresses beaten, addresses watched.
   std::vector<std::string> beats, watches;

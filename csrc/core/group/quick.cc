@@ -56,9 +56,9 @@ std::shared_ptr<Work> Communicator::allreduceQuick(void* data, size_t count, Dat
       return;
     }
     SharedRing& ring = *group.sharedRing;
-    uint64_t mismatches = 0;
-    if (!group.state->usable(&mismatches) || ring.tickets != ring.serving ||
-        !onceMayRun(ring, count * elementSize(type), mismatches)) {
+    std::optional<uint32_t> lastMismatch;
+    if (!group.state->usable(&lastMismatch) || ring.tickets != ring.serving ||
+        !onceMayRun(ring, count * elementSize(type), lastMismatch)) {
       return;
     }
     uint64_t next = sequence_.load();

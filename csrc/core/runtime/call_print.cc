@@ -11,7 +11,7 @@ namespace ddl {
 bool CallPrint::operator==(const CallPrint& other) const {
   return magic == other.magic && sequence == other.sequence && collective == other.collective &&
          type == other.type && reduce == other.reduce && root == other.root &&
-         count == other.count && mismatches == other.mismatches;
+         count == other.count && mismatchAge == other.mismatchAge;
 }
 
 const char* collectiveName(Collective collective) {
@@ -103,6 +103,13 @@ CallPrint callPrint(Collective collective, size_t count, std::optional<DataType>
 
 namespace {
 constexpr uint64_t kPrintSlot = tag::slot(tag::kControlPhase, tag::kPrintStep);
+
+// The latest mismatched op a print says its rank knew of: "op #12", "none".
+std::string mismatchWords(const CallPrint& print) {
+  if (print.mismatchAge == 0) return "none";
+  if (print.mismatchAge == 255) return "one 255 or more ops before";
+  return "op #" + std::to_string(print.sequence - print.mismatchAge);
+}
 }  // namespace
 
 void CallCheck::set(const CallPrint& print) {
@@ -140,8 +147,11 @@ const char* CallCheck::inlinePayload(int peer) const {
 void CallCheck::start() {
   const int n = op_.size();
   if (carries_ && op_.group().state) {
-    mismatchesAtStart_ = op_.group().state->mismatches();
-    print_.mismatches = static_cast<uint8_t>(mismatchesAtStart_);
+    mismatchAtStart_ = op_.group().state->lastMismatch();
+    if (mismatchAtStart_) {
+      const uint32_t age = print_.sequence - *mismatchAtStart_;
+      print_.mismatchAge = static_cast<uint8_t>(age == 0 || age > 255 ? 255 : age);
+    }
   }
   if (inlined()) {
     std::memcpy(out_, &print_, sizeof(CallPrint));
@@ -290,14 +300,14 @@ Status CallCheck::verdict(const Request& req) const {
     std::memcpy(&theirs, p->bytes, sizeof(theirs));
   }
   // A print that cannot be read is a disagreement too: as one that differs, it fails the op on
-  // every rank (found, or told), so each counts it with the group's mismatches alike
+  // every rank (found, or told), so each knows it as the group's latest mismatched op alike
   // (GroupState::countMismatch) and their shared-memory windows resync at the same op.
   if (p == nullptr || req.receivedBytes < sizeof(CallPrint) || theirs.magic != CallPrint::kMagic) {
     return Status(StatusKind::kMismatch, rank + " sent a malformed call check", peer());
   }
   if (watching_) {            // any print: that rank checks this op by prints, this one does not
-    CallPrint same = theirs;  // the same call, but for the mismatches it carries
-    same.mismatches = print_.mismatches;
+    CallPrint same = theirs;  // the same call, but for the mismatch it carries
+    same.mismatchAge = print_.mismatchAge;
     return Status(StatusKind::kMismatch,
                   "the ranks' calls differ: " + rank + " called " + theirs.describe() +
                       " and checked it by a print, rank " + std::to_string(op_.rank()) +
@@ -309,20 +319,19 @@ Status CallCheck::verdict(const Request& req) const {
                   peer());
   }
   if (!(theirs == print_)) {
-    // Only the mismatches counted differ: the same call, started knowing of different ones.
+    // Only the latest mismatch known differs: the same call, started knowing of different ones.
     CallPrint same = theirs;
-    same.mismatches = print_.mismatches;
+    same.mismatchAge = print_.mismatchAge;
     if (same == print_) {
-      return Status(
-          StatusKind::kMismatch,
-          "the ranks started this op knowing of different numbers of the group's earlier "
-          "mismatched ops: " +
-              rank + " of " + std::to_string(theirs.mismatches) + ", rank " +
-              std::to_string(op_.rank()) + " of " + std::to_string(print_.mismatches) +
-              " (mod 256; the news of one had not reached every rank): the op fails on "
-              "every rank, so that the next allreduce resyncs their shared-memory windows "
-              "at the same op",
-          peer());
+      return Status(StatusKind::kMismatch,
+                    "the ranks started this op knowing of different earlier mismatched ops "
+                    "of the group: " +
+                        rank + " of " + mismatchWords(theirs) + ", rank " +
+                        std::to_string(op_.rank()) + " of " + mismatchWords(print_) +
+                        " as the latest (the news of one had not reached every rank): the op "
+                        "fails on every rank, so that the next allreduce resyncs their "
+                        "shared-memory windows at the same op",
+                    peer());
     }
     std::string words = "the ranks' calls differ: " + rank + " called " + theirs.describe() +
                         ", rank " + std::to_string(op_.rank()) + " called " + print_.describe();

@@ -55,11 +55,12 @@ struct CallPrint {
   Collective collective = Collective::kNone;
   uint8_t type = kUnset;    // DataType
   uint8_t reduce = kUnset;  // ReduceOp
-  // An allreduce's (CallCheck::carryMismatches): the group's mismatched ops this rank had counted
-  // when the op started, mod 256 (GroupState::mismatches). Ranks that differ would resync their
-  // shared-memory windows at different ops (shm/shared_ring.h), so a difference fails the op as a
-  // mismatch. 0 for other collectives.
-  uint8_t mismatches = 0;
+  // An allreduce's (CallCheck::carryMismatches): how many ops before this one the latest
+  // mismatched op this rank knew of when the op started was (GroupState::lastMismatch; 0: none,
+  // 255: that many or more). Ranks that differ could resync their shared-memory windows at
+  // different ops (shm/shared_ring.h), so a difference fails the op as a mismatch. 0 for other
+  // collectives.
+  uint8_t mismatchAge = 0;
   int32_t root = -1;
   uint64_t count = 0;  // elements (per rank where each rank has a block)
 
@@ -117,12 +118,12 @@ class CallCheck {
   void setInline(const void* data, size_t bytes);
   bool inlined() const { return inlineBytes_ > 0; }
   // The op's body may resync the group's shared-memory windows after a mismatch (an allreduce):
-  // its print carries the mismatches counted when it starts, which the resync goes by
+  // its print carries the latest mismatched op known when it starts, which the resync goes by
   // (resyncDue). Set before the op starts.
   void carryMismatches() { carries_ = true; }
-  // The group's mismatched ops counted here when the op started (0 before it has, or where its
-  // print carries none).
-  uint64_t mismatchesAtStart() const { return mismatchesAtStart_; }
+  // The group's latest mismatched op known here when the op started (none before it has, or
+  // where its print carries none).
+  std::optional<uint32_t> mismatchAtStart() const { return mismatchAtStart_; }
   bool carriesMismatches() const { return carries_ && started_; }
   // The op's body decides, holding its group's shared-memory turn, whether the call is checked
   // by prints (start()) or through the staging buffers (watch()): the one-step allreduce
@@ -176,7 +177,7 @@ class CallCheck {
   bool deferred_ = false;
   bool watching_ = false;
   bool carries_ = false;
-  uint64_t mismatchesAtStart_ = 0;
+  std::optional<uint32_t> mismatchAtStart_;
   uint64_t sentMask_ = 0, askedMask_ = 0;
   std::array<std::pair<int, uint8_t>, 16> few_;  // the first peers met, in large groups
   size_t fewMet_ = 0;

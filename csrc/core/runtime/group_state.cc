@@ -10,14 +10,14 @@ void GroupState::recordFailure(const Status& status, bool remote) {
   first_ = Failure{status, remote};
 }
 
-void GroupState::countMismatch() {
+void GroupState::countMismatch(uint32_t sequence) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++mismatches_;
+  if (!lastMismatch_ || opBefore(*lastMismatch_, sequence)) lastMismatch_ = sequence;
 }
 
-uint64_t GroupState::mismatches() const {
+std::optional<uint32_t> GroupState::lastMismatch() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return mismatches_;
+  return lastMismatch_;
 }
 
 GroupState::Failure GroupState::firstFailure() const {
@@ -66,9 +66,9 @@ std::optional<TimePoint> GroupState::goneSince(int rank) const {
   return it->second;
 }
 
-bool GroupState::usable(uint64_t* mismatches) const {
+bool GroupState::usable(std::optional<uint32_t>* lastMismatch) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  *mismatches = mismatches_;
+  *lastMismatch = lastMismatch_;
   return refusal_.ok();
 }
 

@@ -40,8 +40,8 @@ class GroupState {
   // The group cannot go on: records the failure and refuses later ops, naming it.
   void fail(const Status& status, bool remote = false);
   Status refusal() const;  // why ops fail at once (ok while the group is usable)
-  // Under one lock: whether ops are not refused, and (then) the mismatches counted.
-  bool usable(uint64_t* mismatches) const;
+  // Under one lock: whether ops are not refused, and (then) lastMismatch().
+  bool usable(std::optional<uint32_t>* lastMismatch) const;
   // The ranks of the group known to be gone: found here, or named by another rank's notice, and
   // when each was first known (the runtime's clock). `witness`: the rank that counted it gone
   // from what it saw itself, where news told of it (-1: this rank, or not known).
@@ -50,11 +50,14 @@ class GroupState {
   // For each of gone(), its witness (`self` where this rank counted it gone itself).
   std::vector<int> witnesses(int self) const;
   std::optional<TimePoint> goneSince(int rank) const;
-  // Collectives of the group that ended here because the ranks called different things. A
-  // mismatch fails its op on every rank (found, or told by the rank that found it), so the count
-  // is the same on every rank once that op has ended everywhere.
-  void countMismatch();
-  uint64_t mismatches() const;
+  // The latest collective of the group (by op number, which wraps) known here to have ended
+  // because the ranks called different things: ended so here (found, or told by the rank that
+  // found it), or reported so by another rank after it ended well here. An op that fails by a
+  // mismatch fails on every rank that has not ended it well, so it is the latest on every rank
+  // once it has ended everywhere, whatever older news is still on its way
+  // (shm/shared_ring.h: what the windows' resync goes by).
+  void countMismatch(uint32_t sequence);
+  std::optional<uint32_t> lastMismatch() const;
 
  private:
   mutable std::mutex mutex_;
@@ -62,8 +65,11 @@ class GroupState {
   Status refusal_;
   std::map<int, TimePoint> gone_;
   std::map<int, int> witnesses_;  // of the gone ranks news told of, where known
-  uint64_t mismatches_ = 0;
+  std::optional<uint32_t> lastMismatch_;
 };
+
+// Whether op `a` of a group came before op `b` (op numbers wrap at 2^32).
+inline bool opBefore(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
 
 // A communicator's membership as the runtime needs it: shared by the communicator and its ops, so
 // an op outlives a group destroyed while it is in flight. What the group code hands its ops

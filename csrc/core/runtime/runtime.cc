@@ -299,7 +299,7 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   op->endedWith_ = error.kind;
   // Counted before anything the op holds is let go (a shared-memory turn: shm/shared_ring.h).
   if (error.kind == StatusKind::kMismatch && op->callCheck().on() && op->group().state) {
-    op->group().state->countMismatch();
+    op->group().state->countMismatch(op->sequence());
   }
   const TimePoint now = clock_.now();  // the one read of an op's end
   recorder_.ended(op->traceRecord, now, error.detail, error.ok() ? "" : pendingPeers(*op));

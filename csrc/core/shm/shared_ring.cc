@@ -261,18 +261,20 @@ Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t f
 
 namespace {
 
-// The group's mismatched ops the resync goes by: those the op's print carries, the same on every
+// The latest mismatched op the resync goes by: the one the op's print carries, the same on every
 // rank where the op does not fail as a mismatch.
-uint64_t mismatchesKnown(const Op& op) {
-  if (op.callCheck().carriesMismatches()) return op.callCheck().mismatchesAtStart();
-  return op.group().state ? op.group().state->mismatches() : 0;
+std::optional<uint32_t> mismatchKnown(const Op& op) {
+  if (op.callCheck().carriesMismatches()) return op.callCheck().mismatchAtStart();
+  return op.group().state ? op.group().state->lastMismatch() : std::nullopt;
 }
 
 }  // namespace
 
-bool resyncDue(const Op& op, const SharedRing& ring) {
-  return mismatchesKnown(op) != ring.mismatchesSynced;
+bool resyncDue(std::optional<uint32_t> lastMismatch, const SharedRing& ring) {
+  return lastMismatch && (!ring.resyncedAt || !opBefore(*lastMismatch, *ring.resyncedAt));
 }
+
+bool resyncDue(const Op& op, const SharedRing& ring) { return resyncDue(mismatchKnown(op), ring); }
 
 namespace {
 
@@ -297,7 +299,6 @@ Holding holdingOf(const SharedRing& ring) {
 }  // namespace
 
 Task resyncAfterMismatch(Op& op, SharedRing& ring, const std::vector<int>& members) {
-  const uint64_t mismatches = mismatchesKnown(op);
   Transport& transport = op.group().runtime->transport();
   // Setups the mismatch cut short: nobody heard their verdict.
   if (ring.state == SharedRing::State::kUnknown) {
@@ -345,7 +346,7 @@ Task resyncAfterMismatch(Op& op, SharedRing& ring, const std::vector<int>& membe
   ring.stage.sequence = agreed.stagings;
   ring.lastAllShared = true;
   ring.offered.clear();
-  ring.mismatchesSynced = mismatches;
+  ring.resyncedAt = op.sequence();
 }
 
 }  // namespace ddl

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -96,8 +97,9 @@ struct SharedRing {
   // Whether the last round of offers found every tensor in a shared buffer (the same on every
   // rank: all see all offers, and rounds happen in turn order).
   bool lastAllShared = true;
-  // The group's count of mismatched ops (GroupState::mismatches) as of the last resync.
-  uint64_t mismatchesSynced = 0;
+  // The op whose resync last mended the windows: mismatches of the ops before it are mended
+  // (none: never resynced).
+  std::optional<uint32_t> resyncedAt;
 };
 
 // The op's turn at the windows: taken when the op starts, given up when it ends, however it
@@ -148,11 +150,14 @@ Task setUpSlotWindows(Op& op, SlotWindows& windows, std::vector<int> order, size
 // [firstStep, firstStep + 3) of the shared phase. Holding the turn.
 Task setUpStageWindows(Op& op, StageWindows& stage, size_t halfBytes, uint32_t firstStep);
 
-// Whether an op that wants the group's one-host windows must first resync them: the group's
-// mismatched ops it started knowing of (its call print carries them, so that ranks that knew of
-// different numbers fail it as a mismatch instead of deciding differently) are not those of the
-// last resync.
+// Whether an op that wants the group's one-host windows must first resync them: the latest
+// mismatched op it started knowing of (GroupState::lastMismatch; its call print carries it, so
+// that ranks that knew of different ones fail it as a mismatch instead of deciding differently)
+// is not before the last resync. News of a mismatch older than that resync, arriving late, asks
+// for none: the resync mended the windows after it.
 bool resyncDue(const Op& op, const SharedRing& ring);
+// The same for `lastMismatch` known (the one-step allreduce's decision, which sends no print).
+bool resyncDue(std::optional<uint32_t> lastMismatch, const SharedRing& ring);
 
 // The round after a mismatch among `members` (the ranks that share memory with this one: every
 // rank of a one-host group, this rank's host in a multi-dimensional plan, the first of them

@@ -228,8 +228,8 @@ class Run {
     // next op on every rank where only some counted it a mismatch; a member left out of a shrink
     // (leftOut_) is named rightly.
     auto named = [&](int q) { return namesRank(status, q, clusterOf); };
-    const bool counts = status.detail.find("knowing of different numbers") != std::string::npos;
-    if (hostileStruck_ && (r == s_.hostile || named(s_.hostile) || counts)) return true;
+    const bool knew = status.detail.find("of different earlier mismatched") != std::string::npos;
+    if (hostileStruck_ && (r == s_.hostile || named(s_.hostile) || knew)) return true;
     return k == StatusKind::kPeerLost && std::any_of(leftOut_.begin(), leftOut_.end(), named);
   }
 
