@@ -18,7 +18,7 @@ namespace ddl::test {
 namespace {
 
 // Ranks over the loopback, engines the test can look at, with the one-step allreduce on
-// (TORCH_DDL_ONCE_BYTES, off by default).
+// (TORCH_DDL_ONCE_BYTES, its default, set here whatever the environment says).
 struct OnceWorld {
   explicit OnceWorld(int size) {
     for (int r = 0; r < size; ++r) engines.push_back(std::make_unique<Engine>(fabric.join()));

@@ -134,14 +134,12 @@ const std::vector<ConfigEntry> kTable = {
      "TORCH_DDL_DIRECT_MIN_BYTES (then 65536 unless set), served from shared memory the ranks "
      "of one host map, so that their allreduces take the direct path at once; the memory is "
      "kept for reuse, as a caching allocator keeps it (docs/shared-memory.md); 0: torch's own"},
-    {"TORCH_DDL_ONCE_BYTES", "0",
-     "auto or staged, one host (65536 is the tested value; 0, the default: never, since a "
-     "mismatch one rank finds while the others finish may then fail the next small allreduces "
-     "too, docs/faults.md): an allreduce whose bytes times the group's ranks less one (what "
-     "each rank reads of the others') are at most this, once the group's staging buffers are set "
-     "up, is reduced in one step: each rank copies its tensor into its buffer, raises a flag, "
-     "and once every rank's flag is up reduces all of them in rank order; "
-     "a caller that waits for it and finds nothing else in flight does this on its own thread "
+    {"TORCH_DDL_ONCE_BYTES", "65536",
+     "auto or staged, one host (0: never): an allreduce whose bytes times the group's ranks "
+     "less one (what each rank reads of the others') are at most this, once the group's staging "
+     "buffers are set up, is reduced in one step: each rank copies its tensor into its buffer, "
+     "raises a flag, and once every rank's flag is up reduces all of them in rank order; a "
+     "caller that waits for it and finds nothing else in flight does this on its own thread "
      "(docs/internals.md, \"Same-host allreduce of small tensors: one step\")"},
 };
 

@@ -154,7 +154,7 @@ struct PlanRequest {
                                     // of TORCH_DDL_DIRECT_MIN_BYTES)
   bool shareTensors = true;         // TORCH_DDL_SHARE_TENSORS
   size_t stagedBytes = 512 << 10;   // kShared: staged up to this size (TORCH_DDL_STAGED_BYTES)
-  size_t onceBytes = 0;             // and in one step while (P - 1) x the bytes is at most this
+  size_t onceBytes = 64 << 10;      // and in one step while (P - 1) x the bytes is at most this
                                     // (TORCH_DDL_ONCE_BYTES; auto, one host: rather than recursive
                                     // doubling; 0: never)
   // Allgathers: the schedule forced, else the cheapest (PlanBook::allgatherSchedule). kGrid and
