@@ -20,6 +20,7 @@
 // housekeeping period while it sleeps: no peer can wake it, and it never spins long on a core it
 // shares. Each rank's header also says what it staged (op number, element counts, dtype, reduce
 // op): a rank that staged another shape fails every rank before any byte of it is used.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -212,6 +213,33 @@ std::set<int> onceAwaited(const StageWindows& stage, uint64_t staging, int rank)
   return peers;
 }
 
+// Step 2 of a piece: this rank's chunk (`length` elements at `at` of every half) reduced out of
+// the tensor (`source`) and every peer's half, in rank order, into its own half, and copied back
+// into the tensor. Block by block: the copy back, and each further peer's pass, then read what
+// the block's first pass has just left in the nearest cache, not the whole chunk again.
+constexpr size_t kReduceBlockBytes = 8 << 10;
+void reduceChunk(const StageWindows& stage, int rank, size_t at, char* source, size_t length,
+                 DataType type, ReduceOp reduce) {
+  const size_t es = elementSize(type);
+  const size_t block = std::max<size_t>(kReduceBlockBytes / es, 1);
+  char* mine = stage.bases[rank] + at;
+  for (size_t done = 0; done < length; done += block) {
+    const size_t elements = std::min(block, length - done), offset = done * es;
+    bool firstPeer = true;
+    for (size_t j = 0; j < stage.bases.size(); ++j) {
+      if (static_cast<int>(j) == rank) continue;
+      const char* theirs = stage.bases[j] + at + offset;
+      if (firstPeer) {
+        reduceTo(type, reduce, mine + offset, source + offset, theirs, elements);
+      } else {
+        reduceInto(type, reduce, mine + offset, theirs, elements);
+      }
+      firstPeer = false;
+    }
+    std::memcpy(source + offset, mine + offset, elements * es);
+  }
+}
+
 }  // namespace
 
 bool onceMayRun(const SharedRing& ring, size_t bytes, std::optional<uint32_t> lastMismatch) {
@@ -329,20 +357,8 @@ Task allreduceStaged(Op& op, void* data, size_t count, DataType type, ReduceOp r
     checkCalls(op, stage, call);
     // 2. This rank's chunk, reduced out of the tensor and every peer's half into its own half,
     // and back into the tensor.
-    char* mine = own + half + before;
-    char* source = tensor + first * es + before;
-    bool firstPeer = true;
-    for (int j = 0; j < n; ++j) {
-      if (j == rank) continue;
-      const char* theirs = stage.bases[j] + half + before;
-      if (firstPeer) {
-        reduceTo(type, reduce, mine, source, theirs, chunk.length);
-      } else {
-        reduceInto(type, reduce, mine, theirs, chunk.length);
-      }
-      firstPeer = false;
-    }
-    std::memcpy(source, mine, chunk.length * es);
+    reduceChunk(stage, rank, half + before, tensor + first * es + before, chunk.length, type,
+                reduce);
     flag(own, kReducedAt).store(staging, std::memory_order_release);
     co_await flagsReached(op, stage, kReducedAt, staging, chunk.length * es * n);
     // 3. Every other rank's chunk, out of its half.
