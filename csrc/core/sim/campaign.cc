@@ -17,19 +17,6 @@ namespace {
 
 using Wall = std::chrono::steady_clock;
 
-double micros(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double, std::micro>(to - from).count();
-}
-
-TimePoint after(TimePoint t, double us) {
-  return t + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::duration<double, std::micro>(us));
-}
-
-bool among(const std::vector<int>& ranks, int r) {
-  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
-}
-
 class Run {
  public:
   explicit Run(const Scenario& s) : s_(s), cluster_(s.cluster) {
@@ -258,7 +245,7 @@ class Run {
     for (const auto& [rank, how] : disagree_) {
       if (members[rank] != nullptr) others[rank] = disagreeingCall(call, how, size);
     }
-    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    const auto limit = s_.cluster.timeout + kGrace;
     // The second group's op (two groups): the same call on other data, started before or after
     // this one as each rank's own order has it.
     SimCall secondCall = call;
@@ -317,7 +304,7 @@ class Run {
   // rank in the group) or failed naming a fault that struck.
   void checkOp(int r, const std::string& who, bool ended, const Status& status,
                const SimCallBuffers& buffers, int groupRank, const std::vector<int>& clusterOf) {
-    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    const auto limit = s_.cluster.timeout + kGrace;
     if (!ended) {
       broke(result_.hang, who + " did not end within " + std::to_string(limit.count()) + " ms");
     } else if (status.ok()) {
@@ -394,8 +381,7 @@ class Run {
     }
     if (!anyFailed) return;
     cluster_.waitFor = [this](int r) { return !frozen_.count(r); };
-    SimCluster::Shrink shrink =
-        cluster_.shrink(trying, s_.cluster.timeout + std::chrono::milliseconds(8000), s_.refuser);
+    SimCluster::Shrink shrink = cluster_.shrink(trying, s_.cluster.timeout + kGrace, s_.refuser);
     for (int r : shrink.unfinished) {
       if (!frozen_.count(r))
         broke(result_.hang, "rank " + std::to_string(r) + "'s shrink did not end");
@@ -447,7 +433,7 @@ class Run {
       ++formed;
     }
     if (formed != static_cast<int>(shrink.ranks.size()) || s_.after.empty()) return;
-    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    const auto limit = s_.cluster.timeout + kGrace;
     auto splitOnce = [&](const char* which) {
       std::string error;
       std::vector<std::shared_ptr<Communicator>> groups = cluster_.split(of, limit, &error);
@@ -497,7 +483,7 @@ class Run {
 
   // Two groups: a second group of every rank, split from the first, for the ops to run on too.
   void secondGroup() {
-    const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+    const auto limit = s_.cluster.timeout + kGrace;
     std::string error;
     second_ = cluster_.split(cluster_.members(), limit, &error);
     for (int r = 0; r < cluster_.size(); ++r) {

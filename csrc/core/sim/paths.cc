@@ -9,13 +9,19 @@
 #include "../base/tag.h"
 
 namespace ddl {
-namespace {
+
+double micros(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double, std::micro>(to - from).count();
+}
+
+TimePoint after(TimePoint t, double us) {
+  return t + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::duration<double, std::micro>(us));
+}
 
 bool among(const std::vector<int>& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
 }
-
-}  // namespace
 
 WindowRounds::Broken WindowRounds::run() {
   n_ = cluster_.size();
@@ -48,7 +54,7 @@ bool WindowRounds::failedOn(const char* what, int r, const std::string& why) {
 
 bool WindowRounds::awaitAll(const std::vector<std::shared_ptr<Work>>& works,
                             const std::string& what) {
-  const auto limit = s_.cluster.timeout + std::chrono::milliseconds(8000);
+  const auto limit = s_.cluster.timeout + kGrace;
   cluster_.runUntil(
       [&] {
         for (const auto& w : works) {

@@ -2,6 +2,7 @@
 // run before the ops while the group is whole, and what a hostile peer sends as an op starts.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,14 @@
 #include "scenario.h"
 
 namespace ddl {
+
+// How long past the group's timeout a step of a scenario may run before it counts as hung.
+inline constexpr std::chrono::milliseconds kGrace{8000};
+// Microseconds of virtual time from `from` to `to`; the time `us` microseconds after `t`.
+double micros(TimePoint from, TimePoint to);
+TimePoint after(TimePoint t, double us);
+// Whether `r` is among `ranks`.
+bool among(const std::vector<int>& ranks, int r);
 
 // Windows on the whole group (Scenario::windows): made at once, rounds of a put, a signal and a
 // wait, one signal late, deregistered and registered anew half way. What each wait covers is

@@ -11,13 +11,10 @@
 #include "../base/tag.h"
 #include "../base/types.h"
 #include "calls.h"
+#include "paths.h"
 
 namespace ddl {
 namespace {
-
-double micros(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double, std::micro>(to - from).count();
-}
 
 double spanMicros(const SimCluster::Outcome& outcome) {
   double longest = 0;
