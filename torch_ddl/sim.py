@@ -396,6 +396,8 @@ def run_campaign(count, seed, max_ranks, verbose, slow_store=False):
     print(f"{'fault':<14} {'scenarios':>9} {'failed':>6}")
     for kind, scenarios, failed in report["kinds"]:
         print(f"{kind:<14} {scenarios:>9} {failed:>6}")
+    print(f"quick path: {report['quick_ops']} allreduces on the caller's thread, "
+          f"{report['handed_ops']} handed to an op")
     print(f"TRACE digest={report['digest']:016x}")
     print(f"CAMPAIGN scenarios={report['scenarios']} hangs={report['hangs']} "
           f"wrong={report['wrong']} unnamed={report['unnamed']} split={report['split']} "

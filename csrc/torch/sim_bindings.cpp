@@ -182,6 +182,10 @@ py::dict campaignDict(const CampaignReport& report) {
   kinds.append(py::make_tuple("hostile", report.hostile, report.failedHostile));
   kinds.append(py::make_tuple("alltoall_bruck", report.alltoallBruck, report.failedAlltoallBruck));
   kinds.append(py::make_tuple("slow_store", report.slowStore, report.failedSlowStore));
+  kinds.append(py::make_tuple("shared_memory", report.sharedMemory, report.failedSharedMemory));
+  kinds.append(py::make_tuple("host_groups", report.hostOps, report.failedHostOps));
+  out["quick_ops"] = report.quickOps;
+  out["handed_ops"] = report.handedOps;
   out["stale_used"] = report.stale;
   out["early_signal"] = report.earlySignals;
   out["kinds"] = kinds;

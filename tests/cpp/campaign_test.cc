@@ -135,8 +135,17 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
   };
   // clang-format on
   for (const Found& f : found) {
-    const ScenarioResult r = runScenario(drawScenario(f.seed));
+    Scenario s = drawScenario(f.seed);
+    const ScenarioResult r = runScenario(s);
     EXPECT_FALSE(r.failed()) << std::hex << f.seed << " (" << f.what << "): " << r.why;
+    // Also as it was found, where the shared memory drawn since has changed its world's paths.
+    if (s.cluster.sharedMemory) {
+      s.cluster.sharedMemory = false;
+      s.hostOps.clear();
+      const ScenarioResult before = runScenario(s);
+      EXPECT_FALSE(before.failed())
+          << std::hex << f.seed << " without shared memory (" << f.what << "): " << before.why;
+    }
   }
 }
 
@@ -218,6 +227,12 @@ TEST(Campaign, AFewHundredScenariosKeepEveryInvariant) {
   EXPECT_GT(report.twoGroups, 0);
   EXPECT_GT(report.slowReductions, 0);
   EXPECT_GT(report.hostile, 0);
+  EXPECT_GT(report.sharedMemory, 0);
+  EXPECT_GT(report.hostOps, 0);
+  // The one-host paths are reached: callers that finish in one step on their own thread, and
+  // callers whose peers had not come, handing over to an op.
+  EXPECT_GT(report.quickOps, 0u);
+  EXPECT_GT(report.handedOps, 0u);
   for (int k = 0; k < kFaultKinds; ++k) {
     EXPECT_GT(report.withKind[k], 0) << faultKindName(static_cast<Fault::Kind>(k));
   }

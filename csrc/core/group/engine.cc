@@ -48,6 +48,39 @@ Engine::~Engine() {
   runtime_.stop();
 }
 
+namespace {
+
+// Marks the owner's turn for its length (Drive::kExternal).
+struct OwnerTurns {
+  explicit OwnerTurns(bool& turning) : turning(turning) { turning = true; }
+  ~OwnerTurns() { turning = false; }
+  bool& turning;
+};
+
+}  // namespace
+
+bool Engine::turn() {
+  const OwnerTurns turns(turning_);
+  return runtime_.turn();
+}
+
+bool Engine::settle(TimePoint until) {
+  const OwnerTurns turns(turning_);
+  return runtime_.settle(until);
+}
+
+bool Engine::holdingTurn(FunctionRef<void(Runtime&)> body) {
+  if (driver_) return driver_->holdingTurn(body);
+  if (!callersHold_ || turning_ || runtime_.stopping()) return false;
+  body(runtime_);
+  return true;
+}
+
+std::chrono::microseconds Engine::callerSpin() const {
+  if (!driver_) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(runtime_.config().spinMicros);
+}
+
 size_t Engine::endpoints() {
   size_t count = 0;
   call([&] { count = runtime_.transport().endpoints(); });

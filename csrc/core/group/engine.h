@@ -46,8 +46,8 @@ class Engine {
   static void shutdownProcess();
 
   // Drive::kExternal (the runtime's, see there).
-  bool turn() { return runtime_.turn(); }
-  bool settle(TimePoint until = TimePoint::max()) { return runtime_.settle(until); }
+  bool turn();
+  bool settle(TimePoint until = TimePoint::max());
   TimePoint nextTimer() const { return runtime_.nextTimer(); }
   void setWakeHook(std::function<void()> hook) { runtime_.setWakeHook(std::move(hook)); }
   const Clock& clock() const { return runtime_.clock(); }
@@ -60,12 +60,18 @@ class Engine {
     runtime_.submit(std::move(op));
   }
   void call(const std::function<void()>& fn) { runtime_.call(fn); }
-  // Runs `body` on this thread holding the runtime's turn, where a progress thread turns it and
-  // the turn is free now (ThreadDriver::holdingTurn: a body that does not turn the runtime);
-  // false when it did not run.
-  bool holdingTurn(FunctionRef<void(Runtime&)> body) {
-    return driver_ && driver_->holdingTurn(body);
-  }
+  // Runs `body` on this thread holding the runtime's turn (a body that does not turn the
+  // runtime): where a progress thread turns it, if the turn is free now
+  // (ThreadDriver::holdingTurn); where the owner does (Drive::kExternal), if it lets callers
+  // hold it (letCallersHoldTurn) and is not turning it now. False when it did not run.
+  bool holdingTurn(FunctionRef<void(Runtime&)> body);
+  // Drive::kExternal: callers may hold the turn between the owner's turns (the simulator, whose
+  // calls come between its events, as a real caller's come between the thread's turns).
+  void letCallersHoldTurn() { callersHold_ = true; }
+  // How long a caller holding the turn may spin, waiting for its peers (group/quick.cc): the
+  // configuration's spin where a thread drives; none where the owner does (a simulated caller's
+  // clock stands still while it spins: it looks once, and hands what is left to an op).
+  std::chrono::microseconds callerSpin() const;
   const std::string& localAddress() const { return runtime_.localAddress(); }
   // Watches the peers of `group` whose identity (by group rank) shows them on this host
   // (runtime/liveness.h), connecting to them: once one exits, the ops of every group that has
@@ -122,6 +128,8 @@ class Engine {
   Runtime runtime_;
   Notices notices_{runtime_};
   std::unique_ptr<ThreadDriver> driver_;
+  bool callersHold_ = false;  // Drive::kExternal (letCallersHoldTurn)
+  bool turning_ = false;      // Drive::kExternal: the owner turns the runtime now
   std::shared_ptr<SharedBuffers> sharedBuffers_;
 
   std::mutex idsMutex_;

@@ -71,8 +71,7 @@ std::shared_ptr<Work> Communicator::allreduceQuick(void* data, size_t count, Dat
     const CallPrint print = callPrint(Collective::kAllreduce, count, type, reduce);
     const uint64_t ticket = ring.tickets++;
     const uint64_t staging = onceStage(ring.stage, group.rank, sequence, data, count, type, reduce);
-    const auto spin = std::chrono::microseconds(runtime.config().spinMicros);
-    if (awaitStagings(ring.stage, staging, clock, spin) &&
+    if (awaitStagings(ring.stage, staging, clock, engine_->callerSpin()) &&
         onceAgrees(ring.stage, staging, group.rank)) {
       onceReduce(ring.stage, staging, data, count, type, reduce);
       ring.advance();

@@ -44,6 +44,8 @@ struct ScenarioResult {
   int shrinkRanks = 0;  // the ranks that formed it
   // Windows: waits for a signal that returned before the put it covers had landed.
   int earlySignals = 0;
+  // Allreduces callers ran on their own thread (group/quick.cc), and those handed to an op.
+  uint64_t quickOps = 0, handedOps = 0;
   bool failed() const {
     return hang || wrong || unnamed || split || slowNews || overBudget || stale;
   }
@@ -67,7 +69,10 @@ struct CampaignReport {
   int windowed = 0, failedWindowed = 0, twoGroups = 0, failedTwoGroups = 0, slowReductions = 0,
       failedSlowReductions = 0, hostile = 0, failedHostile = 0, alltoallBruck = 0,
       failedAlltoallBruck = 0, slowStore = 0, failedSlowStore = 0;
+  // Scenarios sharing memory within hosts, and with host groups; and of them those that failed.
+  int sharedMemory = 0, failedSharedMemory = 0, hostOps = 0, failedHostOps = 0;
   int earlySignals = 0;
+  uint64_t quickOps = 0, handedOps = 0;  // over every scenario
   std::vector<ScenarioResult> failures;
   double wallSeconds = 0;
   uint64_t digest = 0;  // of every scenario's digest, in order: one seed, one digest

@@ -104,6 +104,7 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
     layout.levels.push_back(SimLevel{cost.latency, cost.bandwidth, cost.overhead});
   }
   layout.payload = spec.payload;
+  layout.windows = spec.sharedMemory && spec.payload;
   const int racks = layout.rackOf.back() + 1;
   if (spec.hostsPerRack > 0 && racks > 1) {
     std::vector<std::string> entries(racks);
@@ -134,6 +135,7 @@ SimCluster::SimCluster(const ClusterSpec& spec) : spec_(spec) {
                                                 *clocks_.back(), memory_.get(), &settings_));
     SimNetwork* network = network_.get();
     engines_.back()->setWakeHook([network, r] { network->wake(r, network->now()); });
+    engines_.back()->letCallersHoldTurn();  // calls come between events (the quick path's)
     // A lookup at the store charges the rank the store's answer; its beats go on meanwhile.
     engines_.back()->runtime().setOutsideRunner(
         [network](const auto& call, const auto& meanwhile, std::chrono::milliseconds every) {
@@ -161,6 +163,9 @@ uint64_t SimCluster::storeRequests() const { return store_->requests(); }
 void SimCluster::slowStore(double micros) { store_->answerIn(micros); }
 
 void SimCluster::carryPayload(bool on) {
+  if (!on && network_->spec().windows) {
+    throw Error("ddl: a simulated cluster with shared memory carries the payload throughout");
+  }
   network_->carryPayload(on);
   memory_->carryPayload(on);
 }
@@ -169,6 +174,18 @@ int SimCluster::maxEndpoints() const {
   int most = 0;
   for (int r = 0; r < size(); ++r) most = std::max(most, network_->endpoints(r));
   return most;
+}
+
+uint64_t SimCluster::quickOps() const {
+  uint64_t ops = 0;
+  for (const auto& engine : engines_) ops += engine->runtime().stats().quickOps();
+  return ops;
+}
+
+uint64_t SimCluster::handedOps() const {
+  uint64_t ops = 0;
+  for (const auto& engine : engines_) ops += engine->runtime().stats().handedOps();
+  return ops;
 }
 
 void SimCluster::createGroup() {
@@ -413,14 +430,15 @@ SimCluster::Shrink SimCluster::shrink(std::vector<bool> trying, std::chrono::mil
 
 std::vector<std::shared_ptr<Communicator>> SimCluster::split(const std::vector<Communicator*>& of,
                                                              std::chrono::milliseconds limit,
-                                                             std::string* error) {
+                                                             std::string* error,
+                                                             const std::vector<int>& ranks) {
   const int n = size();
   std::vector<std::unique_ptr<Derivation>> pending(n);
   std::vector<std::shared_ptr<Communicator>> groups(n);
   for (int r = 0; r < n; ++r) {
     if (of[r] == nullptr || network_->dead(r)) continue;
-    std::vector<int> all(static_cast<size_t>(of[r]->size()));
-    for (int k = 0; k < of[r]->size(); ++k) all[static_cast<size_t>(k)] = k;
+    std::vector<int> all = ranks;
+    for (int k = 0; ranks.empty() && k < of[r]->size(); ++k) all.push_back(k);
     try {
       pending[r] = Derivation::split(*of[r], all);
     } catch (const Error& e) {

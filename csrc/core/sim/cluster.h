@@ -46,6 +46,10 @@ struct ClusterSpec {
   double storeSetMicros = 2.2;
   double storeKeyMicros = 0.64;
   bool payload = true;
+  // The ranks of a host map each other's memory (SimNetworkSpec::windows): allreduces of one
+  // host take the shared-memory paths (staged, in one step, the caller's quick path, the ring
+  // through slots) instead of messages. Only with the payload (those paths touch the bytes).
+  bool sharedMemory = false;
   std::chrono::milliseconds timeout{60000};
   std::optional<PlanRequest> plan;  // default: the configuration's
 };
@@ -135,15 +139,21 @@ class SimCluster {
   // among the excluded), as a job's bug might, then again rightly: the others, told, retry.
   Shrink shrink(std::vector<bool> trying, std::chrono::milliseconds limit, int refuser = -1);
 
-  // Every rank of the group `of` (by cluster rank; null: none) splits it into a group of all its
-  // ranks, as split_group does; runs until every split `waitFor` waits for has ended, or
-  // `limit`. The groups formed, by cluster rank (null: none; `error` says why, for one).
+  // Every rank of the group `of` (by cluster rank; null: none) splits it into a group of
+  // `ranks` (its ranks; empty: all of them), as split_group does (the ranks left out call too,
+  // and form none); runs until every split `waitFor` waits for has ended, or `limit`. The
+  // groups formed, by cluster rank (null: none; `error` says why, for one).
   std::vector<std::shared_ptr<Communicator>> split(const std::vector<Communicator*>& of,
                                                    std::chrono::milliseconds limit,
-                                                   std::string* error);
+                                                   std::string* error,
+                                                   const std::vector<int>& ranks = {});
 
   // The most endpoints any rank has opened.
   int maxEndpoints() const;
+  // Over every rank: allreduces its callers ran on their own thread (group/quick.cc), and those
+  // they began so but handed to an op.
+  uint64_t quickOps() const;
+  uint64_t handedOps() const;
 
  private:
   // Runs until every derivation in `pending` (by rank) that waitFor waits for has ended, or

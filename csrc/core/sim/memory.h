@@ -3,7 +3,8 @@
 // stored at all: scratch and buffers are addresses in a reserved range that nothing may touch
 // (PROT_NONE, so a stray access faults at once instead of passing unseen), and copies and
 // reductions only count their time. Algorithms reach bytes only through Memory over message
-// links (the simulated transport offers no shared windows), which makes that safe.
+// links (the simulated transport offers shared windows only with the payload on, for the whole
+// run: SimNetworkSpec::windows), which makes that safe.
 #pragma once
 
 #include "../memory/memory.h"

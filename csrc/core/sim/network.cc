@@ -88,6 +88,22 @@ std::unique_ptr<SimTransport> SimNetwork::join(int rank) {
   return transport;
 }
 
+std::string SimNetwork::offerWindow(int rank, const std::shared_ptr<char[]>& memory, size_t bytes) {
+  std::erase_if(windows_, [](const auto& w) { return w.second.memory.expired(); });
+  const std::string key = "window:" + std::to_string(nextWindowKey_++);
+  windows_[key] = Window{memory, bytes, spec_.hostOf[rank]};
+  return key;
+}
+
+std::shared_ptr<char[]> SimNetwork::findWindow(int rank, const std::string& key, size_t* bytes) {
+  auto it = windows_.find(key);
+  if (!spec_.windows || it == windows_.end() || it->second.host != spec_.hostOf[rank]) {
+    return nullptr;
+  }
+  *bytes = it->second.bytes;
+  return it->second.memory.lock();
+}
+
 TimePoint SimNetwork::point(int64_t ns) { return TimePoint(std::chrono::nanoseconds(ns)); }
 
 TimePoint SimNetwork::timeOf(int rank) const {

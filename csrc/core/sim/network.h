@@ -232,6 +232,10 @@ struct SimNetworkSpec {
   std::vector<int> rackOf;       // by host
   std::vector<SimLevel> levels;  // 0: within a host, 1: between hosts of a rack, 2: between racks
   bool payload = true;  // messages carry their bytes (false: sizes only, but for control messages)
+  // The ranks of a host map each other's shared windows (SimTransport::allocateWindow): the
+  // shared-memory paths of one host, whose bytes move in memory with no message and no time
+  // charged. Only with the payload on for the whole run (those paths touch the bytes).
+  bool windows = false;
   // Links interleave messages in packets of this size: 4 KiB across hosts (InfiniBand's usual
   // MTU); 64 KiB within a host, where only messages of the host's own rings meet. A message that
   // finds every link of its path free books up to `burstBytes` at once (a NIC's offloaded
@@ -293,6 +297,11 @@ class SimNetwork {
     std::vector<char> bytes;
   };
   const std::vector<Sent>& recorded() const { return sentByRecorded_; }
+  // Shared windows (SimNetworkSpec::windows): `rank` offers memory it allocated under a key
+  // (returned); a rank of the same host finds it by key while some rank holds it (null where
+  // not, or from another host, or with windows off).
+  std::string offerWindow(int rank, const std::shared_ptr<char[]>& memory, size_t bytes);
+  std::shared_ptr<char[]> findWindow(int rank, const std::string& key, size_t* bytes);
   // Puts that landed in memory no longer registered (SimTransport::land), over every rank.
   uint64_t strayPuts() const;
   bool dead(int rank) const { return dead_[rank]; }
@@ -390,6 +399,13 @@ class SimNetwork {
   SimNetworkSpec spec_;
   int64_t latencyNs_[3] = {}, overheadNs_[3] = {};  // by level, from spec_
   std::vector<SimTransport*> transports_;
+  struct Window {
+    std::weak_ptr<char[]> memory;
+    size_t bytes;
+    int host;
+  };
+  std::map<std::string, Window> windows_;  // offered, by key
+  uint64_t nextWindowKey_ = 1;
   std::function<TimePoint(int)> turn_;
   SimCalendar<Event> queue_;
   uint64_t order_ = 0;
@@ -472,6 +488,11 @@ class SimTransport : public Transport {
            Request* req) override;
   void flush(PeerId peer, Request* req) override;
   void closeRegion(uint64_t id) override;
+  // Shared windows (Transport's), where the network has them (SimNetworkSpec::windows): heap
+  // memory of the one process, mapped by the ranks of the owner's host.
+  uint64_t allocateWindow(size_t bytes, void** base, std::string* key) override;
+  uint64_t mapWindow(PeerId peer, const std::string& key, void** base, size_t* bytes) override;
+  void releaseWindow(uint64_t id) override { windows_.erase(id); }
 
   // Network side.
   void arrive(Delivered message, int64_t overheadNs) {
@@ -515,6 +536,8 @@ class SimTransport : public Transport {
   uint64_t nextFlush_ = 1;
   std::vector<Request*> flushesDone_;
   uint64_t strayPuts_ = 0;
+  std::map<uint64_t, std::shared_ptr<char[]>> windows_;  // allocated and mapped, by id
+  uint64_t nextWindow_ = 1;
 };
 
 }  // namespace ddl

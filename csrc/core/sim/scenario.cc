@@ -138,6 +138,7 @@ std::string Scenario::describe() const {
   std::string s =
       std::to_string(ranks()) + " ranks on " + std::to_string(cluster.hostSizes.size()) + " hosts";
   if (cluster.hostsPerRack > 0) s += " (" + std::to_string(cluster.hostsPerRack) + " a rack)";
+  if (cluster.sharedMemory) s += ", sharing memory within each";
   s += "; ops:";
   for (const SimCall& call : ops) s += " " + call.describe() + ";";
   s += " faults:";
@@ -152,6 +153,11 @@ std::string Scenario::describe() const {
          std::to_string(lateSignaler) + "'s signal of round " + std::to_string(lateRound) + " late";
   }
   if (twoGroups) s += "; every op also on a second group at once";
+  if (!hostOps.empty()) {
+    s += "; after each op, on each host's group, an allreduce of";
+    for (const SimCall& call : hostOps) s += " " + std::to_string(call.count);
+    s += " floats";
+  }
   if (alltoallBruck) s += "; all_to_all by Bruck's rounds";
   if (slowReducer >= 0) {
     s += "; rank " + std::to_string(slowReducer) + " reduces " +
@@ -273,6 +279,27 @@ Fault drawFault(Rng& rng, int ranks, const std::vector<int>& hostStart, int host
   return f;
 }
 
+// Shared memory on the hosts, in half the worlds of up to 64 ranks: the paths of one host's
+// ranks (staged, in one step, the caller's quick path, the rings through slots). And host
+// groups, in half of those whose hosts have two ranks or more: after each op, an allreduce small
+// enough for one step on each host's group. From a generator of their own (every other path's
+// draws, the slow store last, stay as they were).
+void drawSharedMemory(Scenario& s, int ranks, int ops) {
+  Rng shared(s.seed ^ 0xc2b2ae3d27d4eb4full);
+  s.cluster.sharedMemory = ranks <= 64 && shared.chance(0.5);
+  const auto& sizes = s.cluster.hostSizes;
+  if (!s.cluster.sharedMemory || *std::max_element(sizes.begin(), sizes.end()) < 2 ||
+      !shared.chance(0.5)) {
+    return;
+  }
+  for (int i = 0; i < ops; ++i) {
+    SimCall call;
+    call.count = static_cast<size_t>(shared.pick(std::vector<int>{1, 7, 131, 1031, 4099}));
+    call.seed = s.seed + 200 + static_cast<uint64_t>(i);
+    s.hostOps.push_back(call);
+  }
+}
+
 // The paths a scenario takes besides its faults (counters near a wrap, refused retries, group
 // lifecycles, windows, a second group, all_to_all schedules, slow reductions, a hostile rank),
 // drawn from a generator of their own so that adding one leaves the machine, ops and faults of
@@ -310,6 +337,7 @@ void drawPaths(Scenario& s, int ranks, int ops, bool slowStore) {
   if (slowStore && paths.chance(0.5)) {
     s.slowStoreMicros = (0.5e6 + paths.uniform() * 3.5e6) / ranks;
   }
+  drawSharedMemory(s, ranks, ops);
 }
 
 }  // namespace

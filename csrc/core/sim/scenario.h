@@ -91,6 +91,10 @@ struct Scenario {
   // Where an all_to_all is among the ops: half the time it runs Bruck's rounds
   // (cluster.plan->alltoall), which auto takes from 1 024 ranks only. Drawn apart from the rest.
   bool alltoallBruck = false;
+  // Host groups (sim/host_groups.h): every host of two or more ranks splits off a group of its
+  // own, and after op i each runs allreduce hostOps[i] on it (empty: none). Drawn apart from the
+  // rest, in shared-memory worlds.
+  std::vector<SimCall> hostOps;
   bool shrink = true;          // the survivors' response to a failed group: shrink, or give up
   std::vector<SimCall> after;  // on the group the shrink formed
   int ranks() const;

@@ -72,6 +72,24 @@ bool SimTransport::progress() {
   return any;
 }
 
+uint64_t SimTransport::allocateWindow(size_t bytes, void** base, std::string* key) {
+  if (!network_->spec().windows || !network_->payload()) return 0;
+  std::shared_ptr<char[]> memory(new char[std::max<size_t>(bytes, 1)]);
+  *key = network_->offerWindow(rank_, memory, bytes);
+  *base = memory.get();
+  windows_.emplace(nextWindow_, std::move(memory));
+  return nextWindow_++;
+}
+
+uint64_t SimTransport::mapWindow(PeerId, const std::string& key, void** base, size_t* bytes) {
+  if (!network_->payload()) return 0;
+  std::shared_ptr<char[]> memory = network_->findWindow(rank_, key, bytes);
+  if (!memory) return 0;
+  *base = memory.get();
+  windows_.emplace(nextWindow_, std::move(memory));
+  return nextWindow_++;
+}
+
 uint64_t SimTransport::registerRegion(void* base, size_t bytes, std::string* key) {
   const uint64_t id = nextRegion_++;
   regions_[id] = Region{static_cast<char*>(base), bytes};
