@@ -132,6 +132,12 @@ TEST(Campaign, ScenariosOnceFoundFailingHold) {
     {0xa97406ef9bcb78dd, "4 ranks on one host, rank 2 hostile and rank 3 killed in an all_to_all:"
                          " rank 3 counted the junk a mismatch, and the next allreduce failed on"
                          " every rank as designed, naming the counts (the check now takes it)"},
+    {0xc6c17c653fd57804, "8 ranks on one host, a hostile peer's junk call print failed the"
+                         " first allreduce on rank 6 while a receive of it could not be"
+                         " cancelled: its frame lived on, holding the group's shared-memory"
+                         " turn, and the next allreduce waited for it on rank 6 (a timeout"
+                         " naming no fault; the turn is now given up as its op ends). Found"
+                         " without shared memory, run so too"},
   };
   // clang-format on
   for (const Found& f : found) {

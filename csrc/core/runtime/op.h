@@ -24,6 +24,18 @@
 
 namespace ddl {
 
+// What an op holds that must be let go as the op ends, not when its coroutine frame goes: a frame
+// whose requests the transport still holds outlives its op (an orphan: Runtime), and what it
+// holds (a group's shared-memory turn: shm/shared_ring.h) would hold up the group's next ops.
+class OpHold {
+ public:
+  // The op ended (endsCleanly and endedWith are set).
+  virtual void opEnded() = 0;
+
+ protected:
+  ~OpHold() = default;
+};
+
 class Op {
  public:
   Op(std::shared_ptr<const Group> group, uint32_t sequence, std::string name,
@@ -164,6 +176,9 @@ class Op {
     endedWith_ = error.kind();
     throw error;
   }
+  // What the op holds (one at a time; null: nothing): told as the op ends (OpHold).
+  void hold(OpHold* held) { held_ = held; }
+  const OpHold* held() const { return held_; }
 
  private:
   friend class Runtime;
@@ -202,6 +217,7 @@ class Op {
   Status failure_;
   bool endsCleanly_ = false;
   StatusKind endedWith_ = StatusKind::kOk;
+  OpHold* held_ = nullptr;
   CallCheck callCheck_{*this};
 };
 

@@ -301,6 +301,8 @@ void Runtime::finishOp(OpList::iterator it, Status error, Ending ending) {
   if (error.kind == StatusKind::kMismatch && op->callCheck().on() && op->group().state) {
     op->group().state->countMismatch(op->sequence());
   }
+  // What it holds is let go now, though its frame may outlive it (an orphan, below).
+  if (OpHold* held = std::exchange(op->held_, nullptr)) held->opEnded();
   const TimePoint now = clock_.now();  // the one read of an op's end
   recorder_.ended(op->traceRecord, now, error.detail, error.ok() ? "" : pendingPeers(*op));
   {

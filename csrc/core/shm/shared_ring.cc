@@ -72,16 +72,28 @@ void SharedRing::advance() {
   while (abandoned.erase(serving) > 0) ++serving;
 }
 
-SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op)
+SharedRingTurn::SharedRingTurn(SharedRing& ring, Op& op)
     : SharedRingTurn(ring, op, ring.tickets++) {}
 
-SharedRingTurn::SharedRingTurn(SharedRing& ring, const Op& op, uint64_t ticket)
+SharedRingTurn::SharedRingTurn(SharedRing& ring, Op& op, uint64_t ticket)
     : ring_(ring), op_(op), ticket_(ticket) {
   what_ = op.name() + " op #" + std::to_string(op.sequence()) + " on " + op.group().name;
+  op.hold(this);
 }
 
 SharedRingTurn::~SharedRingTurn() {
+  if (holds_ && op_.held() == this) op_.hold(nullptr);  // the op lives on: it forgets this turn
+  end();
+}
+
+void SharedRingTurn::opEnded() {
+  holds_ = false;  // the op let go of it (its frame, holding this turn, may outlive it)
+  end();
+}
+
+void SharedRingTurn::end() {
   if (released_) return;
+  released_ = true;
   if (ring_.state == SharedRing::State::kUnknown && ring_.windows.refused) {
     ring_.state = SharedRing::State::kUnavailable;  // its setup cut short after the verdict
   } else if (ring_.state != SharedRing::State::kBroken && !clean_ && !op_.endsCleanly() &&

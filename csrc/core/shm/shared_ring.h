@@ -103,17 +103,20 @@ struct SharedRing {
 };
 
 // The op's turn at the windows: taken when the op starts, given up when it ends, however it
-// ends. Ending without release() (a failure, a timeout) breaks the ring for later ops, unless
+// ends: as the op ends (OpHold), or as the turn goes before it, whichever comes first (a failed
+// op's frame may outlive the op while the transport still holds its requests, and must not hold
+// the group's next ops up). Ending without release() (a failure, a timeout) breaks the ring for
+// later ops, unless
 // the op was in a clean stretch (setClean: before it touched anything shared, e.g. while it
 // waited for its turn, or where every rank waits for all the others before any of them touches
 // shared memory, as in the direct path's round of offers) or ended cleanly (Op::endsCleanly:
 // another rank refused to start it, so none can have finished it), or ended by a mismatch where
 // the op's path mends the windows after one (mendsAfterMismatch).
-class SharedRingTurn {
+class SharedRingTurn : public OpHold {
  public:
-  SharedRingTurn(SharedRing& ring, const Op& op);
+  SharedRingTurn(SharedRing& ring, Op& op);
   // The turn of `ticket`, taken from ring.tickets by a caller that held the runtime's turn.
-  SharedRingTurn(SharedRing& ring, const Op& op, uint64_t ticket);
+  SharedRingTurn(SharedRing& ring, Op& op, uint64_t ticket);
   SharedRingTurn(const SharedRingTurn&) = delete;
   SharedRingTurn& operator=(const SharedRingTurn&) = delete;
   ~SharedRingTurn();
@@ -125,10 +128,14 @@ class SharedRingTurn {
   // The op resyncs the group's windows after a mismatch before it touches them
   // (resyncAfterMismatch): one that ends by a mismatch leaves them to the next such op.
   void mendsAfterMismatch() { mends_ = true; }
+  void opEnded() override;
 
  private:
+  // Gives the turn up (once), breaking the ring where the op ended unclean.
+  void end();
   SharedRing& ring_;
-  const Op& op_;
+  Op& op_;
+  bool holds_ = true;  // the op still points at it (OpHold)
   bool clean_ = true;  // nothing shared touched yet
   bool mends_ = false;
   uint64_t ticket_;
