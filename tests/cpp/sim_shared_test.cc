@@ -38,6 +38,18 @@ SimCluster::Outcome runCall(SimCluster& cluster, SimCallBuffers& buffers, int od
 // Seeds whose low bits make every rank's caller wait at once (SimCallBuffers::start), or none.
 constexpr uint64_t kAllWait = 0xff, kNoneWaits = 0x100;
 
+// Makes the cluster's group and sets its staging windows up: an allreduce of `count` floats
+// that every caller waits for, returned to be called again.
+SimCall warmUp(SimCluster& cluster, size_t count) {
+  cluster.createGroup();
+  SimCall call;
+  call.count = count;
+  call.seed = kAllWait;
+  SimCallBuffers warm(call, cluster.size(), true);
+  runCall(cluster, warm);
+  return call;
+}
+
 TEST(SimSharedMemory, OneHostsAllreducesSumRightOnEveryPathTheyTake) {
   // Sizes for one step (on the caller's thread where it waits, else in an op), staged, and
   // through slots; callers that all wait, none, and half.
@@ -71,12 +83,7 @@ TEST(SimSharedMemory, OneHostsAllreducesSumRightOnEveryPathTheyTake) {
 
 TEST(SimSharedMemory, ARankDeadBeforeTheCallFailsTheHandedOverOpsNamingIt) {
   SimCluster cluster(oneHost(4, true));
-  cluster.createGroup();
-  SimCall call;
-  call.count = 7;
-  call.seed = kAllWait;
-  SimCallBuffers warm(call, 4, true);  // sets the staging windows up
-  runCall(cluster, warm);
+  SimCall call = warmUp(cluster, 7);
   cluster.network().kill(3, cluster.network().now());
   cluster.runUntil([] { return false; }, std::chrono::milliseconds(1));  // it dies
   ASSERT_TRUE(cluster.network().dead(3));
@@ -93,12 +100,7 @@ TEST(SimSharedMemory, ARankDeadBeforeTheCallFailsTheHandedOverOpsNamingIt) {
 
 TEST(SimSharedMemory, AnotherCountOnOneRankFailsEveryRankAsAMismatchAndTheNextOpSums) {
   SimCluster cluster(oneHost(4, true));
-  cluster.createGroup();
-  SimCall call;
-  call.count = 31;
-  call.seed = kAllWait;
-  SimCallBuffers warm(call, 4, true);
-  runCall(cluster, warm);
+  SimCall call = warmUp(cluster, 31);
   SimCall other = call;
   other.count = 32;
   SimCallBuffers buffers(call, 4, true);
