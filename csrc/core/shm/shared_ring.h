@@ -106,12 +106,11 @@ struct SharedRing {
 // ends: as the op ends (OpHold), or as the turn goes before it, whichever comes first (a failed
 // op's frame may outlive the op while the transport still holds its requests, and must not hold
 // the group's next ops up). Ending without release() (a failure, a timeout) breaks the ring for
-// later ops, unless
-// the op was in a clean stretch (setClean: before it touched anything shared, e.g. while it
-// waited for its turn, or where every rank waits for all the others before any of them touches
-// shared memory, as in the direct path's round of offers) or ended cleanly (Op::endsCleanly:
-// another rank refused to start it, so none can have finished it), or ended by a mismatch where
-// the op's path mends the windows after one (mendsAfterMismatch).
+// later ops, unless the op was in a clean stretch (setClean: before it touched anything shared,
+// e.g. while it waited for its turn, or where every rank waits for all the others before any of
+// them touches shared memory, as in the direct path's round of offers) or ended cleanly
+// (Op::endsCleanly: another rank refused to start it, so none can have finished it), or ended by
+// a mismatch where the op's path mends the windows after one (mendsAfterMismatch).
 class SharedRingTurn : public OpHold {
  public:
   SharedRingTurn(SharedRing& ring, Op& op);
