@@ -63,8 +63,9 @@ class Run {
       strike(static_cast<int>(i));
       runOp(members, s_.ops[i], static_cast<int>(i), "op " + std::to_string(i), nullptr,
             s_.twoGroups ? &second_ : nullptr);
-      for (const std::vector<Communicator*>& host : hostGroups_.members()) {
-        runOp(host, s_.hostOps[i], static_cast<int>(i), "a host's op " + std::to_string(i));
+      for (const auto& host : hostGroups_.groups()) {
+        runOp(rawMembers(host), s_.hostOps[i], static_cast<int>(i),
+              "a host's op " + std::to_string(i));
       }
     }
     checkNews();

@@ -20,7 +20,6 @@ std::string HostGroups::form(SimCluster& cluster, std::chrono::milliseconds limi
                ": " + error;
       }
     }
-    members_.push_back(rawMembers(groups));
     groups_.push_back(std::move(groups));
   }
   return "";

@@ -19,11 +19,10 @@ class HostGroups {
   // Forms them over `cluster`'s world group: "" where every one formed, else why one did not.
   std::string form(SimCluster& cluster, std::chrono::milliseconds limit);
   // Each group's communicators, by cluster rank (null: not a member), in host order.
-  const std::vector<std::vector<Communicator*>>& members() const { return members_; }
+  const std::vector<std::vector<std::shared_ptr<Communicator>>>& groups() const { return groups_; }
 
  private:
   std::vector<std::vector<std::shared_ptr<Communicator>>> groups_;
-  std::vector<std::vector<Communicator*>> members_;
 };
 
 // The communicators of `groups` (by cluster rank; null stays null), as SimCluster::run takes them.
