@@ -20,7 +20,14 @@ build/bench/core_bench`), and, once `make peers` has built them, Intel's oneCCL 
 algorithms over shared memory: CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1 FI_PROVIDER=shm) and Intel MPI.
 
 --reference also prints torch's own cost of a blocking dist.all_reduce call (its fake backend,
-which moves nothing): below it no backend goes through torch, whatever its library can do.
+which moves nothing): below it no backend goes through torch, whatever its library can do. That
+cost grows after an op that moved its bytes through the core's caches (torch's and Python's own
+data is evicted: 5.5 us hot, about 15 after 512 KiB of a tensor and as many of its peer's here),
+so it is also taken per size after as many bytes went through them. Once oneCCL and Intel MPI
+have run, the output ends with what the bar of the small-message issue (below 64 KiB at most
+1.5x the faster peer's time, from there at most its time) leaves a backend's own op at each size
+through torch, the bar's limit less that cost, as a share of the faster peer's own op: "no
+backend can" where nothing is left.
 
 --pin pins every rank (and the threads it starts) to a core of its own, rank r on core r mod the
 cores, as Intel MPI does by default; the references run pinned too (I_MPI_PIN=1). Without it
@@ -214,24 +221,38 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 torch.set_num_threads(1)
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 t = torch.ones(2)
-for _ in range(2000):
-    dist.all_reduce(t)
-rounds = []
-for _ in range(7):
-    t0 = time.perf_counter()
-    for _ in range(20000):
+for nbytes in [0] + [int(n) for n in sys.argv[2:]]:
+    # Before each call, what an allreduce of nbytes at least moves through this core's caches:
+    # its tensor and as many bytes of its peer's (read, and written here).
+    source = torch.ones(max(nbytes // 4, 1))
+    target = torch.empty_like(source)
+    spent, calls, began = 0.0, 0, time.perf_counter()
+    while calls < 20000 and (calls < 20 or time.perf_counter() - began < 0.5):
+        if nbytes:
+            target.copy_(source)
+        t0 = time.perf_counter()
         dist.all_reduce(t)
-    rounds.append((time.perf_counter() - t0) / 20000)
-print(statistics.median(rounds))
+        spent += time.perf_counter() - t0
+        calls += 1
+    print(nbytes, spent / calls)
 """
 
 
-def torch_floor(pin):
-    """Seconds that torch itself spends in a blocking dist.all_reduce call, with torch's fake
-    backend, which moves nothing: no backend's call costs less through torch."""
-    out = subprocess.run([sys.executable, "-c", FLOOR, "pin" if pin else "free"], check=True,
-                         capture_output=True, text=True, timeout=300).stdout
-    return float(out.strip().splitlines()[-1])
+def torch_floor(pin, nbytes=()):
+    """{bytes: seconds} that torch itself spends in a blocking dist.all_reduce call, with torch's
+    fake backend, which moves nothing: no backend's call costs less through torch. At 0 with hot
+    caches; at each of `nbytes` after moving that many bytes of a tensor and as many of a peer's
+    through this core's caches, as an allreduce of that size must (its op evicts what torch's
+    call would find there)."""
+    out = subprocess.run([sys.executable, "-c", FLOOR, "pin" if pin else "free"] +
+                         [str(n) for n in nbytes], check=True, capture_output=True, text=True,
+                         timeout=900).stdout
+    floors = {}
+    for line in out.strip().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].isdigit():
+            floors[int(words[0])] = float(words[1])
+    return floors
 
 
 def worker(rank, args):
@@ -296,8 +317,41 @@ def worker(rank, args):
             if result.get("phases"):
                 line += " | {:8.1f} {:8.1f} {:8.1f}".format(*result["phases"])
             print(line, flush=True)
+    if rank == 0 and args.floor is not None:
+        print_budget(rows, args.floor)
     dist.destroy_process_group()
     return rows
+
+
+def budget_lines(rows, floors):
+    """What issue 48's bar leaves a backend's own op through torch at each size where oneCCL and
+    Intel MPI ran: the bar's limit (below 64 KiB 1.5x the faster of the two, from there the faster
+    one's time) less torch's own cost of the call at that size (`floors`, torch_floor's: its fake
+    backend's, after the size's bytes went through the caches; `floors[0]` where a size has none),
+    as a share of the faster peer's own op, beside the copying reference (shm_ring, at 2 ranks).
+    Where nothing is left, no backend meets the bar through torch, whatever its library does."""
+    lines = []
+    for nbytes, result in rows:
+        if "oneccl" not in result or "impi" not in result:
+            continue
+        fastest = min(result["oneccl"], result["impi"])
+        limit = (1.5 if nbytes < 64 << 10 else 1.0) * fastest
+        floor = floors.get(nbytes, floors[0])
+        budget = limit - floor
+        line = (f"{human(nbytes):>9}: limit {limit * 1e6:8.1f} us, torch's call {floor * 1e6:5.1f} "
+                f"us, left {budget * 1e6:8.1f} us = {budget / fastest:6.2f}x the faster peer's op")
+        if "shm_ring" in result:
+            line += f" (the copying reference: {result['shm_ring'] * 1e6:.1f} us)"
+        lines.append(line + (" -> no backend can" if budget <= 0 else ""))
+    return lines
+
+
+def print_budget(rows, floors):
+    lines = budget_lines(rows, floors)
+    if lines:
+        print("\nwhat the bar (issue 48) leaves a backend's own op through torch: its limit less "
+              "torch's own call after the size's bytes went through the caches (its fake backend)")
+        print("\n".join(lines), flush=True)
 
 
 def main():
@@ -357,9 +411,13 @@ def main():
             print("(make build/bench/core_bench peers: adds ddl's core alone, oneCCL and Intel MPI)")
     if args.phases:
         header += f" | {'to start':>8} {'running':>8} {'to next':>8}"
+    args.floor = None
     if args.reference and args.device == "cpu":
+        args.floor = torch_floor(args.pin, [max(4, n // 4 * 4) for n in
+                                            sizes(args.min_bytes, args.max_bytes)])
         print(f"(torch's own cost of a blocking dist.all_reduce, its fake backend moving nothing: "
-              f"{torch_floor(args.pin) * 1e6:.1f} us per call; no backend is faster through torch)")
+              f"{args.floor[0] * 1e6:.1f} us per call with hot caches; no backend is faster "
+              f"through torch)")
     print(header)
     mp.start_processes(worker, args=(args,), nprocs=p, start_method="spawn")
 

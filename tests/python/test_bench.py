@@ -202,3 +202,23 @@ def test_a_peers_result_is_its_last_number_whatever_it_prints_after():
     assert bench.last_number(glued) == 0.5
     with pytest.raises(ValueError, match="no number"):
         bench.last_number("|CCL_WARN| only words\n")
+
+
+def test_the_bars_budget_says_where_no_backend_can_meet_it_through_torch():
+    bench = bench_module()
+    us = 1e-6
+    rows = [
+        (8, {"oneccl": 6.0 * us, "impi": 0.8 * us, "shm_ring": 0.4 * us}),  # 1.5 x 0.8 < 5
+        (32 << 10, {"oneccl": 19.0 * us, "impi": 6.0 * us}),  # 1.5 x 6 = 9: 4 left
+        (64 << 10, {"oneccl": 9.0 * us, "impi": 11.0 * us}),  # from 64 KiB the limit is 1x
+        (1 << 20, {"impi": 200.0 * us}),  # oneCCL did not run: no line
+    ]
+    # torch's call: 5 us with hot caches, 8 us after 64 KiB went through them.
+    lines = bench.budget_lines(rows, {0: 5.0 * us, 8: 5.0 * us, 64 << 10: 8.0 * us})
+    assert len(lines) == 3, lines
+    assert lines[0].split(":")[0].strip() == "8 B" and lines[0].endswith("no backend can")
+    assert "limit      1.2 us" in lines[0] and "copying reference: 0.4 us" in lines[0]
+    assert "call   5.0 us, left      4.0 us" in lines[1] and "0.67x" in lines[1]
+    assert not lines[1].endswith("no backend can")  # 32 KiB: no floor of its own, the hot one
+    assert "limit      9.0 us, torch's call   8.0 us, left      1.0 us" in lines[2]
+    assert "0.11x" in lines[2]
