@@ -204,6 +204,42 @@ def test_all_reduce_on_shared_tensors_matches_gloo(size, monkeypatch):
     run_ranks(_allreduce_shared, size)
 
 
+def _small_shared_in_one_step(rank, size):
+    import json
+
+    import torch_ddl
+
+    gloo = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="ddl")  # one that only ever reduces shared tensors
+    gen = torch.Generator().manual_seed(rank)
+    counts = lambda: json.loads(torch_ddl._C.stats_json())  # noqa: E731
+    before = counts()
+    calls = 0
+    for n in [1, 7, 1000, 8191]:  # 8191 float32 at 3 ranks: 64 KiB read per rank
+        t = torch_ddl.empty_shared(n)
+        for _ in range(10):
+            t.copy_(torch.randn(n, generator=gen))
+            want = t.clone()
+            dist.all_reduce(t, group=group)
+            dist.all_reduce(want, group=gloo)
+            assert_same(t, want, f"shared all_reduce of {n} in one step")
+            calls += 1
+    after = counts()
+    one_step = (after["quick_ops"] - before["quick_ops"]) + (after["handed_ops"] -
+                                                               before["handed_ops"])
+    # The group's first allreduce sets up its staging buffers; from then on they run in one step,
+    # most on the caller's thread or handed from there to an op where a peer is late (the rest
+    # in an op from the start, where the group had something in flight: not counted).
+    assert one_step >= calls // 2, (one_step, calls)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_small_shared_tensors_are_reduced_in_one_step(size):
+    # Before 2026-12-08 a group whose tensors were all shared took the direct path at every
+    # size, with its two rounds of messages, and never set up the buffers of the one step.
+    run_ranks(_small_shared_in_one_step, size)
+
+
 def _allreduce_reused(rank, size, share):
     import os
 

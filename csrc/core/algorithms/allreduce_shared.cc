@@ -16,8 +16,9 @@
 // mending (its call check deferred until then: allreduce_staged.cc); after a mismatch, the ranks
 // agree again on the windows (resyncAfterMismatch); the group's windows are set up by the first
 // allreduce that wants them (all ranks or none); an adoptable tensor is moved into shared memory
-// here, holding the turn; the direct allreduce when every rank's tensor is shared; else the ring
-// over the windows; else (some rank cannot map its neighbour's window) the message ring.
+// here, holding the turn; the direct allreduce when every rank's tensor is shared (beyond what
+// one step takes); else staged or the ring over the windows; else (some rank cannot map its
+// neighbour's window) the message ring.
 #include <algorithm>
 #include <memory>
 
@@ -88,6 +89,16 @@ void adopt(Op& op, Adoptable adoptable) {
   }
 }
 
+// Whether the allreduce first asks every rank whether its tensor is shared, to take the direct
+// path: where forced, or for a large one, or while the group's last round found every tensor
+// shared. Not for one small enough for one step (plan.once): copying it costs less than the
+// direct path's two rounds of messages, and the staging buffers it needs are set up after.
+bool asksDirect(const AllreducePlan& plan, const SharedRing& ring) {
+  using A = AllreduceAlgorithm;
+  return plan.algorithm == A::kDirect ||
+         (plan.algorithm == A::kShared && !plan.once && (ring.lastAllShared || plan.asksDirect));
+}
+
 // Where the ranks cannot map each other's memory: messages.
 Task unshared(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
               PipelineSettings settings, const AllreducePlan& plan) {
@@ -146,8 +157,7 @@ Task allreduceShared(Op& op, void* data, size_t count, DataType type, ReduceOp r
     co_return;
   }
   if (adoptable.base != nullptr) adopt(op, adoptable);
-  if (mode == AllreduceAlgorithm::kDirect ||
-      (mode == AllreduceAlgorithm::kShared && (ring.lastAllShared || plan.asksDirect))) {
+  if (asksDirect(plan, ring)) {
     bool used = false;
     co_await allreduceDirect(op, data, count, type, reduce, ring,
                              mode == AllreduceAlgorithm::kDirect, turn, &used);
