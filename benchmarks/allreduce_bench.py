@@ -213,7 +213,7 @@ def last_number(out):
 
 
 FLOOR = """
-import os, sys, time, statistics
+import os, sys, time
 if sys.argv[1] == "pin":
     os.sched_setaffinity(0, {0})
 import torch, torch.distributed as dist
@@ -221,6 +221,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 torch.set_num_threads(1)
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 t = torch.ones(2)
+for _ in range(2000):
+    dist.all_reduce(t)
 for nbytes in [0] + [int(n) for n in sys.argv[2:]]:
     # Before each call, what an allreduce of nbytes at least moves through this core's caches:
     # its tensor and as many bytes of its peer's (read, and written here).
