@@ -240,6 +240,29 @@ def test_small_shared_tensors_are_reduced_in_one_step(size):
     run_ranks(_small_shared_in_one_step, size)
 
 
+def _one_step_as_staged(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    gen = torch.Generator().manual_seed(20 + rank)
+    for n in [1000, 4099]:
+        # Values whose sums depend on the order they are added in.
+        x = torch.randn(n, generator=gen) * 10.0 ** torch.randint(-6, 7, (n,), generator=gen)
+        group = dist.new_group(backend="ddl")  # fresh: its first allreduce sets up and stages
+        staged, once = x.clone(), x.clone()
+        dist.all_reduce(staged, group=group)
+        dist.all_reduce(once, group=group)  # in one step, the buffers being set up
+        assert torch.equal(staged, once), f"{n}: the one step and the staged differ"
+        want = x.double()
+        dist.all_reduce(want, group=gloo)
+        torch.testing.assert_close(staged.double(), want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_the_one_step_and_the_staged_allreduce_give_the_same_bits(size):
+    # Before 2026-12-08 the one step added every element in rank order and the staged allreduce
+    # chunk c from rank c's first: a tensor reduced twice in one process could differ in bits.
+    run_ranks(_one_step_as_staged, size)
+
+
 def _allreduce_reused(rank, size, share):
     import os
 

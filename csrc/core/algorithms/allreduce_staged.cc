@@ -278,12 +278,24 @@ bool onceAgrees(const StageWindows& stage, uint64_t staging, int rank) {
 
 void onceReduce(const StageWindows& stage, uint64_t staging, void* data, size_t count,
                 DataType type, ReduceOp reduce) {
-  const size_t bytes = count * elementSize(type);
-  const int n = static_cast<int>(stage.bases.size());
-  reduceTo(type, reduce, data, onceData(stage, 0, staging, bytes),
-           onceData(stage, 1, staging, bytes), count);
-  for (int j = 2; j < n; ++j)
-    reduceInto(type, reduce, data, onceData(stage, j, staging, bytes), count);
+  const size_t es = elementSize(type), bytes = count * es;
+  const size_t n = stage.bases.size(), base = count / n, extra = count % n;
+  // Chunk c (splitEven's) in the order the staged and direct allreduces reduce it, on rank c:
+  // rank c's data first, then the others' in rank order. The same bits whichever path runs.
+  for (size_t c = 0; c < n; ++c) {
+    const size_t length = base + (c < extra ? 1 : 0);
+    if (length == 0) continue;
+    const size_t at = (c * base + std::min(c, extra)) * es;
+    char* out = static_cast<char*>(data) + at;
+    const size_t second = c == 0 ? 1 : 0;
+    reduceTo(type, reduce, out, onceData(stage, static_cast<int>(c), staging, bytes) + at,
+             onceData(stage, static_cast<int>(second), staging, bytes) + at, length);
+    for (size_t j = second + 1; j < n; ++j) {
+      if (j == c) continue;
+      reduceInto(type, reduce, out, onceData(stage, static_cast<int>(j), staging, bytes) + at,
+                 length);
+    }
+  }
 }
 
 Task allreduceOnce(Op& op, void* data, size_t count, DataType type, ReduceOp reduce,
