@@ -229,7 +229,7 @@ Task ranksUnable(Op& op, uint32_t step, bool able, std::vector<int>* unable) {
 Task reduceOwnChunk(Op& op, std::vector<char*> at, size_t count, DataType type, ReduceOp reduce) {
   const int n = op.size(), rank = op.rank();
   const size_t es = elementSize(type);
-  const Range chunk = splitEven(count, n)[rank];
+  const Range chunk = evenPart(count, n, rank);
   const size_t block = std::max<size_t>(kBlockBytes / es, 1);
   char* own = at[rank] + chunk.offset * es;
   for (size_t begin = 0; begin < chunk.length; begin += block) {

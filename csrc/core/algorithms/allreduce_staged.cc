@@ -278,14 +278,13 @@ bool onceAgrees(const StageWindows& stage, uint64_t staging, int rank) {
 
 void onceReduce(const StageWindows& stage, uint64_t staging, void* data, size_t count,
                 DataType type, ReduceOp reduce) {
-  const size_t es = elementSize(type), bytes = count * es;
-  const size_t n = stage.bases.size(), base = count / n, extra = count % n;
+  const size_t es = elementSize(type), bytes = count * es, n = stage.bases.size();
   // Chunk c (splitEven's) in the order the staged and direct allreduces reduce it, on rank c:
   // rank c's data first, then the others' in rank order. The same bits whichever path runs.
   for (size_t c = 0; c < n; ++c) {
-    const size_t length = base + (c < extra ? 1 : 0);
+    const auto [first, length] = evenPart(count, n, c);
     if (length == 0) continue;
-    const size_t at = (c * base + std::min(c, extra)) * es;
+    const size_t at = first * es;
     char* out = static_cast<char*>(data) + at;
     const size_t second = c == 0 ? 1 : 0;
     reduceTo(type, reduce, out, onceData(stage, static_cast<int>(c), staging, bytes) + at,

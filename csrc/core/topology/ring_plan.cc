@@ -1,5 +1,6 @@
 #include "ring_plan.h"
 
+#include <algorithm>
 #include <string>
 
 #include "../base/types.h"
@@ -45,15 +46,13 @@ void checkRing(const RingPlan& ring, int size, bool spanAll) {
 
 std::vector<Range> splitEven(size_t count, size_t parts) {
   std::vector<Range> ranges(parts);
-  size_t base = count / parts;
-  size_t extra = count % parts;
-  size_t offset = 0;
-  for (size_t i = 0; i < parts; ++i) {
-    ranges[i].offset = offset;
-    ranges[i].length = base + (i < extra ? 1 : 0);
-    offset += ranges[i].length;
-  }
+  for (size_t i = 0; i < parts; ++i) ranges[i] = evenPart(count, parts, i);
   return ranges;
+}
+
+Range evenPart(size_t count, size_t parts, size_t i) {
+  const size_t base = count / parts, extra = count % parts;
+  return Range{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
 }  // namespace ddl

@@ -30,5 +30,7 @@ struct Range {
 };
 // Splits [0, count) into `parts` contiguous ranges whose lengths differ by at most one.
 std::vector<Range> splitEven(size_t count, size_t parts);
+// Range `i` of splitEven(count, parts), without the others.
+Range evenPart(size_t count, size_t parts, size_t i);
 
 }  // namespace ddl
